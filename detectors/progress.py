@@ -1,0 +1,83 @@
+"""Progress: a rank that stops completing steps is hung, whatever its process says."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from collector.types import Frame, Subject
+from detectors.types import Finding, Severity
+
+
+@dataclass
+class _RankState:
+    last_time: float
+    last_step: int | None
+    started: bool
+    fired: bool = False
+
+
+class ProgressStall:
+    """Fires ``hang`` when a rank completes no step for ``k`` times the median step time.
+
+    The median is robust to the occasional slow step (a checkpoint, an evaluation). Before
+    a rank's first step after launch, ``startup_grace_s`` applies instead, since start-up
+    (imports, process-group set-up) is much slower than a step. A rank leaves tracking when
+    its process exits: the exit is its own finding.
+
+    Feature contract: frames with ``step_time`` are completed steps; ``launched`` marks a
+    (re)launch; ``exit_code`` marks an exit.
+    """
+
+    name = "progress_stall"
+
+    def __init__(
+        self,
+        k: float = 10.0,
+        min_silence_s: float = 2.0,
+        startup_grace_s: float = 120.0,
+        window: int = 256,
+    ) -> None:
+        self.k = k
+        self.min_silence_s = min_silence_s
+        self.startup_grace_s = startup_grace_s
+        self.window = window
+        self._ranks: dict[Subject, _RankState] = {}
+        self._step_times: deque[float] = deque(maxlen=window)
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        values = frame.values
+        if "exit_code" in values:
+            self._ranks.pop(frame.subject, None)
+        elif "launched" in values:
+            self._ranks[frame.subject] = _RankState(frame.time, None, started=False)
+        elif "step_time" in values:
+            self._step_times.append(values["step_time"])
+            self._ranks[frame.subject] = _RankState(frame.time, frame.step, started=True)
+        return ()
+
+    def silence_limit(self) -> float:
+        """Seconds without a step after which a running rank counts as hung."""
+        if not self._step_times:
+            return self.startup_grace_s
+        return max(self.k * statistics.median(self._step_times), self.min_silence_s)
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        limit = self.silence_limit()
+        findings = []
+        for subject, state in self._ranks.items():
+            allowed = limit if state.started else self.startup_grace_s
+            silence = now - state.last_time
+            if state.fired or silence <= allowed:
+                continue
+            state.fired = True
+            evidence = {"silence_s": silence, "limit_s": allowed}
+            if state.last_step is not None:
+                evidence["last_step"] = float(state.last_step)
+            findings.append(
+                Finding("hang", subject, silence / allowed, Severity.CRITICAL, now,
+                        state.last_step, evidence, self.name)
+            )
+        return findings

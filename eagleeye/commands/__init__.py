@@ -1,0 +1,10 @@
+"""Subcommands of the CLI. Each module exposes ``add_parser(subparsers)``, which registers
+its parser and sets ``func`` to a callable taking the parsed arguments."""
+
+from __future__ import annotations
+
+from eagleeye.commands import demo, run
+
+COMMANDS = (run, demo)
+
+__all__ = ["COMMANDS"]

@@ -1,0 +1,77 @@
+"""`eagleeye run`: launch a training script on this machine, supervise it, record it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="launch a training script as R replicas of M ranks and supervise it",
+        description=(
+            "Launches SCRIPT on this machine with torchrun-compatible environment variables "
+            "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...), records per-step "
+            "telemetry from the in-loop hook into the run store, detects faults and, with "
+            "--remediate, acts on them (by default actions are only recorded: dry-run)."
+        ),
+    )
+    add_job_arguments(p)
+    p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
+                   help="arguments passed to the script")
+    p.set_defaults(func=_run)
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `run` and `demo`: the torchrun ones, replicas, store and recovery."""
+    g = p.add_argument_group("layout (torchrun-compatible)")
+    g.add_argument("--nnodes", type=_positive, default=1,
+                   help="virtual nodes on this machine (default: 1)")
+    g.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
+                   type=_positive, default=1, help="ranks per node (default: 1)")
+    g.add_argument("--replicas", type=_positive, default=1,
+                   help="data-parallel replicas the world is split into (default: 1)")
+    g.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
+                   help="address of rank 0's store (default: 127.0.0.1)")
+    g.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=0,
+                   help="port of rank 0's store; 0 picks a free one per attempt (default: 0)")
+    g.add_argument("-m", "--module", action="store_true",
+                   help="treat SCRIPT as a Python module name, like python -m")
+    g = p.add_argument_group("recovery")
+    g.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=_non_negative,
+                   default=3, help="restart budget of the job (default: 3)")
+    g.add_argument("--recovery", choices=("job", "none"), default="job",
+                   help="what a failed rank costs: 'job' restarts every rank from the last "
+                        "checkpoint (synchronous baseline); 'none' stops the job (default: job)")
+    g.add_argument("--remediate", action="store_true",
+                   help="execute remediation actions; without it they are recorded as dry-run")
+    g.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                   help="inject a fault, e.g. kill:rank=3@step=40 (repeatable)")
+    g = p.add_argument_group("store")
+    g.add_argument("--runs-dir", default="runs",
+                   help="directory holding one folder per run (default: ./runs)")
+    g.add_argument("--run-id", default=None, help="name of this run (default: generated)")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from eagleeye.launch import job_config_from_args, run_job
+
+    config = job_config_from_args(args)
+    result = run_job(config)
+    return 0 if result.succeeded else 1
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value

@@ -1,0 +1,108 @@
+"""The runtime's vocabulary: actions it accepts, outcomes it returns, lifecycle events it emits.
+
+Remediation imports these records; nothing here imports the rest of Eagle Eye, so the
+runtime stays usable on its own. Targets are plain strings ("job", "replica:1", "rank:3",
+"node:node1") so the runtime needs no other package's types.
+
+>>> a = Action(ActionKind.RESTART, "job", "rank 3 exited", "restart/job/1")
+>>> Action.from_json(a.to_json()) == a
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import MappingProxyType
+from typing import Any
+
+
+class ActionKind(str, Enum):
+    CHECKPOINT = "checkpoint"
+    EVICT = "evict"
+    RESTART = "restart"
+    ISOLATE = "isolate"
+    ROLLBACK = "rollback"
+    SKIP_BATCH = "skip_batch"
+    NOTIFY = "notify"
+
+
+class OutcomeStatus(str, Enum):
+    DONE = "done"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """A command for the runtime. ``key`` makes repeats idempotent: same key twice, one effect."""
+
+    kind: ActionKind
+    target: str
+    reason: str
+    key: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "target": self.target, "reason": self.reason,
+                "key": self.key}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Action:
+        return cls(ActionKind(data["kind"]), str(data["target"]), str(data["reason"]),
+                   str(data["key"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of an action."""
+
+    action: Action
+    status: OutcomeStatus
+    detail: str
+    time: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action.to_json(), "status": self.status.value,
+                "detail": self.detail, "time": self.time}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Outcome:
+        return cls(Action.from_json(data["action"]), OutcomeStatus(data["status"]),
+                   str(data["detail"]), float(data["time"]))
+
+
+class Phase(str, Enum):
+    """Lifecycle phases of a job, a replica or a rank (TRANSOM's TOL)."""
+
+    LAUNCH = "launch"
+    PRE_CHECK = "pre_check"
+    RUNNING = "running"
+    EXITED = "exited"
+    RECOVERING = "recovering"
+    EVICTED = "evicted"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleEvent:
+    """A phase change of a subject ("job", "replica:1", "rank:3"), with details."""
+
+    subject: str
+    phase: Phase
+    time: float
+    attempt: int = 0
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", MappingProxyType(dict(self.detail)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"subject": self.subject, "phase": self.phase.value, "time": self.time,
+                "attempt": self.attempt, "detail": dict(self.detail)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LifecycleEvent:
+        return cls(str(data["subject"]), Phase(data["phase"]), float(data["time"]),
+                   int(data.get("attempt", 0)), dict(data.get("detail", {})))
