@@ -30,8 +30,16 @@ class ProcessExit:
         if code < 0:
             evidence["signal"] = -code
         return (
-            Finding("process_exit", frame.subject, 1.0, Severity.CRITICAL, frame.time,
-                    frame.step, evidence, self.name),
+            Finding(
+                "process_exit",
+                frame.subject,
+                1.0,
+                Severity.CRITICAL,
+                frame.time,
+                frame.step,
+                evidence,
+                self.name,
+            ),
         )
 
     def poll(self, now: float) -> Sequence[Finding]:
@@ -45,13 +53,17 @@ class NonFiniteLoss:
     FEATURES = ("loss", "grad_norm")
 
     def process(self, frame: Frame) -> Sequence[Finding]:
-        bad = {k: frame.values[k] for k in self.FEATURES
-               if k in frame.values and not math.isfinite(frame.values[k])}
+        bad = {
+            k: frame.values[k]
+            for k in self.FEATURES
+            if k in frame.values and not math.isfinite(frame.values[k])
+        }
         if not bad:
             return ()
         return (
-            Finding("nan", frame.subject, 1.0, Severity.CRITICAL, frame.time, frame.step,
-                    bad, self.name),
+            Finding(
+                "nan", frame.subject, 1.0, Severity.CRITICAL, frame.time, frame.step, bad, self.name
+            ),
         )
 
     def poll(self, now: float) -> Sequence[Finding]:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
 from collector.types import Subject
 
 
-class Severity(str, Enum):
+class Severity(StrEnum):
     """How bad a finding is; remediation policies key on it."""
 
     INFO = "info"

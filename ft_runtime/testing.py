@@ -43,5 +43,6 @@ class DryRunRuntime:
         self.clock = clock
 
     def execute(self, action: Action) -> Outcome:
-        return Outcome(action, OutcomeStatus.SKIPPED, "dry-run: remediation not enabled",
-                       self.clock())
+        return Outcome(
+            action, OutcomeStatus.SKIPPED, "dry-run: remediation not enabled", self.clock()
+        )

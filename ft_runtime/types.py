@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
 
-class ActionKind(str, Enum):
+class ActionKind(StrEnum):
     CHECKPOINT = "checkpoint"
     EVICT = "evict"
     RESTART = "restart"
@@ -28,7 +28,7 @@ class ActionKind(str, Enum):
     NOTIFY = "notify"
 
 
-class OutcomeStatus(str, Enum):
+class OutcomeStatus(StrEnum):
     DONE = "done"
     SKIPPED = "skipped"
     FAILED = "failed"
@@ -44,13 +44,18 @@ class Action:
     key: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "target": self.target, "reason": self.reason,
-                "key": self.key}
+        return {
+            "kind": self.kind.value,
+            "target": self.target,
+            "reason": self.reason,
+            "key": self.key,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Action:
-        return cls(ActionKind(data["kind"]), str(data["target"]), str(data["reason"]),
-                   str(data["key"]))
+        return cls(
+            ActionKind(data["kind"]), str(data["target"]), str(data["reason"]), str(data["key"])
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +68,24 @@ class Outcome:
     time: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"action": self.action.to_json(), "status": self.status.value,
-                "detail": self.detail, "time": self.time}
+        return {
+            "action": self.action.to_json(),
+            "status": self.status.value,
+            "detail": self.detail,
+            "time": self.time,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Outcome:
-        return cls(Action.from_json(data["action"]), OutcomeStatus(data["status"]),
-                   str(data["detail"]), float(data["time"]))
+        return cls(
+            Action.from_json(data["action"]),
+            OutcomeStatus(data["status"]),
+            str(data["detail"]),
+            float(data["time"]),
+        )
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     """Lifecycle phases of a job, a replica or a rank (TRANSOM's TOL)."""
 
     LAUNCH = "launch"
@@ -99,10 +112,20 @@ class LifecycleEvent:
         object.__setattr__(self, "detail", MappingProxyType(dict(self.detail)))
 
     def to_json(self) -> dict[str, Any]:
-        return {"subject": self.subject, "phase": self.phase.value, "time": self.time,
-                "attempt": self.attempt, "detail": dict(self.detail)}
+        return {
+            "subject": self.subject,
+            "phase": self.phase.value,
+            "time": self.time,
+            "attempt": self.attempt,
+            "detail": dict(self.detail),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LifecycleEvent:
-        return cls(str(data["subject"]), Phase(data["phase"]), float(data["time"]),
-                   int(data.get("attempt", 0)), dict(data.get("detail", {})))
+        return cls(
+            str(data["subject"]),
+            Phase(data["phase"]),
+            float(data["time"]),
+            int(data.get("attempt", 0)),
+            dict(data.get("detail", {})),
+        )

@@ -18,10 +18,17 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--steps", type=int, default=200, help="training steps (default: 200)")
     p.add_argument("--kill-rank", type=int, default=3, help="rank to SIGKILL (default: 3)")
-    p.add_argument("--kill-step", type=int, default=None,
-                   help="step at which to kill it (default: 45%% of the steps)")
-    p.add_argument("--no-reference", action="store_true",
-                   help="skip the fault-free reference run (faster; no loss comparison)")
+    p.add_argument(
+        "--kill-step",
+        type=int,
+        default=None,
+        help="step at which to kill it (default: 45%% of the steps)",
+    )
+    p.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the fault-free reference run (faster; no loss comparison)",
+    )
     p.add_argument("--runs-dir", default="runs", help="directory of run folders (default: runs)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
     p.set_defaults(func=_demo)
@@ -30,7 +37,14 @@ def add_parser(sub: Any) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from eagleeye.demo import DemoConfig, run_demo
 
-    report = run_demo(DemoConfig(steps=args.steps, kill_rank=args.kill_rank,
-                                 kill_step=args.kill_step, reference=not args.no_reference,
-                                 runs_dir=args.runs_dir, seed=args.seed))
+    report = run_demo(
+        DemoConfig(
+            steps=args.steps,
+            kill_rank=args.kill_rank,
+            kill_step=args.kill_step,
+            reference=not args.no_reference,
+            runs_dir=args.runs_dir,
+            seed=args.seed,
+        )
+    )
     return 0 if report.succeeded else 1

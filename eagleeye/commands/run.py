@@ -19,39 +19,88 @@ def add_parser(sub: Any) -> None:
     )
     add_job_arguments(p)
     p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
-                   help="arguments passed to the script")
+    p.add_argument(
+        "script_args",
+        nargs=argparse.REMAINDER,
+        metavar="...",
+        help="arguments passed to the script",
+    )
     p.set_defaults(func=_run)
 
 
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by `run` and `demo`: the torchrun ones, replicas, store and recovery."""
     g = p.add_argument_group("layout (torchrun-compatible)")
-    g.add_argument("--nnodes", type=_positive, default=1,
-                   help="virtual nodes on this machine (default: 1)")
-    g.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
-                   type=_positive, default=1, help="ranks per node (default: 1)")
-    g.add_argument("--replicas", type=_positive, default=1,
-                   help="data-parallel replicas the world is split into (default: 1)")
-    g.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
-                   help="address of rank 0's store (default: 127.0.0.1)")
-    g.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=0,
-                   help="port of rank 0's store; 0 picks a free one per attempt (default: 0)")
-    g.add_argument("-m", "--module", action="store_true",
-                   help="treat SCRIPT as a Python module name, like python -m")
+    g.add_argument(
+        "--nnodes", type=_positive, default=1, help="virtual nodes on this machine (default: 1)"
+    )
+    g.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        type=_positive,
+        default=1,
+        help="ranks per node (default: 1)",
+    )
+    g.add_argument(
+        "--replicas",
+        type=_positive,
+        default=1,
+        help="data-parallel replicas the world is split into (default: 1)",
+    )
+    g.add_argument(
+        "--master-addr",
+        "--master_addr",
+        dest="master_addr",
+        default="127.0.0.1",
+        help="address of rank 0's store (default: 127.0.0.1)",
+    )
+    g.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        type=int,
+        default=0,
+        help="port of rank 0's store; 0 picks a free one per attempt (default: 0)",
+    )
+    g.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="treat SCRIPT as a Python module name, like python -m",
+    )
     g = p.add_argument_group("recovery")
-    g.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=_non_negative,
-                   default=3, help="restart budget of the job (default: 3)")
-    g.add_argument("--recovery", choices=("job", "none"), default="job",
-                   help="what a failed rank costs: 'job' restarts every rank from the last "
-                        "checkpoint (synchronous baseline); 'none' stops the job (default: job)")
-    g.add_argument("--remediate", action="store_true",
-                   help="execute remediation actions; without it they are recorded as dry-run")
-    g.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                   help="inject a fault, e.g. kill:rank=3@step=40 (repeatable)")
+    g.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        dest="max_restarts",
+        type=_non_negative,
+        default=3,
+        help="restart budget of the job (default: 3)",
+    )
+    g.add_argument(
+        "--recovery",
+        choices=("job", "none"),
+        default="job",
+        help="what a failed rank costs: 'job' restarts every rank from the last "
+        "checkpoint (synchronous baseline); 'none' stops the job (default: job)",
+    )
+    g.add_argument(
+        "--remediate",
+        action="store_true",
+        help="execute remediation actions; without it they are recorded as dry-run",
+    )
+    g.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault, e.g. kill:rank=3@step=40 (repeatable)",
+    )
     g = p.add_argument_group("store")
-    g.add_argument("--runs-dir", default="runs",
-                   help="directory holding one folder per run (default: ./runs)")
+    g.add_argument(
+        "--runs-dir", default="runs", help="directory holding one folder per run (default: ./runs)"
+    )
     g.add_argument("--run-id", default=None, help="name of this run (default: generated)")
 
 

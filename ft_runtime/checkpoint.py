@@ -1,0 +1,157 @@
+"""Synchronous checkpoints to a directory: the baseline that the checkpoint engine beats.
+
+Layout, one folder per step::
+
+    step-00000040/rank-00003.pt     the rank's state (torch.save of tensors and plain data)
+    step-00000040/rank-00003.json   its size and SHA-256
+    step-00000040/MANIFEST.json     written by rank 0 once every rank has saved
+
+Every file is written atomically (temporary name, fsync, rename), so a crash mid-save leaves
+no file that looks complete. A checkpoint counts only once its manifest exists. Loading
+verifies the checksum and uses ``torch.load(weights_only=True)``: tensors and plain data,
+never arbitrary objects. A corrupt or truncated checkpoint falls back to the previous one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ft_runtime.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+MANIFEST = "MANIFEST.json"
+
+
+@dataclass(frozen=True, slots=True)
+class SavedCheckpoint:
+    step: int
+    path: str
+    nbytes: int
+    seconds: float
+
+
+class DiskCheckpointer:
+    """Saves and loads one rank's state.
+
+    Args:
+        directory: root folder of the job's checkpoints.
+        rank: this rank; ``world_size``: ranks that save together.
+        barrier: called after the rank's file is written, before rank 0 writes the
+            manifest (``torch.distributed.barrier`` in a job); None for a single process.
+        keep: complete checkpoints retained; older ones are deleted by rank 0.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        rank: int = 0,
+        world_size: int = 1,
+        barrier: Callable[[], None] | None = None,
+        keep: int = 2,
+    ) -> None:
+        if keep < 1:
+            raise CheckpointError(f"keep must be at least 1, got {keep}")
+        self.directory = Path(directory)
+        self.rank = rank
+        self.world_size = world_size
+        self.barrier = barrier
+        self.keep = keep
+
+    def save(self, state: Mapping[str, Any], step: int) -> SavedCheckpoint:
+        """Writes this rank's state for ``step``; raises CheckpointError if it cannot."""
+        started = time.perf_counter()
+        folder = self.directory / f"step-{step:08d}"
+        buffer = io.BytesIO()
+        torch.save(dict(state), buffer)
+        payload = buffer.getbuffer()
+        name = f"rank-{self.rank:05d}"
+        meta = {
+            "step": step,
+            "rank": self.rank,
+            "bytes": payload.nbytes,
+            "sha256": hashlib.sha256(payload).hexdigest(),
+        }
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            _atomic_write(folder / f"{name}.pt", payload)
+            _atomic_write(folder / f"{name}.json", json.dumps(meta).encode())
+            if self.barrier is not None:
+                self.barrier()
+            if self.rank == 0:
+                manifest = {"step": step, "world_size": self.world_size, "time": time.time()}
+                _atomic_write(folder / MANIFEST, json.dumps(manifest).encode())
+                self._retain()
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write checkpoint of step {step} to {folder}: {exc}"
+            ) from exc
+        return SavedCheckpoint(step, str(folder), payload.nbytes, time.perf_counter() - started)
+
+    def complete_steps(self) -> list[int]:
+        """Steps with a manifest, newest first."""
+        steps = []
+        for manifest in self.directory.glob(f"step-*/{MANIFEST}"):
+            try:
+                steps.append(int(manifest.parent.name.removeprefix("step-")))
+            except ValueError:
+                continue
+        return sorted(steps, reverse=True)
+
+    def load(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest complete, intact checkpoint of this rank as (step, state), or None."""
+        for step in self.complete_steps():
+            try:
+                return step, self._load_step(step)
+            except CheckpointError as exc:
+                log.warning("skipping checkpoint of step %d: %s", step, exc)
+        return None
+
+    def _load_step(self, step: int) -> dict[str, Any]:
+        folder = self.directory / f"step-{step:08d}"
+        name = f"rank-{self.rank:05d}"
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            meta = json.loads((folder / f"{name}.json").read_text())
+            payload = (folder / f"{name}.pt").read_bytes()
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"unreadable: {exc}") from None
+        if manifest.get("world_size") != self.world_size:
+            raise CheckpointError(
+                f"saved by {manifest.get('world_size')} ranks, this job has {self.world_size}"
+            )
+        if len(payload) != meta.get("bytes") or hashlib.sha256(payload).hexdigest() != meta.get(
+            "sha256"
+        ):
+            raise CheckpointError(f"{name}.pt is corrupt or truncated (checksum mismatch)")
+        try:
+            state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        except Exception as exc:  # the unpickler's errors have no common base
+            raise CheckpointError(f"{name}.pt cannot be loaded as tensors: {exc}") from None
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{name}.pt holds {type(state).__name__}, not a dict")
+        return state
+
+    def _retain(self) -> None:
+        for step in self.complete_steps()[self.keep :]:
+            shutil.rmtree(self.directory / f"step-{step:08d}", ignore_errors=True)
+
+
+def _atomic_write(path: Path, data: bytes | memoryview) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

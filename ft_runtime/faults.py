@@ -1,0 +1,158 @@
+"""Fault injection: the faults the demo, the tests and the evaluation traces inject.
+
+A spec names a fault kind, where and when::
+
+    kill:rank=3@step=40              SIGKILL rank 3 when it reaches step 40
+    stop:rank=1@step=30              SIGSTOP it (a hang: the process lives, nothing moves)
+    slow:rank=2@step=20,seconds=0.3  add 0.3 s of compute per step from step 20 (steps=N bounds it)
+    slow_collective:rank=2@step=20,seconds=0.2
+    nan:rank=0@step=50               the loss of that step becomes NaN
+    loss_spike:rank=0@step=50,factor=20
+    kill:rank=3@step=40,phase=backward   fire in the middle of backward instead of at step start
+
+Faults fire in the first attempt only unless ``attempt=N`` says otherwise, so a job restarted
+from a checkpoint before the fault's step does not meet the same fault again.
+
+>>> FaultSpec.parse("kill:rank=3@step=40")
+FaultSpec(kind='kill', rank=3, step=40, seconds=0.0, steps=0, factor=1.0, phase='step', attempt=0)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ft_runtime.errors import FaultSpecError
+
+KINDS = ("kill", "stop", "slow", "slow_collective", "nan", "loss_spike")
+PHASES = ("step", "backward", "collective")
+ENV_INJECT = "EAGLEEYE_INJECT"
+"""Fault specs for the ranks, separated by ';'."""
+_FORM = "KIND:rank=R@step=S[,seconds=X][,steps=N][,factor=F][,phase=P][,attempt=A]"
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    kind: str
+    rank: int
+    step: int
+    seconds: float = 0.0
+    steps: int = 0
+    factor: float = 1.0
+    phase: str = "step"
+    attempt: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> FaultSpec:
+        """Parses one spec; raises FaultSpecError naming the problem and the expected form."""
+        kind, _, rest = text.strip().partition(":")
+        if kind not in KINDS:
+            raise FaultSpecError(
+                f"unknown fault kind {kind!r} in {text!r}; kinds: {', '.join(KINDS)}; form: {_FORM}"
+            )
+        fields: dict[str, str] = {}
+        for part in rest.replace("@", ",").split(","):
+            key, sep, value = part.partition("=")
+            if not sep or not key.strip():
+                raise FaultSpecError(
+                    f"bad fault spec {text!r}: {part!r} is not key=value; form: {_FORM}"
+                )
+            fields[key.strip()] = value.strip()
+        try:
+            spec = cls(
+                kind=kind,
+                rank=int(fields.pop("rank")),
+                step=int(fields.pop("step")),
+                seconds=float(fields.pop("seconds", 0.0)),
+                steps=int(fields.pop("steps", 0)),
+                factor=float(fields.pop("factor", 1.0)),
+                phase=fields.pop("phase", "step"),
+                attempt=int(fields.pop("attempt", 0)),
+            )
+        except KeyError as exc:
+            raise FaultSpecError(
+                f"fault spec {text!r} lacks {exc.args[0]}=; form: {_FORM}"
+            ) from None
+        except ValueError as exc:
+            raise FaultSpecError(f"bad number in fault spec {text!r}: {exc}") from None
+        if fields:
+            raise FaultSpecError(f"unknown keys {sorted(fields)} in fault spec {text!r}")
+        if spec.phase not in PHASES:
+            raise FaultSpecError(f"unknown phase {spec.phase!r} in {text!r}; phases: {PHASES}")
+        return spec
+
+    def __str__(self) -> str:
+        return f"{self.kind}:rank={self.rank}@step={self.step}"
+
+    def active(self, step: int) -> bool:
+        """Whether the fault applies at this step (one step, or a span for slow faults)."""
+        if self.kind in ("slow", "slow_collective"):
+            return step >= self.step and (self.steps == 0 or step < self.step + self.steps)
+        return step == self.step
+
+
+def parse_specs(texts: Iterable[str]) -> list[FaultSpec]:
+    return [FaultSpec.parse(t) for text in texts for t in text.split(";") if t.strip()]
+
+
+class FaultInjector:
+    """Runs inside a rank: fires the faults aimed at it.
+
+    Args:
+        specs: all of the job's faults; the injector keeps the ones for its rank and attempt.
+        rank: this process's global rank.
+        attempt: the job's restart attempt.
+        notify: called with a spec just before it fires (to record the injection); for
+            kill and stop it must have delivered the record when it returns.
+    """
+
+    def __init__(
+        self,
+        specs: Iterable[FaultSpec],
+        rank: int,
+        attempt: int,
+        notify: Callable[[FaultSpec], None] = lambda spec: None,
+    ) -> None:
+        self.specs = [s for s in specs if s.rank == rank and s.attempt == attempt]
+        self.notify = notify
+        self._announced: set[FaultSpec] = set()
+
+    @classmethod
+    def from_env(
+        cls, rank: int, attempt: int, notify: Callable[[FaultSpec], None] = lambda spec: None
+    ) -> FaultInjector:
+        return cls(parse_specs([os.environ.get(ENV_INJECT, "")]), rank, attempt, notify)
+
+    def fire(self, step: int, phase: str = "step") -> None:
+        """Applies the kill, stop and slow faults due at this step and phase."""
+        for spec in self.specs:
+            due_phase = "collective" if spec.kind == "slow_collective" else spec.phase
+            if due_phase != phase or not spec.active(step):
+                continue
+            if spec.kind in ("kill", "stop"):
+                self._announce(spec)
+                os.kill(os.getpid(), signal.SIGKILL if spec.kind == "kill" else signal.SIGSTOP)
+            elif spec.kind in ("slow", "slow_collective"):
+                self._announce(spec)
+                time.sleep(spec.seconds)
+
+    def loss_multiplier(self, step: int) -> float:
+        """NaN, a spike factor or 1.0: what the loss of this step is multiplied by."""
+        factor = 1.0
+        for spec in self.specs:
+            if spec.kind == "nan" and spec.active(step):
+                self._announce(spec)
+                factor = math.nan
+            elif spec.kind == "loss_spike" and spec.active(step):
+                self._announce(spec)
+                factor *= spec.factor
+        return factor
+
+    def _announce(self, spec: FaultSpec) -> None:
+        if spec not in self._announced:
+            self._announced.add(spec)
+            self.notify(spec)

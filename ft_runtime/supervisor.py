@@ -1,0 +1,283 @@
+"""Launches a job's ranks on this machine and supervises them through restarts.
+
+One waiter thread per rank records the exact moment and status of its exit, so the first
+failure of a crash cascade is known even when several ranks die within milliseconds (a
+SIGKILLed rank's ring neighbours fail on "connection reset" right after it). Exits after
+the first failure of an attempt are marked ``collateral``.
+
+Recovery here is the synchronous baseline: every rank is stopped and the whole job starts
+again from its last checkpoint, as torchrun does. It stays available behind a flag as the
+yardstick for replica-level recovery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ft_runtime.errors import LaunchError
+from ft_runtime.layout import JobLayout, RankSpec
+from ft_runtime.ports import free_port
+from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What to run and how: the command (without the interpreter), layout, environment."""
+
+    command: Sequence[str]
+    layout: JobLayout
+    run_id: str
+    log_dir: str
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str = ""
+    collateral_window_s: float = 10.0
+    stop_grace_s: float = 3.0
+
+
+@dataclass
+class _Rank:
+    spec: RankSpec
+    process: subprocess.Popen[bytes]
+    attempt: int
+    expected_stop: bool = False
+
+
+class JobSupervisor:
+    """Owns the rank processes of one job. Not thread-safe: drive it from one thread.
+
+    Args:
+        launch: what to start.
+        max_restarts: restart budget; the restart after the last one allowed fails the job.
+        clock: wall-clock time, seconds.
+    """
+
+    def __init__(
+        self, launch: LaunchSpec, max_restarts: int = 3, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.launch = launch
+        self.max_restarts = max_restarts
+        self.clock = clock
+        self.attempt = -1
+        self.restarts = 0
+        self.phase = Phase.LAUNCH
+        self._ranks: dict[int, _Rank] = {}
+        self._exits: queue.Queue[tuple[int, int, int, float]] = queue.Queue()
+        self._events: list[LifecycleEvent] = []
+        self._first_failure: float | None = None
+        self._done_keys: set[str] = set()
+        self._restart_requested = False
+        self._exited: set[int] = set()
+
+    # ---- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        """Launches the next attempt; its LAUNCH events come with the next ``poll()``."""
+        self.attempt += 1
+        self._first_failure = None
+        self._restart_requested = False
+        self._exited = set()
+        port = self.launch.master_port or free_port(self.launch.master_addr)
+        log_dir = Path(self.launch.log_dir) / f"attempt-{self.attempt}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._emit("job", Phase.LAUNCH, world_size=self.launch.layout.world_size, master_port=port)
+        for spec in self.launch.layout.ranks():
+            env = {
+                **os.environ,
+                **self.launch.env,
+                **self.launch.layout.environment(
+                    spec, self.launch.master_addr, port, self.attempt, self.launch.run_id
+                ),
+            }
+            self._ranks[spec.rank] = self._spawn(spec, env, log_dir / f"rank-{spec.rank}.log")
+            self._emit(
+                f"rank:{spec.rank}",
+                Phase.LAUNCH,
+                node=spec.node,
+                replica=spec.replica,
+                pid=self._ranks[spec.rank].process.pid,
+            )
+        self.phase = Phase.RUNNING
+
+    def _spawn(self, spec: RankSpec, env: dict[str, str], log_path: Path) -> _Rank:
+        python = self.launch.python or _python()
+        try:
+            with open(log_path, "wb") as out:
+                process = subprocess.Popen(
+                    [python, *self.launch.command],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            raise LaunchError(f"cannot start rank {spec.rank}: {exc}") from exc
+        rank = _Rank(spec, process, self.attempt)
+        threading.Thread(
+            target=self._wait, args=(rank,), daemon=True, name=f"wait-rank-{spec.rank}"
+        ).start()
+        return rank
+
+    def _wait(self, rank: _Rank) -> None:
+        code = rank.process.wait()
+        self._exits.put((rank.spec.rank, rank.attempt, code, self.clock()))
+
+    def poll(self) -> list[LifecycleEvent]:
+        """Collects exits since the last call and updates the job's phase."""
+        while True:
+            try:
+                rank_id, attempt, code, when = self._exits.get_nowait()
+            except queue.Empty:
+                break
+            rank = self._ranks.get(rank_id)
+            if attempt != self.attempt or rank is None or rank.expected_stop:
+                continue
+            self._exited.add(rank_id)
+            self._record_exit(rank, code, when)
+        everyone_done = len(self._exited) == self.launch.layout.world_size
+        if self.phase is Phase.RUNNING and everyone_done and not self._failed():
+            self.phase = Phase.SUCCEEDED
+            self._emit("job", Phase.SUCCEEDED)
+        return self._take_events()
+
+    def _record_exit(self, rank: _Rank, code: int, when: float) -> None:
+        collateral = (
+            code != 0
+            and self._first_failure is not None
+            and when - self._first_failure <= self.launch.collateral_window_s
+        )
+        if code != 0 and self._first_failure is None:
+            self._first_failure = when
+        self._emit(
+            f"rank:{rank.spec.rank}",
+            Phase.EXITED,
+            time=when,
+            exit_code=code,
+            collateral=collateral,
+            node=rank.spec.node,
+            replica=rank.spec.replica,
+        )
+
+    def settle(self) -> list[LifecycleEvent]:
+        """Fails the job if a rank failed and no restart was asked for; returns events."""
+        if self.phase is Phase.RUNNING and self._failed() and not self._restart_requested:
+            self.stop_all()
+            self.phase = Phase.FAILED
+            self._emit("job", Phase.FAILED, reason="a rank failed and no recovery was run")
+        return self._take_events()
+
+    def restart_job(self, reason: str) -> bool:
+        """Stops every rank and starts the next attempt; False if the budget is spent,
+        in which case the job has failed."""
+        if self.restarts >= self.max_restarts:
+            self.stop_all()
+            self.phase = Phase.FAILED
+            self._emit("job", Phase.FAILED, reason=f"restart budget of {self.max_restarts} spent")
+            return False
+        self._restart_requested = True
+        self.phase = Phase.RECOVERING
+        self._emit("job", Phase.RECOVERING, reason=reason)
+        self.stop_all()
+        self.restarts += 1
+        self.start()
+        return True
+
+    def stop_all(self) -> None:
+        """Stops every live rank: SIGTERM (and SIGCONT, for stopped ones), then SIGKILL."""
+        live = [r for r in self._ranks.values() if r.process.poll() is None]
+        for rank in live:
+            rank.expected_stop = True
+            _signal(rank.process, signal.SIGTERM)
+            _signal(rank.process, signal.SIGCONT)
+        deadline = time.monotonic() + self.launch.stop_grace_s
+        for rank in live:
+            try:
+                rank.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(rank.process, signal.SIGKILL)
+                rank.process.wait()
+        for rank in self._ranks.values():
+            rank.expected_stop = True
+
+    # ---- the control protocol ------------------------------------------------------------
+    def execute(self, action: Action) -> Outcome:
+        """Runtime protocol. This supervisor restarts jobs; other kinds are not supported."""
+        if action.key in self._done_keys:
+            return self._outcome(action, OutcomeStatus.SKIPPED, "duplicate of an executed action")
+        if action.kind is ActionKind.NOTIFY:
+            self._done_keys.add(action.key)
+            log.warning("eagleeye notice: %s", action.reason)
+            return self._outcome(action, OutcomeStatus.DONE, "logged")
+        if action.kind is not ActionKind.RESTART:
+            return self._outcome(
+                action,
+                OutcomeStatus.SKIPPED,
+                f"{action.kind.value} is not supported by synchronous recovery",
+            )
+        if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            return self._outcome(action, OutcomeStatus.SKIPPED, f"job already {self.phase.value}")
+        self._done_keys.add(action.key)
+        if not self.restart_job(action.reason):
+            return self._outcome(
+                action,
+                OutcomeStatus.FAILED,
+                f"restart budget of {self.max_restarts} spent; job failed",
+            )
+        scope = "" if action.target == "job" else f" (asked for {action.target})"
+        return self._outcome(
+            action, OutcomeStatus.DONE, f"restarted all ranks as attempt {self.attempt}{scope}"
+        )
+
+    # ---- state -----------------------------------------------------------------------------
+    def alive(self) -> int:
+        return sum(1 for r in self._ranks.values() if r.process.poll() is None)
+
+    def pids(self) -> dict[int, int]:
+        return {rank: r.process.pid for rank, r in self._ranks.items()}
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
+
+    def _failed(self) -> bool:
+        return self._first_failure is not None
+
+    def _emit(
+        self, subject: str, phase: Phase, time: float | None = None, **detail: object
+    ) -> None:
+        self._events.append(
+            LifecycleEvent(
+                subject, phase, self.clock() if time is None else time, self.attempt, detail
+            )
+        )
+
+    def _take_events(self) -> list[LifecycleEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def _outcome(self, action: Action, status: OutcomeStatus, detail: str) -> Outcome:
+        return Outcome(action, status, detail, self.clock())
+
+
+def _signal(process: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        process.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
