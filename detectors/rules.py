@@ -13,7 +13,9 @@ class ProcessExit:
     """A rank's process ended with a non-zero exit code or a signal.
 
     Reads the ``exit_code`` feature that the supervisor attaches to a rank's frame when the
-    process ends (negative values are signals, as in ``subprocess``).
+    process ends (negative values are signals, as in ``subprocess``). An exit flagged
+    ``collateral`` (a peer failed first, and this rank died of it, typically "connection
+    reset") is part of the first failure's cascade and gets no finding of its own.
 
     >>> from collector.types import Frame, Subject
     >>> [f.kind for f in ProcessExit().process(Frame(Subject(rank=1), 7, 0.0, {"exit_code": -9}))]
@@ -24,9 +26,11 @@ class ProcessExit:
 
     def process(self, frame: Frame) -> Sequence[Finding]:
         code = frame.values.get("exit_code")
-        if code is None or code == 0:
+        if code is None or code == 0 or frame.values.get("collateral"):
             return ()
         evidence = {"exit_code": code}
+        if "attempt" in frame.values:
+            evidence["attempt"] = frame.values["attempt"]
         if code < 0:
             evidence["signal"] = -code
         return (

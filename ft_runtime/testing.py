@@ -31,18 +31,3 @@ class FakeRuntime:
     def execute(self, action: Action) -> Outcome:
         self.actions.append(action)
         return Outcome(action, self.status, "fake runtime", self.clock())
-
-
-class DryRunRuntime:
-    """Executes nothing: every action is answered SKIPPED with a dry-run note.
-
-    This is the default until remediation is explicitly enabled.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.clock = clock
-
-    def execute(self, action: Action) -> Outcome:
-        return Outcome(
-            action, OutcomeStatus.SKIPPED, "dry-run: remediation not enabled", self.clock()
-        )

@@ -16,7 +16,7 @@ def add_parser(sub: Any) -> None:
             "final loss with a fault-free reference run."
         ),
     )
-    p.add_argument("--steps", type=int, default=200, help="training steps (default: 200)")
+    p.add_argument("--steps", type=int, default=160, help="training steps (default: 160)")
     p.add_argument("--kill-rank", type=int, default=3, help="rank to SIGKILL (default: 3)")
     p.add_argument(
         "--kill-step",

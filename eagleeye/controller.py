@@ -1,0 +1,147 @@
+"""The watch loop: telemetry and lifecycle in, findings and actions out, all recorded.
+
+One thread drives it, ``tick_s`` at a time: drain telemetry (stored, turned into frames),
+poll the supervisor (exits, launches), run the detectors, hand findings to remediation,
+which acts through the runtime, and record every finding, decision and event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from collector.transport import TelemetryReceiver
+from collector.types import Frame
+from detectors.base import Detector
+from detectors.types import Finding
+from eagleeye.ingest import ingest_samples, lifecycle_frames
+from eagleeye.store import RunStore
+from ft_runtime.supervisor import JobSupervisor
+from ft_runtime.types import LifecycleEvent, Phase
+from remediation.remediator import Decision, Remediator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ControllerReport:
+    succeeded: bool = False
+    findings: list[Finding] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    events: list[LifecycleEvent] = field(default_factory=list)
+    started: float = 0.0
+    ended: float = 0.0
+
+
+class Controller:
+    """Args:
+    supervisor: owns the rank processes.
+    receiver: telemetry from the ranks.
+    store: where everything is recorded.
+    detectors: run on every frame and polled every tick.
+    remediator: decides and executes actions.
+    on_update: called with each finding, decision and event, for live output.
+    """
+
+    def __init__(
+        self,
+        supervisor: JobSupervisor,
+        receiver: TelemetryReceiver,
+        store: RunStore,
+        detectors: Sequence[Detector],
+        remediator: Remediator,
+        on_update: Callable[[object], None] = lambda item: None,
+        tick_s: float = 0.05,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.supervisor = supervisor
+        self.receiver = receiver
+        self.store = store
+        self.detectors = list(detectors)
+        self.remediator = remediator
+        self.on_update = on_update
+        self.tick_s = tick_s
+        self.clock = clock
+        self.report = ControllerReport()
+        self._last_step: dict[int, int] = {}
+
+    def run(self) -> ControllerReport:
+        self.report.started = self.clock()
+        self.supervisor.start()
+        try:
+            while not self.supervisor.finished:
+                self.tick()
+            self._drain_telemetry(grace_s=0.5)
+        finally:
+            self.supervisor.stop_all()
+            self.report.ended = self.clock()
+            self.report.succeeded = self.supervisor.phase is Phase.SUCCEEDED
+        return self.report
+
+    def tick(self) -> None:
+        samples = self.receiver.receive(timeout_s=self.tick_s)
+        frames = ingest_samples(self.store, samples)
+        frames += self._lifecycle(self.supervisor.poll())
+        for finding in self._detect(frames, poll=True):
+            self._answer(finding)
+        # A restart launched ranks just now, or the job failed: detectors must know at once.
+        later = self._lifecycle(self.supervisor.poll() + self.supervisor.settle())
+        for finding in self._detect(later, poll=False):
+            self._answer(finding)
+
+    def _detect(self, frames: list[Frame], poll: bool) -> list[Finding]:
+        for frame in frames:
+            if frame.step is not None and frame.subject.rank is not None:
+                self._last_step[frame.subject.rank] = frame.step
+        findings: list[Finding] = []
+        for detector in self.detectors:
+            for frame in frames:
+                findings.extend(_safely(detector.name, detector.process, frame))
+            if poll:
+                findings.extend(_safely(detector.name, detector.poll, self.clock()))
+        return findings
+
+    def _answer(self, finding: Finding) -> None:
+        finding_id = self.store.add_finding(finding)
+        self.report.findings.append(finding)
+        self.on_update(finding)
+        for decision in self.remediator.handle(finding):
+            self.store.add_outcome(
+                decision.outcome, finding_id, decision.dry_run, decision.decided_at
+            )
+            self.report.decisions.append(decision)
+            self.on_update(decision)
+
+    def _lifecycle(self, events: list[LifecycleEvent]) -> list[Frame]:
+        for event in events:
+            self.store.add_event(event)
+            self.report.events.append(event)
+            self.on_update(event)
+        frames = lifecycle_frames(events)
+        # An exit belongs to the last step the rank reported, so findings name it.
+        return [
+            replace(f, step=self._last_step.get(f.subject.rank))
+            if f.step is None and f.subject.rank is not None
+            else f
+            for f in frames
+        ]
+
+    def _drain_telemetry(self, grace_s: float) -> None:
+        deadline = self.clock() + grace_s
+        while self.clock() < deadline:
+            samples = self.receiver.receive(timeout_s=0.1)
+            if not samples:
+                break
+            ingest_samples(self.store, samples)
+
+
+def _safely(name: str, call: Callable[[Any], Sequence[Finding]], arg: Any) -> Sequence[Finding]:
+    """A detector that raises loses its findings for this frame, never the controller."""
+    try:
+        return call(arg)
+    except Exception:
+        log.exception("detector %s raised; its findings for this frame are lost", name)
+        return ()

@@ -1,0 +1,178 @@
+"""`eagleeye demo`: the product's first impression, end to end on this machine.
+
+Trains the reference GPT on 2 replicas of 2 ranks (two virtual nodes), SIGKILLs one rank
+mid-run, and lets the controller detect the death and restart the job from its last
+checkpoint. A fault-free run with the same seed is the reference for the final loss: since
+training is deterministic and resumes bit for bit, the two should agree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from eagleeye.console import LiveLog
+from eagleeye.launch import JobConfig, run_job
+from eagleeye.store import new_run_id
+from eagleeye.summary import RunSummary, summarize
+from ft_runtime.layout import JobLayout
+
+WORKLOAD = "eagleeye.workload.train"
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    steps: int = 160
+    kill_rank: int = 3
+    kill_step: int | None = None
+    reference: bool = True
+    runs_dir: str = "runs"
+    seed: int = 0
+    preset: str = "base"
+    batch_size: int = 4
+    checkpoint_every: int = 20
+
+    def fault(self) -> str:
+        step = self.kill_step if self.kill_step is not None else int(self.steps * 0.45)
+        return f"kill:rank={self.kill_rank}@step={step}"
+
+    def workload_args(self) -> list[str]:
+        return [
+            "--steps",
+            str(self.steps),
+            "--seed",
+            str(self.seed),
+            "--preset",
+            self.preset,
+            "--batch-size",
+            str(self.batch_size),
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class DemoReport:
+    faulted: RunSummary
+    reference: RunSummary | None
+
+    @property
+    def succeeded(self) -> bool:
+        remediated = all(
+            f.finding and f.outcome and f.outcome.startswith("done") for f in self.faulted.faults
+        )
+        return self.faulted.succeeded and bool(self.faulted.faults) and remediated
+
+
+def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
+    console = console or Console(highlight=False)
+    layout = JobLayout(nnodes=2, nproc_per_node=2, replicas=2)
+    run_id = new_run_id("demo")
+    console.print(
+        Panel.fit(
+            f"Training the reference GPT ({config.preset}) for {config.steps} steps on "
+            f"{layout.world_size} ranks: {layout.replicas} replicas of {layout.replica_size}, "
+            f"2 virtual nodes.\nFault to inject: [bold]{config.fault()}[/bold] (SIGKILL). "
+            "Recovery: synchronous restart from the last checkpoint; remediation enabled.",
+            title="Eagle Eye demo",
+        )
+    )
+    job = JobConfig(
+        script=WORKLOAD,
+        module=True,
+        script_args=config.workload_args(),
+        layout=layout,
+        remediate=True,
+        inject=(config.fault(),),
+        runs_dir=config.runs_dir,
+        run_id=run_id,
+    )
+    faulted = summarize(str(run_job(job, on_update=LiveLog(console)).run_dir))
+    reference = None
+    if config.reference:
+        with console.status("fault-free reference run with the same seed ..."):
+            clean = JobConfig(
+                script=WORKLOAD,
+                module=True,
+                script_args=config.workload_args(),
+                layout=layout,
+                runs_dir=config.runs_dir,
+                run_id=f"{run_id}-reference",
+            )
+            reference = summarize(str(run_job(clean).run_dir))
+    report = DemoReport(faulted, reference)
+    render(report, console)
+    return report
+
+
+def render(report: DemoReport, console: Console) -> None:
+    run = report.faulted
+    console.print(_faults_table(run))
+    console.print(_actions_table(run))
+    lines = [
+        f"Result: [bold]{'succeeded' if run.succeeded else 'FAILED'}[/bold] after "
+        f"{run.attempts} attempt(s); last step {run.last_step}; {run.wall_s:.1f} s wall.",
+        f"Throughput: {run.steps_per_s:.2f} steps/s, {run.tokens_per_s:,.0f} tokens/s "
+        f"(restart included).",
+        _loss_line(report),
+        f"Run store: [bold]{Path(run.run_dir) / 'run.db'}[/bold] "
+        f"(read it with eagleeye.store.RunReader).",
+    ]
+    console.print(Panel("\n".join(lines), title="Summary"))
+
+
+def _faults_table(run: RunSummary) -> Table:
+    table = Table(title="Injected faults, against what Eagle Eye did")
+    for column in (
+        "fault",
+        "detected as",
+        "detection delay",
+        "action",
+        "outcome",
+        "back at the fault's step after",
+    ):
+        table.add_column(column)
+    for f in run.faults:
+        table.add_row(
+            f.spec,
+            f.finding or "[red]not detected[/red]",
+            _seconds(f.detection_delay_s),
+            f.action or "-",
+            f.outcome or "-",
+            _seconds(f.recovered_after_s),
+        )
+    return table
+
+
+def _actions_table(run: RunSummary) -> Table:
+    table = Table(title="Actions (finding → action → outcome)")
+    for column in ("finding", "action", "target", "status", "detail"):
+        table.add_column(column)
+    for row in run.actions.to_dict("records"):
+        table.add_row(
+            f"{row['finding_kind']} on {row['finding_scope']} {row['finding_rank']}",
+            row["kind"],
+            row["target"],
+            row["status"],
+            row["detail"],
+        )
+    return table
+
+
+def _loss_line(report: DemoReport) -> str:
+    final = report.faulted.final_loss
+    if report.reference is None:
+        return f"Final loss: {final:.4f} (no reference run)."
+    ref = report.reference.final_loss
+    delta = abs(final - ref)
+    same = "identical" if delta == 0 else f"differs by {delta:.2e}"
+    return f"Final loss: {final:.4f}; fault-free reference: {ref:.4f} ({same})."
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f} s"

@@ -1,0 +1,90 @@
+"""Routes what arrives from ranks and the supervisor into the store and into frames."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from collector.frames import COLLECTIVE, frames_from_samples, subject_of
+from collector.types import Frame, Sample
+from eagleeye.store import RunStore
+from ft_runtime.types import LifecycleEvent, Phase
+
+
+def ingest_samples(store: RunStore, samples: list[Sample]) -> list[Frame]:
+    """Stores telemetry (step samples, collectives, checkpoint and fault events) and returns
+    the frames it completes."""
+    steps = []
+    for sample in samples:
+        name = sample.name
+        if name == COLLECTIVE:
+            store.add_collective(sample)
+        elif name == "event.checkpoint" or name == "event.restore":
+            _store_checkpoint(store, sample)
+        elif name == "event.fault":
+            labels = sample.labels
+            store.add_fault(
+                sample.time,
+                sample.step,
+                _int(labels.get("attempt")),
+                labels.get("kind", "?"),
+                _int(labels.get("rank")),
+                labels.get("spec", ""),
+            )
+        if not name.startswith("event."):
+            steps.append(sample)
+    store.add_samples(s for s in steps if s.name != COLLECTIVE)
+    return frames_from_samples(steps)
+
+
+def _store_checkpoint(store: RunStore, sample: Sample) -> None:
+    labels = sample.labels
+    state = "RESTORED" if sample.name == "event.restore" else "PERSISTENT"
+    seconds = labels.get("seconds")
+    store.add_checkpoint(
+        sample.time,
+        int(sample.value),
+        state,
+        labels.get("tier", "disk"),
+        rank=_int(labels.get("rank")),
+        attempt=_int(labels.get("attempt")),
+        path=labels.get("path"),
+        nbytes=_int(labels.get("bytes")),
+        seconds=None if seconds is None else float(seconds),
+    )
+
+
+def lifecycle_frames(events: Iterable[LifecycleEvent]) -> list[Frame]:
+    """Frames that tell detectors a rank was launched or exited."""
+    frames = []
+    for event in events:
+        if not event.subject.startswith("rank:"):
+            continue
+        labels = {
+            "rank": event.subject.removeprefix("rank:"),
+            "replica": str(event.detail.get("replica", "")),
+            "node": str(event.detail.get("node", "")),
+        }
+        subject = subject_of({k: v for k, v in labels.items() if v})
+        if event.phase is Phase.LAUNCH:
+            frames.append(Frame(subject, None, event.time, {"launched": 1.0}))
+        elif event.phase is Phase.EXITED:
+            frames.append(
+                Frame(
+                    subject,
+                    None,
+                    event.time,
+                    {
+                        "exit_code": float(event.detail["exit_code"]),
+                        "collateral": float(bool(event.detail.get("collateral"))),
+                        "attempt": float(event.attempt),
+                    },
+                )
+            )
+    return frames
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None

@@ -1,0 +1,179 @@
+"""`eagleeye run` as a library call: set up a run folder, launch, supervise, record."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from collector.transport import TelemetryReceiver
+from detectors.base import Detector
+from detectors.progress import ProgressStall
+from detectors.rules import NonFiniteLoss, ProcessExit
+from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
+from eagleeye.controller import Controller, ControllerReport
+from eagleeye.errors import EagleEyeError
+from eagleeye.store import RunStore, create_run_dir, new_run_id
+from ft_runtime.faults import ENV_INJECT, parse_specs
+from ft_runtime.layout import JobLayout
+from ft_runtime.supervisor import JobSupervisor, LaunchSpec
+from remediation.policy import Policy, synchronous_restart_policy
+from remediation.remediator import Remediator
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """Everything `eagleeye run` needs; built from flags or by the demo."""
+
+    script: str
+    script_args: Sequence[str] = ()
+    module: bool = False
+    layout: JobLayout = field(default_factory=JobLayout)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    max_restarts: int = 3
+    recovery: str = "job"
+    remediate: bool = False
+    inject: Sequence[str] = ()
+    runs_dir: str = "runs"
+    run_id: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    hang_k: float = 10.0
+    hang_min_silence_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.recovery not in ("job", "none"):
+            raise EagleEyeError(f"unknown recovery {self.recovery!r}; use 'job' or 'none'")
+        parse_specs(self.inject)  # a bad spec fails here, before anything is launched
+        for spec in parse_specs(self.inject):
+            if spec.rank >= self.layout.world_size:
+                raise EagleEyeError(
+                    f"fault {spec} names rank {spec.rank}, but the job has "
+                    f"{self.layout.world_size} ranks"
+                )
+
+    def command(self) -> list[str]:
+        if self.module:
+            if importlib.util.find_spec(self.script) is None:
+                raise EagleEyeError(
+                    f"module {self.script!r} not found; check the name or drop -m to run a file"
+                )
+            return ["-m", self.script, *self.script_args]
+        if not Path(self.script).is_file():
+            raise EagleEyeError(
+                f"script {self.script!r} not found; pass a Python file or -m MODULE"
+            )
+        return [str(Path(self.script).resolve()), *self.script_args]
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    run_dir: Path
+    report: ControllerReport
+
+    @property
+    def succeeded(self) -> bool:
+        return self.report.succeeded
+
+
+def job_config_from_args(args: argparse.Namespace) -> JobConfig:
+    script_args = list(args.script_args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    return JobConfig(
+        script=args.script,
+        script_args=script_args,
+        module=args.module,
+        layout=JobLayout(args.nnodes, args.nproc_per_node, args.replicas),
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        max_restarts=args.max_restarts,
+        recovery=args.recovery,
+        remediate=args.remediate,
+        inject=args.inject,
+        runs_dir=args.runs_dir,
+        run_id=args.run_id,
+    )
+
+
+def policy_for(config: JobConfig) -> Policy:
+    if config.recovery == "none":
+        return Policy(rules=(), name="none (failures stop the job)")
+    return synchronous_restart_policy()
+
+
+def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None) -> JobResult:
+    """Runs a job to its end (success, failure, or spent restart budget)."""
+    command = config.command()
+    run_id = config.run_id or new_run_id()
+    run_dir = create_run_dir(config.runs_dir, run_id)
+    store = RunStore(run_dir)
+    receiver = TelemetryReceiver()
+    env = {
+        **config.env,
+        ENV_TELEMETRY: receiver.address,
+        ENV_RUN_DIR: str(run_dir.resolve()),
+        ENV_CHECKPOINT_DIR: str((run_dir / "checkpoints").resolve()),
+        ENV_INJECT: ";".join(config.inject),
+    }
+    env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    supervisor = JobSupervisor(
+        LaunchSpec(
+            command,
+            config.layout,
+            run_id,
+            str(run_dir / "logs"),
+            config.master_addr,
+            config.master_port,
+            env,
+        ),
+        max_restarts=config.max_restarts,
+    )
+    policy = policy_for(config)
+    store.set_meta("run_id", run_id)
+    store.set_meta(
+        "config",
+        {
+            "command": command,
+            "nnodes": config.layout.nnodes,
+            "nproc_per_node": config.layout.nproc_per_node,
+            "replicas": config.layout.replicas,
+            "recovery": config.recovery,
+            "remediate": config.remediate,
+            "inject": list(config.inject),
+            "max_restarts": config.max_restarts,
+            "policy": policy.name,
+        },
+    )
+    detectors: list[Detector] = [
+        ProcessExit(),
+        NonFiniteLoss(),
+        ProgressStall(k=config.hang_k, min_silence_s=config.hang_min_silence_s),
+    ]
+    remediator = Remediator(policy, supervisor, dry_run=not config.remediate)
+    controller = Controller(
+        supervisor,
+        receiver,
+        store,
+        detectors,
+        remediator,
+        on_update=on_update or (lambda item: None),
+    )
+    try:
+        report = controller.run()
+        store.set_meta(
+            "result",
+            {
+                "succeeded": report.succeeded,
+                "started": report.started,
+                "ended": report.ended,
+                "attempts": supervisor.attempt + 1,
+            },
+        )
+    finally:
+        receiver.close()
+        store.close()
+    return JobResult(run_dir, report)

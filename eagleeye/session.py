@@ -1,0 +1,122 @@
+"""The facade a training loop uses: telemetry hook, checkpoints and fault injection.
+
+``eagleeye.init()`` reads what the launcher put in the environment and returns a
+``RankSession``. Outside `eagleeye run` it still works: telemetry goes nowhere and
+checkpoints go to ``./checkpoints``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+from collector.hooks import TrainingHook
+from collector.transport import TelemetryPublisher
+from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEEP, ENV_TELEMETRY
+from ft_runtime.checkpoint import DiskCheckpointer
+from ft_runtime.faults import FaultInjector, FaultSpec
+from ft_runtime.layout import ENV_ATTEMPT, ENV_NODE, ENV_REPLICA
+
+
+class RankSession:
+    """One rank's connection to Eagle Eye. Its hook methods never raise into the loop."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        self.rank = int(env.get("RANK", 0))
+        self.world_size = int(env.get("WORLD_SIZE", 1))
+        self.local_rank = int(env.get("LOCAL_RANK", 0))
+        self.replica = int(env.get(ENV_REPLICA, 0))
+        self.node = env.get(ENV_NODE, "node0")
+        self.attempt = int(env.get(ENV_ATTEMPT, 0))
+        labels = {
+            "rank": str(self.rank),
+            "replica": str(self.replica),
+            "node": self.node,
+            "attempt": str(self.attempt),
+        }
+        address = env.get(ENV_TELEMETRY)
+        self._publisher = TelemetryPublisher(address) if address else None
+        send = self._publisher.send if self._publisher else (lambda labels, rows: True)
+        self.hook = TrainingHook(send, labels)
+        self.faults = FaultInjector.from_env(self.rank, self.attempt, self._announce_fault)
+        self.checkpoints = DiskCheckpointer(
+            env.get(ENV_CHECKPOINT_DIR, "checkpoints"),
+            self.rank,
+            self.world_size,
+            barrier=_barrier_if_distributed,
+            keep=int(env.get(ENV_CHECKPOINT_KEEP, 2)),
+        )
+
+    # ---- telemetry, delegated to the hook -----------------------------------------------
+    def step_start(self, step: int) -> None:
+        self.hook.step_start(step)
+
+    def step_end(self, step: int | None = None, **metrics: float) -> None:
+        self.hook.step_end(step, **metrics)
+
+    def section(self, name: str) -> AbstractContextManager[None]:
+        return self.hook.section(name)
+
+    def collective(
+        self, op: str, nbytes: int = 0, group: str = "world"
+    ) -> AbstractContextManager[None]:
+        return self.hook.collective(op, nbytes, group)
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self, state: Mapping[str, Any], step: int) -> None:
+        """Saves synchronously and reports it; the checkpoint error propagates (it is the
+        loop's decision whether to go on without a checkpoint)."""
+        saved = self.checkpoints.save(state, step)
+        self.hook.event(
+            "event.checkpoint",
+            float(step),
+            tier="disk",
+            path=saved.path,
+            bytes=str(saved.nbytes),
+            seconds=f"{saved.seconds:.6f}",
+        )
+
+    def load_checkpoint(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest intact checkpoint as (step, state), or None to start fresh."""
+        restored = self.checkpoints.load()
+        if restored is not None:
+            self.hook.event("event.restore", float(restored[0]), tier="disk")
+        return restored
+
+    def close(self) -> None:
+        self.hook.close()
+        if self._publisher is not None:
+            self._publisher.close()
+
+    def __enter__(self) -> RankSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _announce_fault(self, spec: FaultSpec) -> None:
+        # A kill follows at once: hand the record to the transport before returning.
+        self.hook.event("event.fault", float(spec.step), kind=spec.kind, spec=str(spec))
+        self.hook.flush(timeout_s=1.0)
+        if spec.kind in ("kill", "stop"):
+            import time
+
+            time.sleep(0.05)  # let ZeroMQ's I/O thread put it on the wire
+
+
+def _barrier_if_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def init(env: Mapping[str, str] | None = None) -> RankSession:
+    """Connects this rank to Eagle Eye from the launcher's environment."""
+    return RankSession(env)
+
+
+__all__ = ["RankSession", "init"]

@@ -1,0 +1,106 @@
+"""Reads a run store into pandas DataFrames, safely while the run is still writing.
+
+This is the API the dashboard, the demo summary and the tests use.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from eagleeye.errors import StoreError
+from eagleeye.store.schema import SCHEMA_VERSION
+from eagleeye.store.writer import DB_NAME
+
+
+class RunReader:
+    """Read-only view of one run. Each call runs a fresh query, so it sees new rows.
+
+    Args:
+        run: the run's folder or its ``run.db`` file.
+    """
+
+    def __init__(self, run: str | Path) -> None:
+        path = Path(run)
+        self.path = path / DB_NAME if path.is_dir() else path
+        if not self.path.exists():
+            raise StoreError(f"no run store at {self.path}; pass a run folder under runs/")
+        try:
+            self._conn = sqlite3.connect(
+                f"file:{self.path}?mode=ro", uri=True, timeout=30, check_same_thread=False
+            )
+            (version,) = self._conn.execute("PRAGMA user_version").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read run store {self.path}: {exc}") from exc
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"run store {self.path} has schema version {version}; this "
+                f"Eagle Eye reads up to {SCHEMA_VERSION}; upgrade eagleeye"
+            )
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
+        try:
+            return pd.read_sql_query(sql, self._conn, params=list(params))
+        except (sqlite3.Error, pd.errors.DatabaseError) as exc:
+            raise StoreError(f"query on {self.path} failed: {exc}") from exc
+
+    def meta(self) -> dict[str, Any]:
+        rows = self._conn.execute("SELECT key, value FROM meta").fetchall()
+        return {key: json.loads(value) for key, value in rows}
+
+    def samples(
+        self, names: Sequence[str] | None = None, ranks: Sequence[int] | None = None
+    ) -> pd.DataFrame:
+        """Long table: time, step, attempt, rank, replica, node, name, value."""
+        where: list[str] = []
+        params: list[Any] = []
+        for column, wanted in (("name", names), ("rank", ranks)):
+            if wanted:
+                where.append(f"{column} IN ({', '.join('?' * len(wanted))})")
+                params.extend(wanted)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        return self.query(f"SELECT * FROM samples{clause} ORDER BY time", params)
+
+    def metric(self, name: str) -> pd.DataFrame:
+        """One metric as a step × rank table (the newest attempt's value wins)."""
+        frame = self.query(
+            "SELECT step, rank, value FROM samples WHERE name = ? ORDER BY attempt, time", [name]
+        )
+        if frame.empty:
+            return frame
+        return frame.pivot_table(index="step", columns="rank", values="value", aggfunc="last")
+
+    def collectives(self) -> pd.DataFrame:
+        return self.query("SELECT * FROM collectives ORDER BY enter_time")
+
+    def findings(self) -> pd.DataFrame:
+        frame = self.query("SELECT * FROM findings ORDER BY time")
+        frame["evidence"] = frame["evidence"].map(json.loads)
+        return frame
+
+    def actions(self) -> pd.DataFrame:
+        """The audit trail: each action with the finding it answered."""
+        return self.query(
+            "SELECT a.*, f.kind AS finding_kind, f.scope AS finding_scope, "
+            "f.rank AS finding_rank, f.time AS finding_time "
+            "FROM actions a LEFT JOIN findings f ON a.finding_id = f.id ORDER BY a.time"
+        )
+
+    def events(self) -> pd.DataFrame:
+        frame = self.query("SELECT * FROM events ORDER BY time, id")
+        frame["detail"] = frame["detail"].map(json.loads)
+        return frame
+
+    def checkpoints(self) -> pd.DataFrame:
+        return self.query("SELECT * FROM checkpoints ORDER BY time")
+
+    def faults(self) -> pd.DataFrame:
+        return self.query("SELECT * FROM faults ORDER BY time")

@@ -1,0 +1,80 @@
+"""The run store's schema and its migrations.
+
+The schema version lives in SQLite's ``user_version``. Each migration moves the database
+one version forward inside a transaction; a database newer than this code is refused
+rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from eagleeye.errors import StoreError
+
+MIGRATIONS: tuple[str, ...] = (
+    # version 1
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE samples (
+        time REAL NOT NULL, step INTEGER, attempt INTEGER,
+        rank INTEGER, replica INTEGER, node TEXT,
+        name TEXT NOT NULL, value REAL
+    );
+    CREATE INDEX samples_by_name ON samples (name, step);
+    CREATE INDEX samples_by_rank ON samples (rank, step);
+    CREATE TABLE collectives (
+        step INTEGER, attempt INTEGER, rank INTEGER, replica INTEGER, node TEXT,
+        op TEXT NOT NULL, process_group TEXT NOT NULL, seq INTEGER, bytes INTEGER,
+        enter_time REAL NOT NULL, exit_time REAL NOT NULL
+    );
+    CREATE INDEX collectives_by_step ON collectives (step, rank);
+    CREATE TABLE findings (
+        id INTEGER PRIMARY KEY, time REAL NOT NULL, step INTEGER, kind TEXT NOT NULL,
+        scope TEXT NOT NULL, rank INTEGER, replica INTEGER, node TEXT,
+        severity TEXT NOT NULL, score REAL NOT NULL, detector TEXT, evidence TEXT NOT NULL
+    );
+    CREATE TABLE actions (
+        id INTEGER PRIMARY KEY, time REAL NOT NULL,
+        finding_id INTEGER REFERENCES findings (id),
+        kind TEXT NOT NULL, target TEXT NOT NULL, reason TEXT NOT NULL, key TEXT NOT NULL,
+        dry_run INTEGER NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL,
+        outcome_time REAL NOT NULL
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY, time REAL NOT NULL, subject TEXT NOT NULL,
+        phase TEXT NOT NULL, attempt INTEGER NOT NULL, detail TEXT NOT NULL
+    );
+    CREATE TABLE checkpoints (
+        id INTEGER PRIMARY KEY, time REAL NOT NULL, step INTEGER NOT NULL, rank INTEGER,
+        attempt INTEGER, state TEXT NOT NULL, tier TEXT NOT NULL, path TEXT,
+        bytes INTEGER, seconds REAL
+    );
+    CREATE TABLE faults (
+        id INTEGER PRIMARY KEY, time REAL NOT NULL, step INTEGER, attempt INTEGER,
+        kind TEXT NOT NULL, rank INTEGER, spec TEXT NOT NULL
+    );
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(conn: sqlite3.Connection, migrations: tuple[str, ...] = MIGRATIONS) -> int:
+    """Brings the database to the newest version; returns the version it had before."""
+    (before,) = conn.execute("PRAGMA user_version").fetchone()
+    if before > len(migrations):
+        raise StoreError(
+            f"run store has schema version {before}, newer than this Eagle Eye supports "
+            f"({len(migrations)}); upgrade eagleeye to read it"
+        )
+    for version in range(before, len(migrations)):
+        try:
+            conn.execute("BEGIN")
+            for statement in migrations[version].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK")
+            raise StoreError(f"migration to schema version {version + 1} failed: {exc}") from exc
+    return int(before)

@@ -1,0 +1,293 @@
+"""The run store's writer: one SQLite file in WAL mode, written in batches by one thread.
+
+Callers never wait on the disk: rows go into a queue and a background thread commits them
+in one transaction every ``flush_interval_s`` (or sooner when many are waiting). WAL mode
+lets other processes (the dashboard, tests) read while the run writes. Ids of findings are
+handed out at once, so actions can point at the finding they answer before either is on
+disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from collector.types import Sample
+from detectors.types import Finding
+from eagleeye.errors import StoreError
+from eagleeye.store.schema import migrate
+from ft_runtime.types import LifecycleEvent, Outcome
+
+log = logging.getLogger(__name__)
+DB_NAME = "run.db"
+
+_SQL_SAMPLE = "INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+_SQL_COLLECTIVE = "INSERT INTO collectives VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_SQL_FINDING = "INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_SQL_ACTION = (
+    "INSERT INTO actions (time, finding_id, kind, target, reason, key, dry_run, "
+    "status, detail, outcome_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SQL_EVENT = "INSERT INTO events (time, subject, phase, attempt, detail) VALUES (?, ?, ?, ?, ?)"
+_SQL_CHECKPOINT = (
+    "INSERT INTO checkpoints (time, step, rank, attempt, state, tier, path, "
+    "bytes, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_SQL_FAULT = "INSERT INTO faults (time, step, attempt, kind, rank, spec) VALUES (?, ?, ?, ?, ?, ?)"
+_SQL_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+class RunStore:
+    """Writes one run's records. Thread-safe; ``close()`` flushes everything.
+
+    Args:
+        run_dir: the run's folder; the database is ``run_dir/run.db``.
+        flush_interval_s: longest a row waits in memory before it is committed.
+    """
+
+    def __init__(
+        self, run_dir: str | Path, flush_interval_s: float = 0.25, max_batch: int = 5000
+    ) -> None:
+        self.path = Path(run_dir) / DB_NAME
+        try:
+            self._conn = connect(self.path)
+            migrate(self._conn)
+            (last,) = self._conn.execute("SELECT coalesce(max(id), 0) FROM findings").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open run store {self.path}: {exc}") from exc
+        self._next_finding = int(last) + 1
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, Sequence[Any]] | threading.Event | None] = queue.Queue()
+        self.flush_interval_s = flush_interval_s
+        self.max_batch = max_batch
+        self.error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, name="eagleeye-store", daemon=True)
+        self._thread.start()
+
+    # ---- records ------------------------------------------------------------------------
+    def add_samples(self, samples: Iterable[Sample], attempt: int | None = None) -> None:
+        for s in samples:
+            labels = s.labels
+            self._put(
+                _SQL_SAMPLE,
+                (
+                    s.time,
+                    s.step,
+                    _int(labels.get("attempt"), attempt),
+                    _int(labels.get("rank")),
+                    _int(labels.get("replica")),
+                    labels.get("node"),
+                    s.name,
+                    s.value,
+                ),
+            )
+
+    def add_collective(self, sample: Sample) -> None:
+        """A ``collective`` sample of the hook: value is its duration, time its exit."""
+        labels = sample.labels
+        self._put(
+            _SQL_COLLECTIVE,
+            (
+                sample.step,
+                _int(labels.get("attempt")),
+                _int(labels.get("rank")),
+                _int(labels.get("replica")),
+                labels.get("node"),
+                labels.get("op", "?"),
+                labels.get("group", "world"),
+                _int(labels.get("seq")),
+                _int(labels.get("bytes")),
+                sample.time - sample.value,
+                sample.time,
+            ),
+        )
+
+    def add_finding(self, finding: Finding) -> int:
+        with self._lock:
+            finding_id = self._next_finding
+            self._next_finding += 1
+        subject = finding.subject
+        self._put(
+            _SQL_FINDING,
+            (
+                finding_id,
+                finding.time,
+                finding.step,
+                finding.kind,
+                subject.scope,
+                subject.rank,
+                subject.replica,
+                subject.node,
+                finding.severity.value,
+                finding.score,
+                finding.detector,
+                json.dumps(dict(finding.evidence)),
+            ),
+        )
+        return finding_id
+
+    def add_outcome(
+        self, outcome: Outcome, finding_id: int | None, dry_run: bool, decided_at: float
+    ) -> None:
+        action = outcome.action
+        self._put(
+            _SQL_ACTION,
+            (
+                decided_at,
+                finding_id,
+                action.kind.value,
+                action.target,
+                action.reason,
+                action.key,
+                int(dry_run),
+                outcome.status.value,
+                outcome.detail,
+                outcome.time,
+            ),
+        )
+
+    def add_event(self, event: LifecycleEvent) -> None:
+        self._put(
+            _SQL_EVENT,
+            (
+                event.time,
+                event.subject,
+                event.phase.value,
+                event.attempt,
+                json.dumps(dict(event.detail), default=str),
+            ),
+        )
+
+    def add_checkpoint(
+        self,
+        time: float,
+        step: int,
+        state: str,
+        tier: str,
+        *,
+        rank: int | None = None,
+        attempt: int | None = None,
+        path: str | None = None,
+        nbytes: int | None = None,
+        seconds: float | None = None,
+    ) -> None:
+        self._put(_SQL_CHECKPOINT, (time, step, rank, attempt, state, tier, path, nbytes, seconds))
+
+    def add_fault(
+        self,
+        time: float,
+        step: int | None,
+        attempt: int | None,
+        kind: str,
+        rank: int | None,
+        spec: str,
+    ) -> None:
+        self._put(_SQL_FAULT, (time, step, attempt, kind, rank, spec))
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self._put(_SQL_META, (key, json.dumps(value, default=str)))
+
+    # ---- flushing -----------------------------------------------------------------------
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Blocks until every row given so far is committed."""
+        done = threading.Event()
+        self._queue.put(done)
+        if not done.wait(timeout_s):
+            raise StoreError(f"run store {self.path} did not flush within {timeout_s} s")
+        if self.error is not None:
+            raise StoreError(f"run store {self.path} failed: {self.error}")
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._conn.close()
+
+    def _put(self, sql: str, row: Sequence[Any]) -> None:
+        self._queue.put((sql, row))
+
+    def _run(self) -> None:
+        pending: dict[str, list[Sequence[Any]]] = {}
+        waiters: list[threading.Event] = []
+        stop = False
+        while not stop:
+            try:
+                item = self._queue.get(timeout=self.flush_interval_s)
+            except queue.Empty:
+                item = _TICK
+            count = 0
+            while True:
+                if item is None:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    waiters.append(item)
+                elif item is not _TICK:
+                    pending.setdefault(item[0], []).append(item[1])
+                    count += 1
+                if stop or count >= self.max_batch:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if self._commit(pending):
+                pending = {}
+            for waiter in waiters:
+                waiter.set()
+            waiters = []
+
+    def _commit(self, pending: dict[str, list[Sequence[Any]]]) -> bool:
+        """Commits in table order (findings before the actions that point at them). On
+        failure the rows are kept for the next attempt, so nothing is lost."""
+        if not pending:
+            return True
+        try:
+            self._conn.execute("BEGIN")
+            for sql in sorted(pending, key=_ORDER.index):
+                self._conn.executemany(sql, pending[sql])
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self.error = exc
+            log.error("run store write failed, rows kept for a retry: %s", exc)
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            return False
+        self.error = None
+        return True
+
+
+_TICK: tuple[str, Sequence[Any]] = ("", ())
+_ORDER = [
+    _SQL_META,
+    _SQL_SAMPLE,
+    _SQL_COLLECTIVE,
+    _SQL_FINDING,
+    _SQL_ACTION,
+    _SQL_EVENT,
+    _SQL_CHECKPOINT,
+    _SQL_FAULT,
+]
+
+
+def _int(value: Any, default: int | None = None) -> int | None:
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default

@@ -1,0 +1,125 @@
+"""What a run did, read back from its store: the tables of the terminal summary.
+
+Every figure here comes from the run store, so the summary shows what was recorded, not
+what the controller believes happened.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from eagleeye.store import RunReader
+
+
+@dataclass(frozen=True, slots=True)
+class FaultOutcome:
+    """One injected fault against what Eagle Eye did about it."""
+
+    spec: str
+    injected_at: float
+    step: int | None
+    finding: str | None
+    detection_delay_s: float | None
+    action: str | None
+    outcome: str | None
+    recovered_after_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run_dir: str
+    succeeded: bool
+    attempts: int
+    last_step: int
+    wall_s: float
+    steps_per_s: float
+    tokens_per_s: float
+    final_loss: float
+    faults: list[FaultOutcome]
+    actions: pd.DataFrame
+    findings: pd.DataFrame
+
+
+def summarize(run_dir: str) -> RunSummary:
+    reader = RunReader(run_dir)
+    try:
+        meta = reader.meta()
+        result = meta.get("result", {})
+        steps = reader.samples(names=["step_time", "tokens", "loss"])
+        findings = reader.findings()
+        actions = reader.actions()
+        faults = reader.faults()
+    finally:
+        reader.close()
+    wall = float(result.get("ended", 0.0)) - float(result.get("started", 0.0))
+    last_step = int(steps["step"].max()) if not steps.empty else -1
+    tokens = steps.loc[steps["name"] == "tokens", "value"].sum()
+    step_times = steps[steps["name"] == "step_time"]
+    distinct_steps = step_times.drop_duplicates(["attempt", "step"]).shape[0]
+    return RunSummary(
+        run_dir=run_dir,
+        succeeded=bool(result.get("succeeded", False)),
+        attempts=int(result.get("attempts", 1)),
+        last_step=last_step,
+        wall_s=wall,
+        steps_per_s=distinct_steps / wall if wall > 0 else math.nan,
+        tokens_per_s=tokens / wall if wall > 0 else math.nan,
+        final_loss=final_loss(steps),
+        faults=[_match(fault, findings, actions, steps) for fault in faults.to_dict("records")],
+        actions=actions,
+        findings=findings,
+    )
+
+
+def final_loss(steps: pd.DataFrame) -> float:
+    """Mean over ranks of the loss at the last step of the newest attempt."""
+    loss = steps[steps["name"] == "loss"]
+    if loss.empty:
+        return math.nan
+    newest = loss[loss["attempt"] == loss["attempt"].max()]
+    last = newest[newest["step"] == newest["step"].max()]
+    return float(last["value"].mean())
+
+
+def _match(
+    fault: dict[str, Any], findings: pd.DataFrame, actions: pd.DataFrame, steps: pd.DataFrame
+) -> FaultOutcome:
+    """The first finding about the fault's rank after it, the action that answered it, and
+    when the job was back at the step where the fault struck."""
+    injected = float(fault["time"])
+    rank = fault["rank"]
+    step = None if pd.isna(fault["step"]) else int(fault["step"])
+    spec = str(fault["spec"])
+    after = findings[(findings["time"] >= injected - 1.0) & (findings["rank"] == rank)]
+    if after.empty:
+        return FaultOutcome(spec, injected, step, None, None, None, None, None)
+    first = after.iloc[0]
+    answered = actions[actions["finding_id"] == first["id"]]
+    action = outcome = None
+    if not answered.empty:
+        row = answered.iloc[0]
+        action = f"{row['kind']} {row['target']}"
+        outcome = f"{row['status']}: {row['detail']}"
+    recovered = None
+    if step is not None:
+        later = steps[
+            (steps["name"] == "step_time")
+            & (steps["time"] > first["time"])
+            & (steps["step"] >= step)
+        ]
+        if not later.empty:
+            recovered = float(later["time"].min()) - injected
+    return FaultOutcome(
+        spec,
+        injected,
+        step,
+        f"{first['kind']} on {first['scope']} {rank}",
+        max(0.0, float(first["time"]) - injected),
+        action,
+        outcome,
+        recovered,
+    )
