@@ -40,7 +40,7 @@ def decode(payload: bytes) -> list[Sample]:
         raise ValueError(f"telemetry message is not JSON: {exc}") from None
     if not isinstance(message, dict) or message.get("v") != WIRE_VERSION:
         raise ValueError(f"telemetry message lacks wire version {WIRE_VERSION}")
-    labels = message.get("labels") or {}
+    labels = message.get("labels", {})
     rows = message.get("samples")
     if not isinstance(labels, dict) or not isinstance(rows, list):
         raise ValueError("telemetry message needs a 'labels' object and a 'samples' list")

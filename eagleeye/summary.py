@@ -86,7 +86,7 @@ def final_loss(steps: pd.DataFrame) -> float:
 
 
 def _match(
-    fault: dict[str, Any], findings: pd.DataFrame, actions: pd.DataFrame, steps: pd.DataFrame
+    fault: dict[Any, Any], findings: pd.DataFrame, actions: pd.DataFrame, steps: pd.DataFrame
 ) -> FaultOutcome:
     """The first finding about the fault's rank after it, the action that answered it, and
     when the job was back at the step where the fault struck."""

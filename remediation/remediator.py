@@ -75,7 +75,7 @@ class Remediator:
             target = rule.target(finding)
             if finding.time <= self._last_done.get(target, float("-inf")):
                 continue  # the target was recovered after this finding: already answered
-            key = f"{rule.action.value}/{target}/{finding.key}/{finding.step}"
+            key = f"{rule.action.value}/{target}/{finding.key}@{finding.time:.6f}"
             action = Action(
                 rule.action,
                 target,

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import threading
+import time
+
+from collector.hooks import TrainingHook
+
+
+def rows_by_name(batches):
+    return {row[0]: row for batch in batches for row in batch}
+
+
+def test_a_step_produces_timings_metrics_and_collectives() -> None:
+    batches = []
+    hook = TrainingHook(lambda labels, rows: batches.append(rows) or True, {"rank": "1"})
+    hook.step_start(5)
+    with hook.section("forward"):
+        time.sleep(0.01)
+    with hook.collective("all_reduce", nbytes=1024):
+        pass
+    with hook.collective("all_reduce", nbytes=1024):
+        pass
+    hook.step_end(5, loss=1.5, lr=0.1)
+    hook.close()
+    rows = [row for batch in batches for row in batch]
+    named = rows_by_name(batches)
+    assert named["section.forward"][1] >= 0.01
+    assert named["step_time"][1] >= named["section.forward"][1]
+    assert named["loss"][1] == 1.5 and named["loss"][3] == 5
+    seqs = [row[4]["seq"] for row in rows if row[0] == "collective"]
+    assert seqs == ["0", "1"]  # a per-group sequence number, as NCCL's flight recorder has
+
+
+def test_a_failing_transport_never_raises_into_the_loop() -> None:
+    def broken(labels, rows):
+        raise ConnectionError("controller gone")
+
+    hook = TrainingHook(broken, {"rank": "0"})
+    for step in range(5):
+        hook.step_start(step)
+        hook.step_end(step, loss=1.0)
+    assert hook.flush(2.0)
+    assert hook.dropped == 10  # 2 rows per step, all counted as dropped
+    hook.close()
+
+
+def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
+    release = threading.Event()
+
+    def stuck(labels, rows):
+        release.wait(5)
+        return True
+
+    hook = TrainingHook(stuck, {"rank": "0"}, queue_size=2)
+    started = time.perf_counter()
+    for step in range(50):
+        hook.step_start(step)
+        hook.step_end(step)
+    elapsed = time.perf_counter() - started
+    assert hook.dropped >= 40  # the sender holds one batch and the queue two
+    assert elapsed < 1.0, "step_end must not wait for the transport"
+    release.set()
+    hook.close()
+
+
+def test_metrics_that_are_not_numbers_become_nan_not_errors() -> None:
+    batches = []
+    hook = TrainingHook(lambda labels, rows: batches.append(rows) or True, {})
+    hook.step_start(0)
+    hook.step_end(0, loss="not a number")  # type: ignore[arg-type]
+    hook.close()
+    assert str(rows_by_name(batches)["loss"][1]) == "nan"

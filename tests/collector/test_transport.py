@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+
+from collector.transport import TelemetryPublisher, TelemetryReceiver, decode, encode
+
+
+def receive_all(receiver: TelemetryReceiver, expected: int, timeout_s: float = 5.0) -> list:
+    got = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < expected and time.monotonic() < deadline:
+        got.extend(receiver.receive(timeout_s=0.1))
+    return got
+
+
+def test_batches_cross_a_real_socket_with_labels() -> None:
+    receiver = TelemetryReceiver()
+    publisher = TelemetryPublisher(receiver.address)
+    try:
+        assert publisher.send(
+            {"rank": "2", "node": "node1"},
+            [["loss", 1.25, 10.0, 3], ["collective", 0.5, 11.0, 3, {"op": "x"}]],
+        )
+        samples = receive_all(receiver, 2)
+    finally:
+        publisher.close()
+        receiver.close()
+    assert [s.name for s in samples] == ["loss", "collective"]
+    assert samples[0].labels == {"rank": "2", "node": "node1"}
+    assert samples[1].labels["op"] == "x" and samples[1].step == 3
+
+
+def test_malformed_messages_are_counted_and_skipped() -> None:
+    receiver = TelemetryReceiver()
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.connect(receiver.address)
+    try:
+        push.send(b"\xff not json")
+        push.send(b'{"v": 1, "labels": {}, "samples": [["loss", "abc", 1.0, 1]]}')
+        push.send(encode({"rank": "0"}, [["loss", 2.0, 1.0, 1]]))
+        samples = receive_all(receiver, 1)
+        time.sleep(0.1)
+        samples += receiver.receive(timeout_s=0.1)
+    finally:
+        push.close(linger=0)
+        receiver.close()
+    assert [s.value for s in samples] == [2.0]
+    assert receiver.malformed == 2
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[]",
+        b'{"v": 2}',
+        b'{"v": 1, "labels": [], "samples": []}',
+        b'{"v": 1, "labels": {}, "samples": [["x", 1]]}',
+    ],
+)
+def test_decode_names_what_is_wrong(payload: bytes) -> None:
+    with pytest.raises(ValueError, match="telemetry"):
+        decode(payload)
+
+
+def test_publisher_without_a_controller_never_blocks() -> None:
+    publisher = TelemetryPublisher("tcp://127.0.0.1:1", high_water_mark=1)
+    started = time.perf_counter()
+    results = [publisher.send({}, [["x", 1.0, 0.0, i]]) for i in range(100)]
+    publisher.close()
+    assert time.perf_counter() - started < 1.0
+    assert results.count(False) >= 98 and publisher.dropped == results.count(False)

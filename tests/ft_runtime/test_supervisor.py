@@ -1,0 +1,108 @@
+"""The supervisor with real processes: launches, exits, cascades, restarts, budgets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ft_runtime.layout import JobLayout
+from ft_runtime.supervisor import JobSupervisor, LaunchSpec
+from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
+
+pytestmark = pytest.mark.integration
+
+# The script each rank runs: behaviour per rank and attempt comes from its arguments.
+SCRIPT = """
+import os, sys, time
+rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+print("rank", rank, "world", os.environ["WORLD_SIZE"], "port", os.environ["MASTER_PORT"],
+      "node", os.environ["EAGLEEYE_NODE"], flush=True)
+plan = dict(arg.split("=") for arg in sys.argv[1:])  # e.g. 1@0=exit3 (rank@attempt)
+action = plan.get(f"{rank}@{attempt}", "exit0")
+if action.startswith("sleep"):
+    time.sleep(float(action[5:]))
+    sys.exit(1)
+time.sleep(0.2)
+sys.exit(int(action[4:]))
+"""
+
+
+def supervisor(tmp_path: Path, plan: list[str], world: int = 2, restarts: int = 2):
+    script = tmp_path / "rank.py"
+    script.write_text(SCRIPT)
+    spec = LaunchSpec(
+        [str(script), *plan],
+        JobLayout(1, world, 1),
+        "test",
+        str(tmp_path / "logs"),
+        stop_grace_s=1.0,
+    )
+    return JobSupervisor(spec, max_restarts=restarts)
+
+
+def run_until(sup: JobSupervisor, done, timeout_s: float = 20.0) -> list:
+    events = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events += sup.poll()
+        if done(events):
+            return events
+        time.sleep(0.05)
+    raise AssertionError(f"timed out; events so far: {events}")
+
+
+def test_all_ranks_exiting_cleanly_is_success_with_torchrun_environment(tmp_path) -> None:
+    sup = supervisor(tmp_path, [])
+    sup.start()
+    events = run_until(sup, lambda ev: sup.finished)
+    assert sup.phase is Phase.SUCCEEDED
+    phases = [(e.subject, e.phase) for e in events]
+    assert ("job", Phase.LAUNCH) in phases and ("job", Phase.SUCCEEDED) in phases
+    assert sum(1 for s, p in phases if p is Phase.EXITED) == 2
+    log = (tmp_path / "logs" / "attempt-0" / "rank-1.log").read_text()
+    assert log.startswith("rank 1 world 2 port ") and "node node0" in log
+
+
+def test_a_crash_cascade_has_one_first_failure_and_fails_the_job_without_recovery(tmp_path) -> None:
+    sup = supervisor(tmp_path, ["0@0=exit3", "1@0=sleep0.6"], world=3)  # rank 2: exit 0
+    sup.start()
+    events = run_until(sup, lambda ev: sum(e.phase is Phase.EXITED for e in ev) == 3)
+    exits = {e.subject: e.detail for e in events if e.phase is Phase.EXITED}
+    assert exits["rank:0"]["exit_code"] == 3 and not exits["rank:0"]["collateral"]
+    assert exits["rank:1"]["exit_code"] == 1 and exits["rank:1"]["collateral"]
+    assert exits["rank:2"]["exit_code"] == 0
+    sup.settle()
+    assert sup.phase is Phase.FAILED
+
+
+def test_restart_relaunches_every_rank_and_the_budget_ends_restart_loops(tmp_path) -> None:
+    sup = supervisor(tmp_path, ["0@0=exit9", "0@1=exit9", "1@0=sleep30", "1@1=sleep30"], restarts=1)
+    sup.start()
+    run_until(sup, lambda ev: any(e.phase is Phase.EXITED for e in ev))
+    first_pids = sup.pids()
+    outcome = sup.execute(Action(ActionKind.RESTART, "job", "rank 0 died", "k1"))
+    assert outcome.status is OutcomeStatus.DONE and sup.attempt == 1
+    assert set(sup.pids().values()).isdisjoint(first_pids.values())
+    assert (
+        sup.execute(Action(ActionKind.RESTART, "job", "again", "k1")).status
+        is OutcomeStatus.SKIPPED
+    )  # same key: idempotent
+    run_until(sup, lambda ev: any(e.phase is Phase.EXITED and e.attempt == 1 for e in ev))
+    outcome = sup.execute(Action(ActionKind.RESTART, "job", "rank 0 died again", "k2"))
+    assert outcome.status is OutcomeStatus.FAILED and "budget" in outcome.detail
+    assert sup.phase is Phase.FAILED and sup.alive() == 0
+
+
+def test_stop_all_ends_a_stopped_rank(tmp_path) -> None:
+    sup = supervisor(tmp_path, ["0@0=sleep30", "1@0=sleep30"])
+    sup.start()
+    time.sleep(0.5)
+    os.kill(sup.pids()[0], signal.SIGSTOP)
+    started = time.monotonic()
+    sup.stop_all()
+    assert sup.alive() == 0 and time.monotonic() - started < 5
+    assert [e for e in sup.poll() if e.phase is Phase.EXITED] == []  # expected stops

@@ -1,0 +1,26 @@
+"""Runs the examples in the records' and plugins' docstrings."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "collector.types",
+    "collector.hooks",
+    "detectors.types",
+    "detectors.rules",
+    "ft_runtime.types",
+    "ft_runtime.layout",
+    "ft_runtime.faults",
+    "ft_runtime.testing",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0, f"{name} has no examples to run"
+    assert result.failed == 0
