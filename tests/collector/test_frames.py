@@ -24,6 +24,7 @@ def test_one_frame_per_rank_and_step_with_collectives_summed() -> None:
         Subject(replica=1, rank=2, node="node1"),
     }
     mine = frames[Subject(replica=1, rank=3, node="node1")]
-    assert mine.step == 4 and mine.time == 10.0
+    assert mine.step == 4
+    assert mine.time == 10.0
     assert mine.values["collective_time"] == pytest.approx(0.05)
     assert set(mine.values) == {"step_time", "loss", "collective_time"}

@@ -26,7 +26,8 @@ def test_a_step_produces_timings_metrics_and_collectives() -> None:
     named = rows_by_name(batches)
     assert named["section.forward"][1] >= 0.01
     assert named["step_time"][1] >= named["section.forward"][1]
-    assert named["loss"][1] == 1.5 and named["loss"][3] == 5
+    assert named["loss"][1] == 1.5
+    assert named["loss"][3] == 5
     seqs = [row[4]["seq"] for row in rows if row[0] == "collective"]
     assert seqs == ["0", "1"]  # a per-group sequence number, as NCCL's flight recorder has
 

@@ -30,7 +30,8 @@ def test_batches_cross_a_real_socket_with_labels() -> None:
         receiver.close()
     assert [s.name for s in samples] == ["loss", "collective"]
     assert samples[0].labels == {"rank": "2", "node": "node1"}
-    assert samples[1].labels["op"] == "x" and samples[1].step == 3
+    assert samples[1].labels["op"] == "x"
+    assert samples[1].step == 3
 
 
 def test_malformed_messages_are_counted_and_skipped() -> None:
@@ -71,4 +72,5 @@ def test_publisher_without_a_controller_never_blocks() -> None:
     results = [publisher.send({}, [["x", 1.0, 0.0, i]]) for i in range(100)]
     publisher.close()
     assert time.perf_counter() - started < 1.0
-    assert results.count(False) >= 98 and publisher.dropped == results.count(False)
+    assert results.count(False) >= 98
+    assert publisher.dropped == results.count(False)

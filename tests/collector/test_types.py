@@ -30,7 +30,8 @@ def test_non_finite_values_round_trip_through_strict_json() -> None:
     )
     text = json.dumps(frame.to_json(), allow_nan=False)  # strict JSON has no NaN literal
     back = Frame.from_json(json.loads(text))
-    assert math.isnan(back.values["loss"]) and back.values["grad_norm"] == math.inf
+    assert math.isnan(back.values["loss"])
+    assert back.values["grad_norm"] == math.inf
     assert back.subject == frame.subject
 
 

@@ -21,7 +21,9 @@ def test_a_rank_that_stops_stepping_is_hung_after_k_median_steps(clock) -> None:
     assert detector.poll(clock()) == []
     clock.advance(0.2)  # rank 1 silent for 1.1 s > 10 × 0.1 s
     (finding,) = detector.poll(clock())
-    assert finding.kind == "hang" and finding.subject == R1 and finding.step == 19
+    assert finding.kind == "hang"
+    assert finding.subject == R1
+    assert finding.step == 19
     assert finding.evidence["silence_s"] > finding.evidence["limit_s"] == 1.0
     later = detector.poll(clock() + 5)  # rank 0 has gone silent too by then
     assert [f.subject for f in later] == [R0]  # one finding per stall, not one per tick

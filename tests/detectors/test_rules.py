@@ -15,8 +15,10 @@ RANK3 = Subject(replica=1, rank=3, node="node1")
 
 def test_a_killed_rank_is_a_critical_process_exit_with_its_signal() -> None:
     (finding,) = ProcessExit().process(Frame(RANK3, 40, 5.0, {"exit_code": -9, "attempt": 0}))
-    assert finding.kind == "process_exit" and finding.severity is Severity.CRITICAL
-    assert finding.subject == RANK3 and finding.step == 40
+    assert finding.kind == "process_exit"
+    assert finding.severity is Severity.CRITICAL
+    assert finding.subject == RANK3
+    assert finding.step == 40
     assert finding.evidence == {"exit_code": -9, "signal": 9, "attempt": 0}
 
 
@@ -31,7 +33,8 @@ def test_non_finite_loss_names_the_bad_features() -> None:
     detector = NonFiniteLoss()
     assert detector.process(Frame(RANK3, 1, 0.0, {"loss": 2.0, "grad_norm": 1.0})) == ()
     (finding,) = detector.process(Frame(RANK3, 2, 0.0, {"loss": math.nan, "grad_norm": 1.0}))
-    assert finding.kind == "nan" and set(finding.evidence) == {"loss"}
+    assert finding.kind == "nan"
+    assert set(finding.evidence) == {"loss"}
 
 
 def test_registry_builds_by_name_and_rejects_unknown_and_duplicate_names() -> None:

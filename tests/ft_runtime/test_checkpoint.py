@@ -40,7 +40,8 @@ def test_a_flipped_bit_or_truncation_falls_back_to_the_previous_checkpoint(tmp_p
     middle = tmp_path / "step-00000020" / "rank-00000.pt"
     middle.write_bytes(middle.read_bytes()[:-100])
     step, loaded = ckpt.load()
-    assert step == 10 and loaded["data"] == {"position": 10}
+    assert step == 10
+    assert loaded["data"] == {"position": 10}
 
 
 def test_a_checkpoint_without_manifest_does_not_count(tmp_path) -> None:
@@ -78,7 +79,8 @@ def test_loading_never_unpickles_arbitrary_objects(tmp_path) -> None:
     assert payload  # the forged object does pickle
     step, _ = ckpt.load()
     assert step == 10, "the forged checkpoint must be refused, not executed"
-    assert not (tmp_path / "evil").exists() and not os.path.exists("evil")
+    assert not (tmp_path / "evil").exists()
+    assert not os.path.exists("evil")
 
 
 def test_retention_keeps_the_last_k(tmp_path) -> None:

@@ -12,11 +12,16 @@ from ft_runtime.layout import JobLayout
 def test_environment_is_torchrun_compatible_plus_replica_fields() -> None:
     layout = JobLayout(nnodes=2, nproc_per_node=3, replicas=3)
     env = layout.environment(layout.rank(4), "127.0.0.1", 29500, attempt=2, run_id="r")
-    assert env["RANK"] == "4" and env["WORLD_SIZE"] == "6" and env["LOCAL_RANK"] == "1"
-    assert env["GROUP_RANK"] == "1" and env["LOCAL_WORLD_SIZE"] == "3"
-    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == "29500"
+    assert env["RANK"] == "4"
+    assert env["WORLD_SIZE"] == "6"
+    assert env["LOCAL_RANK"] == "1"
+    assert env["GROUP_RANK"] == "1"
+    assert env["LOCAL_WORLD_SIZE"] == "3"
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    assert env["MASTER_PORT"] == "29500"
     assert env["TORCHELASTIC_RESTART_COUNT"] == "2"
-    assert env["EAGLEEYE_REPLICA"] == "2" and env["EAGLEEYE_REPLICA_RANK"] == "0"
+    assert env["EAGLEEYE_REPLICA"] == "2"
+    assert env["EAGLEEYE_REPLICA_RANK"] == "0"
     assert env["EAGLEEYE_NODE"] == "node1"
 
 
@@ -28,7 +33,9 @@ def test_a_world_that_does_not_split_into_replicas_is_refused() -> None:
 def test_fault_specs_parse_with_options() -> None:
     spec = FaultSpec.parse("slow:rank=2@step=20,seconds=0.3,steps=5")
     assert (spec.kind, spec.rank, spec.step, spec.seconds, spec.steps) == ("slow", 2, 20, 0.3, 5)
-    assert spec.active(24) and not spec.active(25) and not spec.active(19)
+    assert spec.active(24)
+    assert not spec.active(25)
+    assert not spec.active(19)
     assert [s.kind for s in parse_specs(["kill:rank=1@step=3;nan:rank=0@step=4"])] == [
         "kill",
         "nan",

@@ -61,10 +61,12 @@ def test_all_ranks_exiting_cleanly_is_success_with_torchrun_environment(tmp_path
     events = run_until(sup, lambda ev: sup.finished)
     assert sup.phase is Phase.SUCCEEDED
     phases = [(e.subject, e.phase) for e in events]
-    assert ("job", Phase.LAUNCH) in phases and ("job", Phase.SUCCEEDED) in phases
+    assert ("job", Phase.LAUNCH) in phases
+    assert ("job", Phase.SUCCEEDED) in phases
     assert sum(1 for s, p in phases if p is Phase.EXITED) == 2
     log = (tmp_path / "logs" / "attempt-0" / "rank-1.log").read_text()
-    assert log.startswith("rank 1 world 2 port ") and "node node0" in log
+    assert log.startswith("rank 1 world 2 port ")
+    assert "node node0" in log
 
 
 def test_a_crash_cascade_has_one_first_failure_and_fails_the_job_without_recovery(tmp_path) -> None:
@@ -72,8 +74,10 @@ def test_a_crash_cascade_has_one_first_failure_and_fails_the_job_without_recover
     sup.start()
     events = run_until(sup, lambda ev: sum(e.phase is Phase.EXITED for e in ev) == 3)
     exits = {e.subject: e.detail for e in events if e.phase is Phase.EXITED}
-    assert exits["rank:0"]["exit_code"] == 3 and not exits["rank:0"]["collateral"]
-    assert exits["rank:1"]["exit_code"] == 1 and exits["rank:1"]["collateral"]
+    assert exits["rank:0"]["exit_code"] == 3
+    assert not exits["rank:0"]["collateral"]
+    assert exits["rank:1"]["exit_code"] == 1
+    assert exits["rank:1"]["collateral"]
     assert exits["rank:2"]["exit_code"] == 0
     sup.settle()
     assert sup.phase is Phase.FAILED
@@ -85,7 +89,8 @@ def test_restart_relaunches_every_rank_and_the_budget_ends_restart_loops(tmp_pat
     run_until(sup, lambda ev: any(e.phase is Phase.EXITED for e in ev))
     first_pids = sup.pids()
     outcome = sup.execute(Action(ActionKind.RESTART, "job", "rank 0 died", "k1"))
-    assert outcome.status is OutcomeStatus.DONE and sup.attempt == 1
+    assert outcome.status is OutcomeStatus.DONE
+    assert sup.attempt == 1
     assert set(sup.pids().values()).isdisjoint(first_pids.values())
     assert (
         sup.execute(Action(ActionKind.RESTART, "job", "again", "k1")).status
@@ -93,8 +98,10 @@ def test_restart_relaunches_every_rank_and_the_budget_ends_restart_loops(tmp_pat
     )  # same key: idempotent
     run_until(sup, lambda ev: any(e.phase is Phase.EXITED and e.attempt == 1 for e in ev))
     outcome = sup.execute(Action(ActionKind.RESTART, "job", "rank 0 died again", "k2"))
-    assert outcome.status is OutcomeStatus.FAILED and "budget" in outcome.detail
-    assert sup.phase is Phase.FAILED and sup.alive() == 0
+    assert outcome.status is OutcomeStatus.FAILED
+    assert "budget" in outcome.detail
+    assert sup.phase is Phase.FAILED
+    assert sup.alive() == 0
 
 
 def test_stop_all_ends_a_stopped_rank(tmp_path) -> None:
@@ -104,5 +111,6 @@ def test_stop_all_ends_a_stopped_rank(tmp_path) -> None:
     os.kill(sup.pids()[0], signal.SIGSTOP)
     started = time.monotonic()
     sup.stop_all()
-    assert sup.alive() == 0 and time.monotonic() - started < 5
+    assert sup.alive() == 0
+    assert time.monotonic() - started < 5
     assert [e for e in sup.poll() if e.phase is Phase.EXITED] == []  # expected stops

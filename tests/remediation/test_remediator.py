@@ -26,7 +26,8 @@ def test_dry_run_is_the_default_and_executes_nothing(clock) -> None:
     runtime = FakeRuntime(clock=clock)
     remediator = Remediator(synchronous_restart_policy(), runtime, clock=clock)
     (decision,) = remediator.handle(exit_finding(clock()))
-    assert decision.dry_run and decision.outcome.status is OutcomeStatus.SKIPPED
+    assert decision.dry_run
+    assert decision.outcome.status is OutcomeStatus.SKIPPED
     assert "dry-run" in decision.outcome.detail
     assert runtime.actions == []
 
@@ -37,7 +38,8 @@ def test_an_exit_restarts_the_job_once_and_later_findings_of_it_are_answered(clo
     first = exit_finding(clock())
     clock.advance(1)  # the restart happens a second after the exit
     (decision,) = remediator.handle(first)
-    assert decision.action.kind is ActionKind.RESTART and decision.action.target == "job"
+    assert decision.action.kind is ActionKind.RESTART
+    assert decision.action.target == "job"
     assert decision.outcome.status is OutcomeStatus.DONE
     # The same finding again, and one about the old incarnation (a peer that died of the
     # first death before the restart), cause nothing more.
