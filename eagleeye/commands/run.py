@@ -105,10 +105,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from eagleeye.console import LiveLog
     from eagleeye.launch import job_config_from_args, run_job
 
     config = job_config_from_args(args)
-    result = run_job(config)
+    live = LiveLog()
+    result = run_job(config, on_update=live)
+    verdict = "succeeded" if result.succeeded else "failed"
+    live.console.print(f"run {verdict}; store: {result.run_dir / 'run.db'}")
     return 0 if result.succeeded else 1
 
 

@@ -76,7 +76,9 @@ class RunReader:
         )
         if frame.empty:
             return frame
-        return frame.pivot_table(index="step", columns="rank", values="value", aggfunc="last")
+        # SQLite stores NaN as NULL; it reads back as NaN and must not be dropped here.
+        latest = frame.drop_duplicates(["step", "rank"], keep="last")
+        return latest.pivot(index="step", columns="rank", values="value")
 
     def collectives(self) -> pd.DataFrame:
         return self.query("SELECT * FROM collectives ORDER BY enter_time")

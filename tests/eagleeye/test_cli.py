@@ -1,0 +1,70 @@
+"""The console script: help that explains, one-line errors for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from eagleeye.cli import build_parser
+from eagleeye.commands import COMMANDS
+
+
+def eagleeye(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eagleeye", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+
+
+def subcommands() -> list[str]:
+    parser = build_parser()
+    (action,) = [a for a in parser._actions if a.dest == "command"]
+    return sorted(action.choices)
+
+
+def test_every_subcommand_is_listed_and_explains_itself() -> None:
+    top = eagleeye("--help")
+    assert top.returncode == 0
+    names = subcommands()
+    assert len(names) == len(COMMANDS)
+    for name in names:
+        assert name in top.stdout
+        result = eagleeye(name, "--help")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: eagleeye {name}")
+        assert len(result.stdout.splitlines()) > 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--nproc-per-node", "0", "x.py"], "must be at least 1"),
+        (["run", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
+        (["run", "missing_script.py"], "script 'missing_script.py' not found"),
+        (["run", "-m", "no_such_module_xyz"], "module 'no_such_module_xyz' not found"),
+        (["run", "--inject", "explode:rank=0@step=1", "x.py"], "unknown fault kind 'explode'"),
+        (["run", "--nproc-per-node", "3", "--replicas", "2", "x.py"], "cannot be split"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_no_traceback(tmp_path, args, message) -> None:
+    (tmp_path / "x.py").write_text("print('never run')\n")
+    result = eagleeye(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("eagleeye")
+
+
+def test_an_unwritable_runs_dir_is_a_clear_error(tmp_path) -> None:
+    (tmp_path / "x.py").write_text("print('never run')\n")
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    result = eagleeye("run", "--runs-dir", "blocker/runs", "x.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "cannot create run folder" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

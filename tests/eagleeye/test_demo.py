@@ -1,0 +1,39 @@
+"""The README's demo command, shortened: the kill is recorded, detected and remediated."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from eagleeye.store import RunReader
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "eagleeye", "demo", "--steps", "50", "--runs-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={"COLUMNS": "160", **_env()},
+    )
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, output[-3000:]
+    assert "process_exit on rank 3" in output
+    assert "identical" in output  # final loss equals the fault-free run's, bit for bit
+    (run,) = [p for p in tmp_path.iterdir() if not p.name.endswith("-reference")]
+    reader = RunReader(run)
+    assert reader.faults().iloc[0]["spec"] == "kill:rank=3@step=22"
+    assert reader.findings().iloc[0]["kind"] == "process_exit"
+    assert reader.actions().iloc[0]["status"] == "done"
+    assert reader.samples(names=["step_time"])["step"].max() == 49
+    assert f"{run}/run.db" in output
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
