@@ -4,6 +4,29 @@ from __future__ import annotations
 
 from collector.base import Source
 from collector.errors import CollectorError, ParseError
+from collector.events import Event, Parsed
+from collector.exporter import ExporterSource, fetch_text
+from collector.kmsg import KernelLogSource, parse_kmsg
+from collector.promtext import XidTracker, parse_exposition
 from collector.types import JOB, Frame, Sample, Subject
+from collector.xid import XID_CATALOGUE, XidInfo
 
-__all__ = ["JOB", "CollectorError", "Frame", "ParseError", "Sample", "Source", "Subject"]
+__all__ = [
+    "JOB",
+    "XID_CATALOGUE",
+    "CollectorError",
+    "Event",
+    "ExporterSource",
+    "Frame",
+    "KernelLogSource",
+    "ParseError",
+    "Parsed",
+    "Sample",
+    "Source",
+    "Subject",
+    "XidInfo",
+    "XidTracker",
+    "fetch_text",
+    "parse_exposition",
+    "parse_kmsg",
+]
