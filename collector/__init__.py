@@ -7,6 +7,14 @@ from collector.errors import CollectorError, ParseError
 from collector.events import Event, Parsed
 from collector.exporter import ExporterSource, fetch_text
 from collector.kmsg import KernelLogSource, parse_kmsg
+from collector.nccl import (
+    CollectiveRecord,
+    FlightRecord,
+    flight_record_events,
+    load_flight_record,
+    read_flight_record,
+)
+from collector.nccl_log import parse_watchdog_log
 from collector.promtext import XidTracker, parse_exposition
 from collector.types import JOB, Frame, Sample, Subject
 from collector.xid import XID_CATALOGUE, XidInfo
@@ -14,9 +22,11 @@ from collector.xid import XID_CATALOGUE, XidInfo
 __all__ = [
     "JOB",
     "XID_CATALOGUE",
+    "CollectiveRecord",
     "CollectorError",
     "Event",
     "ExporterSource",
+    "FlightRecord",
     "Frame",
     "KernelLogSource",
     "ParseError",
@@ -27,6 +37,10 @@ __all__ = [
     "XidInfo",
     "XidTracker",
     "fetch_text",
+    "flight_record_events",
+    "load_flight_record",
     "parse_exposition",
     "parse_kmsg",
+    "parse_watchdog_log",
+    "read_flight_record",
 ]
