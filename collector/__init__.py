@@ -15,6 +15,11 @@ from collector.nccl import (
     read_flight_record,
 )
 from collector.nccl_log import parse_watchdog_log
+from collector.prometheus_api import (
+    PrometheusClient,
+    PrometheusQueryError,
+    PrometheusQuerySource,
+)
 from collector.promtext import XidTracker, parse_exposition
 from collector.types import JOB, Frame, Sample, Subject
 from collector.xid import XID_CATALOGUE, XidInfo
@@ -30,6 +35,9 @@ __all__ = [
     "Frame",
     "KernelLogSource",
     "ParseError",
+    "PrometheusClient",
+    "PrometheusQueryError",
+    "PrometheusQuerySource",
     "Parsed",
     "Sample",
     "Source",
