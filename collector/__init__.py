@@ -15,6 +15,7 @@ from collector.nccl import (
     read_flight_record,
 )
 from collector.nccl_log import parse_watchdog_log
+from collector.nvml import NvmlPoller
 from collector.prometheus_api import (
     PrometheusClient,
     PrometheusQueryError,
@@ -34,6 +35,7 @@ __all__ = [
     "FlightRecord",
     "Frame",
     "KernelLogSource",
+    "NvmlPoller",
     "ParseError",
     "PrometheusClient",
     "PrometheusQueryError",
