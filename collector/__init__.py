@@ -6,6 +6,7 @@ from collector.base import Source
 from collector.errors import CollectorError, ParseError
 from collector.events import Event, Parsed
 from collector.exporter import ExporterSource, fetch_text
+from collector.host import HostSource
 from collector.kmsg import KernelLogSource, parse_kmsg
 from collector.nccl import (
     CollectiveRecord,
@@ -34,6 +35,7 @@ __all__ = [
     "ExporterSource",
     "FlightRecord",
     "Frame",
+    "HostSource",
     "KernelLogSource",
     "NvmlPoller",
     "ParseError",
