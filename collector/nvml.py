@@ -103,12 +103,15 @@ class NvmlPoller:
             self._labels.append(self._identity(index, handle))
         try:
             self._event_set = nv.nvmlEventSetCreate()
-            for handle in self._handles:
-                nv.nvmlDeviceRegisterEvents(
-                    handle, nv.nvmlEventTypeXidCriticalError, self._event_set
-                )
         except nv.NVMLError:
             self.dropped["xid_events_unavailable"] += 1
+            return
+        # One GPU that cannot register (lost, not supported) must not cost the others.
+        xid = nv.nvmlEventTypeXidCriticalError
+        for index, handle in enumerate(self._handles):
+            self._call(
+                index, "register_events", nv.nvmlDeviceRegisterEvents, handle, xid, self._event_set
+            )
 
     def close(self) -> None:
         """Frees the event set and shuts NVML down."""

@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from collector.errors import ParseError
-from collector.sniff import read_source, sniff_kind
+from collector.errors import CollectorError, ParseError
+from collector.sniff import KINDS, read_source, sniff_kind
 from eagleeye.cli import main
 
 
@@ -117,3 +119,20 @@ def test_a_corrupt_dump_names_the_file(tmp_path: Path, fixtures: Path) -> None:
     dump.write_bytes((fixtures / "nccl" / "nccl_trace_rank_0").read_bytes()[:200])
     with pytest.raises(ParseError, match="nccl_trace_rank_0.*pickle"):
         read_source(str(dump))
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.binary(max_size=2000), st.sampled_from(["dump", "nccl_trace_rank_7", "kern.log"]))
+def test_any_file_gives_a_reading_or_a_collector_error(
+    tmp_path: Path, data: bytes, name: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(data)
+    try:
+        kind, parsed = read_source(str(path))
+    except CollectorError:
+        return
+    assert kind in KINDS
+    assert all(v > 0 for v in parsed.dropped.values())

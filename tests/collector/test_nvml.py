@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collector.errors import CollectorError
 from collector.kmsg import parse_kmsg
@@ -128,3 +130,56 @@ def test_no_pynvml_and_no_fake_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(CollectorError, match="gpu extra"):
         NvmlPoller(node="n1")
     assert not nvml_module.is_available()
+
+
+_metrics = [
+    "uuid",
+    "pci",
+    "utilization",
+    "memory",
+    "gpu_temp_c",
+    "power",
+    "gpu_sm_clock_mhz",
+    "throttle",
+    "gpu_ecc_corrected_total",
+    "remapped_rows",
+    "gpu_pcie_replays_total",
+    "nvlink",
+    "register_events",
+]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sets(st.sampled_from(_metrics)),
+            st.booleans(),
+            st.integers(min_value=0, max_value=2**64),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=3), st.integers(min_value=0, max_value=2**31)),
+        max_size=5,
+    ),
+)
+def test_any_mix_of_unsupported_lost_and_odd_values_never_raises(
+    gpus: list[tuple[set[str], bool, int]], xids: list[tuple[int, int]]
+) -> None:
+    nvml = FakeNVML(gpus=len(gpus))
+    poller = NvmlPoller(node="n", nvml=nvml, clock=lambda: 0.0)
+    for device, (unsupported, lost, value) in zip(nvml.devices, gpus, strict=True):
+        device.unsupported, device.lost = unsupported, lost
+        device.throttle = device.pcie_replays = value
+    poller.collect()
+    for index, code in xids:
+        nvml.inject_xid(index % len(gpus), code)
+    samples = poller.collect()
+    assert all(s.labels["node"] == "n" for s in samples)
+    registered = [
+        i for i, (u, lost, _) in enumerate(gpus) if "register_events" not in u and not lost
+    ]
+    expected = [code for index, code in xids if index % len(gpus) in registered]
+    assert [s.value for s in samples if s.name == "gpu_xid"] == [float(c) for c in expected]
