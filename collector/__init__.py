@@ -11,10 +11,10 @@ from collector.kmsg import KernelLogSource, parse_kmsg
 from collector.nccl import (
     CollectiveRecord,
     FlightRecord,
-    flight_record_events,
     load_flight_record,
     read_flight_record,
 )
+from collector.nccl_hang import flight_record_events
 from collector.nccl_log import parse_watchdog_log
 from collector.nvml import NvmlPoller
 from collector.prometheus_api import (

@@ -38,6 +38,8 @@ _NAME = re.compile(r"name=(?P<name>[^,]*)")
 
 #: Longest line considered: the driver's lines are short; a megabyte "line" is garbage.
 MAX_LINE = 4096
+#: Most bytes one collect() reads; a huge backlog is read over several polls.
+MAX_CHUNK = 16 * 1024 * 1024
 
 
 def parse_kmsg(
@@ -181,14 +183,18 @@ class KernelLogSource:
                 self._offset, self._partial = 0, ""
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
-                chunk = f.read(size - self._offset)
+                chunk = f.read(min(size - self._offset, MAX_CHUNK))
         except OSError:
             self.dropped["read_error"] += 1
             return []
         self._offset += len(chunk)
         text = self._partial + chunk.decode("utf-8", "replace")
-        # A line still being written waits for the next collect().
+        # A line still being written waits for the next collect(), unless it is already
+        # longer than any real line (then it is garbage and dropped).
         complete, _, self._partial = text.rpartition("\n")
+        if len(self._partial) > MAX_LINE:
+            self._partial = ""
+            self.dropped["line_too_long"] += 1
         parsed = parse_kmsg(
             complete,
             time=self._clock(),

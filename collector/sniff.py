@@ -17,7 +17,8 @@ from collector.errors import ParseError
 from collector.events import Parsed
 from collector.exporter import fetch_text
 from collector.kmsg import parse_kmsg
-from collector.nccl import flight_record_events, load_flight_record, rank_from_filename
+from collector.nccl import load_flight_record, rank_from_filename
+from collector.nccl_hang import flight_record_events
 from collector.nccl_log import parse_watchdog_log
 from collector.prometheus_api import PrometheusClient
 from collector.promtext import XidTracker, parse_exposition

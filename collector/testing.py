@@ -25,17 +25,17 @@ class NVMLError(Exception):
         self.value = value
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's name
+class NVMLError_NotSupported(NVMLError):
     def __init__(self) -> None:
         super().__init__(3)
 
 
-class NVMLError_Timeout(NVMLError):  # noqa: N801 - pynvml's name
+class NVMLError_Timeout(NVMLError):
     def __init__(self) -> None:
         super().__init__(10)
 
 
-class NVMLError_GpuIsLost(NVMLError):  # noqa: N801 - pynvml's name
+class NVMLError_GpuIsLost(NVMLError):
     def __init__(self) -> None:
         super().__init__(15)
 
@@ -114,80 +114,80 @@ class FakeNVML:
             raise NVMLError_NotSupported()
         return gpu
 
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names from here on
+    def nvmlInit(self) -> None:
         self.initialised = True
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.initialised = False
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return len(self.devices)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         return index
 
-    def nvmlDeviceGetIndex(self, handle: int) -> int:  # noqa: N802
+    def nvmlDeviceGetIndex(self, handle: int) -> int:
         return handle
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: int) -> str:
         return self._gpu(h, "uuid").uuid
 
-    def nvmlDeviceGetPciInfo(self, h: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetPciInfo(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(busId=self._gpu(h, "pci").bus_id)
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
         gpu = self._gpu(h, "utilization")
         return SimpleNamespace(gpu=gpu.util, memory=gpu.mem_util)
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
         gpu = self._gpu(h, "memory")
         return SimpleNamespace(
             used=gpu.mem_used, total=gpu.mem_total, free=gpu.mem_total - gpu.mem_used
         )
 
-    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
         return self._gpu(h, "gpu_temp_c").temp
 
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         return self._gpu(h, "power").power_mw
 
-    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
         gpu = self._gpu(h, "gpu_sm_clock_mhz" if clock == 1 else "gpu_mem_clock_mhz")
         return gpu.sm_clock if clock == 1 else gpu.mem_clock
 
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
         return self._gpu(h, "throttle").throttle
 
-    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
         name = "gpu_ecc_corrected_total" if kind == 0 else "gpu_ecc_uncorrected_total"
         return self._gpu(h, name).ecc[kind]
 
-    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, bool, bool]:  # noqa: N802
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, bool, bool]:
         return self._gpu(h, "remapped_rows").remapped
 
-    def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:
         return self._gpu(h, "gpu_pcie_replays_total").pcie_replays
 
-    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
         gpu = self._gpu(h, "nvlink")
         if link >= gpu.nvlinks:
             raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT
         # the whole count sits on link 0, so sums over links are easy to check
         return gpu.nvlink_errors[counter] if link == 0 else 0
 
-    def nvmlEventSetCreate(self) -> str:  # noqa: N802
+    def nvmlEventSetCreate(self) -> str:
         return "event-set"
 
-    def nvmlDeviceRegisterEvents(self, h: int, types: int, event_set: Any) -> None:  # noqa: N802
+    def nvmlDeviceRegisterEvents(self, h: int, types: int, event_set: Any) -> None:
         self._gpu(h, "register_events")
         self._registered.add(h)
 
-    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> SimpleNamespace:
         if not self._events:
             raise NVMLError_Timeout()
         return self._events.popleft()
 
-    def nvmlEventSetFree(self, event_set: Any) -> None:  # noqa: N802
+    def nvmlEventSetFree(self, event_set: Any) -> None:
         self._registered.clear()
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,3 +89,25 @@ def test_any_text_parses_without_raising(text: str) -> None:
 def test_any_well_formed_xid_line_is_read(code: int, pci: str, tail: str) -> None:
     parsed = parse_kmsg(f"[ 1.0] NVRM: Xid (PCI:{pci}): {code}, {tail}", time=0.0)
     assert [(int(e.value), e.labels["pci"]) for e in parsed.events] == [(code, pci)]
+
+
+def test_a_huge_backlog_is_read_over_several_polls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import collector.kmsg as kmsg
+
+    monkeypatch.setattr(kmsg, "MAX_CHUNK", 1000)
+    log = tmp_path / "kern.log"
+    log.write_text((LINE + "\n") * 30)  # about 2.7 kB
+    source = KernelLogSource(log)
+    counts = [len(source.collect()) for _ in range(5)]
+    assert sum(counts) == 30
+    assert counts[0] < 30
+
+
+def test_an_endless_line_without_newline_is_dropped(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("x" * 10000)
+    source = KernelLogSource(log)
+    assert source.collect() == []
+    assert source.dropped["line_too_long"] == 1

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 from collector.errors import ParseError
 from collector.nccl import (
-    flight_record_events,
     load_flight_record,
     rank_from_filename,
     read_flight_record,
 )
+from collector.nccl_hang import flight_record_events
 from collector.nccl_log import parse_watchdog_log
 
 
