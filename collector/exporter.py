@@ -68,9 +68,16 @@ class ExporterSource:
         self.events: deque[Event] = deque(maxlen=1000)
 
     @classmethod
-    def from_url(cls, url: str, *, timeout: float = 5.0, **kwargs: object) -> ExporterSource:
+    def from_url(
+        cls,
+        url: str,
+        *,
+        timeout: float = 5.0,
+        labels: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = _time.time,
+    ) -> ExporterSource:
         """A source scraping ``url`` (the exporter's full /metrics address)."""
-        return cls(lambda: fetch_text(url, timeout=timeout), **kwargs)  # type: ignore[arg-type]
+        return cls(lambda: fetch_text(url, timeout=timeout), labels=labels, clock=clock)
 
     def read(self) -> Parsed:
         """One scrape, parsed; a failed scrape is an empty result with one counted drop."""

@@ -11,6 +11,7 @@ Used by ``eagleeye collect`` to show a user what Eagle Eye reads from a URL or a
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable
 from pathlib import Path
 
 from collector.errors import ParseError
@@ -24,6 +25,10 @@ from collector.prometheus_api import PrometheusClient
 from collector.promtext import XidTracker, parse_exposition
 
 KINDS = ("exporter", "kernel-log", "nccl-log", "flight-recorder", "prometheus")
+_LOG_READERS: dict[str, Callable[..., Parsed]] = {
+    "kernel-log": parse_kmsg,
+    "nccl-log": parse_watchdog_log,
+}
 #: Files larger than this are refused: none of these formats comes that large.
 MAX_FILE_BYTES = 512 * 1024 * 1024
 
@@ -70,14 +75,15 @@ def _read_path(path: Path, kind: str | None, now: float) -> tuple[str, Parsed]:
     if path.is_dir():
         return "flight-recorder", _dumps(_dump_files(path), now)
     data = _read_bytes(path)
+    sniffed = kind is None
     kind = kind or sniff_kind(data, path.name)
     if kind == "flight-recorder":
         return kind, _dumps([path], now, data)
     text = data.decode("utf-8", "replace")
-    if kind == "kernel-log":
-        return kind, parse_kmsg(text, time=now)
-    if kind == "nccl-log":
-        return kind, parse_watchdog_log(text, time=now)
+    if kind in _LOG_READERS:
+        # A sniffed log may be a node's whole console: read it for XIDs and timeouts both.
+        readers = _LOG_READERS.values() if sniffed else [_LOG_READERS[kind]]
+        return kind, Parsed.merge(read(text, time=now) for read in readers)
     return "exporter", parse_exposition(text, time=now, tracker=XidTracker(report_initial=True))
 
 

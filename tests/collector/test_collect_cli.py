@@ -136,3 +136,18 @@ def test_any_file_gives_a_reading_or_a_collector_error(
         return
     assert kind in KINDS
     assert all(v > 0 for v in parsed.dropped.values())
+
+
+def test_a_console_log_gives_xids_and_timeouts_both(tmp_path: Path, fixtures: Path) -> None:
+    log = tmp_path / "console.log"
+    log.write_text(
+        (fixtures / "telemetry" / "kmsg-xid.log").read_text()
+        + (fixtures / "telemetry" / "nccl-watchdog.log").read_text()
+    )
+    kind, parsed = read_source(str(log))
+    assert kind == "kernel-log"
+    kinds = {e.kind for e in parsed.events}
+    assert kinds == {"gpu_xid", "nccl_timeout", "nccl_watchdog_failure"}
+    assert parsed.dropped == {"malformed_xid": 1, "malformed_timeout": 1}
+    only_xids = read_source(str(log), kind="kernel-log")[1]
+    assert {e.kind for e in only_xids.events} == {"gpu_xid"}

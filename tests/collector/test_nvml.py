@@ -183,3 +183,19 @@ def test_any_mix_of_unsupported_lost_and_odd_values_never_raises(
     ]
     expected = [code for index, code in xids if index % len(gpus) in registered]
     assert [s.value for s in samples if s.name == "gpu_xid"] == [float(c) for c in expected]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not is_available(), reason="needs an NVIDIA GPU and the gpu extra")
+def test_real_nvml_reads_every_gpu_of_this_machine() -> None:
+    poller = NvmlPoller(node="gpu-test")
+    samples = poller.collect()
+    poller.close()
+    gpus = {s.labels["gpu"] for s in samples}
+    assert gpus
+    for gpu in gpus:
+        values = {s.name: s.value for s in samples if s.labels["gpu"] == gpu}
+        assert 0 <= values["gpu_util_pct"] <= 100
+        assert values["gpu_mem_total_bytes"] > 0
+        assert 0 < values["gpu_temp_c"] < 120
+    print({s.name: s.value for s in samples if s.labels["gpu"] == "0"}, dict(poller.dropped))

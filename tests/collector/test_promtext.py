@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -168,3 +169,10 @@ def test_well_formed_series_are_kept_or_counted(
 
 def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def test_exporter_source_from_url_scrapes_a_live_exporter(exporter: int) -> None:
+    source = ExporterSource.from_url(f"http://127.0.0.1:{exporter}/metrics", labels={"x": "1"})
+    temps = {s.labels["gpu"]: s.value for s in source.collect() if s.name == "ee_test_gpu_temp"}
+    assert temps == {"0": 41.0, "1": 77.0}
+    assert source.events == deque()  # the XID predates the source: not reported
