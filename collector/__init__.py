@@ -14,8 +14,8 @@ from collector.nccl import (
     load_flight_record,
     read_flight_record,
 )
-from collector.nccl_hang import flight_record_events
-from collector.nccl_log import parse_watchdog_log
+from collector.nccl_hang import DumpFolderSource, flight_record_events
+from collector.nccl_log import WatchdogLogSource, parse_watchdog_log
 from collector.nvml import NvmlPoller
 from collector.prometheus_api import (
     PrometheusClient,
@@ -31,6 +31,7 @@ __all__ = [
     "XID_CATALOGUE",
     "CollectiveRecord",
     "CollectorError",
+    "DumpFolderSource",
     "Event",
     "ExporterSource",
     "FlightRecord",
@@ -46,6 +47,7 @@ __all__ = [
     "Sample",
     "Source",
     "Subject",
+    "WatchdogLogSource",
     "XidInfo",
     "XidTracker",
     "fetch_text",

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import datetime
 
+from collector._tail import FileTail
 from collector.events import Event, Parsed, clean_label
 from collector.types import Sample
 from collector.xid import lookup, xid_labels
@@ -38,8 +39,6 @@ _NAME = re.compile(r"name=(?P<name>[^,]*)")
 
 #: Longest line considered: the driver's lines are short; a megabyte "line" is garbage.
 MAX_LINE = 4096
-#: Most bytes one collect() reads; a huge backlog is read over several polls.
-MAX_CHUNK = 16 * 1024 * 1024
 
 
 def parse_kmsg(
@@ -172,29 +171,13 @@ class KernelLogSource:
         self._clock = clock
         self._boot_time = boot_time
         self._pci_to_gpu = dict(pci_to_gpu or {})
-        self._offset = 0
-        self._partial = ""
+        self._tail = FileTail(self.path)
         self.dropped: Counter[str] = Counter()
 
     def collect(self) -> list[Sample]:
-        try:
-            size = os.path.getsize(self.path)
-            if size < self._offset:
-                self._offset, self._partial = 0, ""
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read(min(size - self._offset, MAX_CHUNK))
-        except OSError:
-            self.dropped["read_error"] += 1
-            return []
-        self._offset += len(chunk)
-        text = self._partial + chunk.decode("utf-8", "replace")
-        # A line still being written waits for the next collect(), unless it is already
-        # longer than any real line (then it is garbage and dropped).
-        complete, _, self._partial = text.rpartition("\n")
-        if len(self._partial) > MAX_LINE:
-            self._partial = ""
-            self.dropped["line_too_long"] += 1
+        complete = self._tail.read_lines()
+        self.dropped.update(self._tail.dropped)
+        self._tail.dropped.clear()
         parsed = parse_kmsg(
             complete,
             time=self._clock(),

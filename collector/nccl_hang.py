@@ -8,11 +8,16 @@ right replica or node instead of restarting everything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+import time as _time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from collector.errors import ParseError
 from collector.events import Event, Parsed, clean_label
-from collector.nccl import CollectiveRecord, FlightRecord
+from collector.nccl import CollectiveRecord, FlightRecord, read_flight_record
 from collector.types import Sample
 
 
@@ -106,3 +111,73 @@ def _behind_event(
         f"ranks {labels['ahead_ranks']} entered {what}"
     )
     return Event("nccl_rank_behind", time, float(missing), labels, message)
+
+
+class DumpFolderSource:
+    """Watches the folder ranks dump into and reports what the dumps say, once each.
+
+    Point ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` (or ``TORCH_FR_DUMP_TEMP_FILE``) of every rank
+    at ``<folder>/nccl_trace_rank_``. Each ``collect()`` re-reads the folder when a dump
+    appeared or changed, analyses the latest dump of every rank together and yields the
+    events not yielded before. An unreadable dump is counted, not raised.
+
+    Args:
+        folder: where the dumps land.
+        prefix: the file-name prefix of a dump (before the rank).
+        clock: seconds since the epoch, injected for tests.
+    """
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        prefix: str = "nccl_trace_rank_",
+        clock: Callable[[], float] = _time.time,
+    ) -> None:
+        self.folder = Path(folder)
+        self.prefix = prefix
+        self._clock = clock
+        self._stamps: dict[str, tuple[float, int]] = {}
+        self._seen: set[tuple[str, ...]] = set()
+        self.dropped: Counter[str] = Counter()
+
+    def collect(self) -> list[Sample]:
+        stamps = self._scan()
+        if stamps == self._stamps:
+            return []
+        self._stamps = stamps
+        records = []
+        for name in sorted(stamps):
+            try:
+                records.append(read_flight_record(self.folder / name))
+            except ParseError:
+                self.dropped["unreadable_dump"] += 1
+        parsed = flight_record_events(_one_per_rank(records), time=self._clock())
+        self.dropped.update(parsed.dropped)
+        fresh = []
+        for event in parsed.events:
+            where = (f"{k}={v}" for k, v in sorted(event.labels.items()))
+            key = (event.kind, str(event.value), *where)
+            if key not in self._seen:
+                self._seen.add(key)
+                fresh.append(event.to_sample())
+        return fresh
+
+    def _scan(self) -> dict[str, tuple[float, int]]:
+        stamps = {}
+        try:
+            for entry in os.scandir(self.folder):
+                if entry.is_file() and entry.name.startswith(self.prefix):
+                    stat = entry.stat()
+                    stamps[entry.name] = (stat.st_mtime, stat.st_size)
+        except OSError:
+            self.dropped["read_error"] += 1
+        return stamps
+
+
+def _one_per_rank(records: list[FlightRecord]) -> list[FlightRecord]:
+    """One record per rank (a pickle and its JSON twin are the same dump)."""
+    by_rank: dict[int | None, FlightRecord] = {}
+    for record in records:
+        by_rank.setdefault(record.rank, record)
+    return list(by_rank.values())

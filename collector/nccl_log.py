@@ -16,10 +16,15 @@ watchdog repeats it when its thread ends) is reported once.
 
 from __future__ import annotations
 
+import os
 import re
-from collections import Counter
+import time as _time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
 
+from collector._tail import FileTail
 from collector.events import Event, Parsed, clean_label
+from collector.types import Sample
 
 _TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout:\s*WorkNCCL\((?P<fields>.*?)\)\s*"
@@ -75,12 +80,17 @@ def parse_watchdog_log(text: str, *, time: float) -> Parsed:
             if "collective operation timeout" in line:
                 dropped["malformed_timeout"] += 1
             continue
-        labels = event.labels
-        key = (event.kind, labels.get("rank", ""), labels.get("pg_id", ""), str(event.value))
+        key = _key(event)
         if key not in seen:
             seen.add(key)
             events.append(event)
     return Parsed(events=tuple(events), dropped=dict(dropped))
+
+
+def _key(event: Event) -> tuple[str, ...]:
+    """What makes two reports the same timeout: kind, rank, group and sequence number."""
+    labels = event.labels
+    return (event.kind, labels.get("rank", ""), labels.get("pg_id", ""), str(event.value))
 
 
 def _where(line: str) -> dict[str, str]:
@@ -127,3 +137,44 @@ def _failure(line: str, time: float) -> Event | None:
         f"last completed {match['done']}"
     )
     return Event("nccl_watchdog_failure", time, float(match["seq"]), labels, message)
+
+
+class WatchdogLogSource:
+    """Tails a training log and yields each watchdog timeout or failure once.
+
+    Args:
+        path: the log file (a rank's stderr, or the launcher's combined log).
+        labels: added to every event (say ``node``); the line's own rank wins.
+        clock: seconds since the epoch, injected for tests.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        labels: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = _time.time,
+    ) -> None:
+        self._tail = FileTail(path)
+        self._labels = dict(labels or {})
+        self._clock = clock
+        # The watchdog repeats a timeout when its thread ends, possibly in a later read.
+        self._seen: deque[tuple[str, ...]] = deque(maxlen=4096)
+        self.dropped: Counter[str] = Counter()
+
+    def collect(self) -> list[Sample]:
+        text = self._tail.read_lines()
+        self.dropped.update(self._tail.dropped)
+        self._tail.dropped.clear()
+        parsed = parse_watchdog_log(text, time=self._clock())
+        self.dropped.update(parsed.dropped)
+        samples = []
+        for event in parsed.events:
+            key = _key(event)
+            if key in self._seen:
+                continue
+            self._seen.append(key)
+            samples.append(
+                Sample(event.kind, event.value, event.time, {**self._labels, **event.labels})
+            )
+        return samples

@@ -94,9 +94,9 @@ def test_any_well_formed_xid_line_is_read(code: int, pci: str, tail: str) -> Non
 def test_a_huge_backlog_is_read_over_several_polls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import collector.kmsg as kmsg
+    import collector._tail as tail
 
-    monkeypatch.setattr(kmsg, "MAX_CHUNK", 1000)
+    monkeypatch.setattr(tail, "MAX_CHUNK", 1000)
     log = tmp_path / "kern.log"
     log.write_text((LINE + "\n") * 30)  # about 2.7 kB
     source = KernelLogSource(log)
@@ -107,7 +107,7 @@ def test_a_huge_backlog_is_read_over_several_polls(
 
 def test_an_endless_line_without_newline_is_dropped(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
-    log.write_text("x" * 10000)
+    log.write_text("x" * 20000)
     source = KernelLogSource(log)
     assert source.collect() == []
     assert source.dropped["line_too_long"] == 1

@@ -14,8 +14,8 @@ from collector.nccl import (
     rank_from_filename,
     read_flight_record,
 )
-from collector.nccl_hang import flight_record_events
-from collector.nccl_log import parse_watchdog_log
+from collector.nccl_hang import DumpFolderSource, flight_record_events
+from collector.nccl_log import WatchdogLogSource, parse_watchdog_log
 
 
 def _dumps(fixtures: Path, suffix: str = "") -> list:
@@ -245,3 +245,49 @@ def test_wrong_types_inside_a_dump_never_crash(top: dict, entries: list) -> None
 @given(st.text(max_size=300))
 def test_any_log_text_parses_without_raising(text: str) -> None:
     parse_watchdog_log("Watchdog caught collective operation timeout: " + text, time=0.0)
+
+
+def test_dump_folder_source_reports_a_hang_once_as_dumps_arrive(
+    tmp_path: Path, fixtures: Path
+) -> None:
+    source = DumpFolderSource(tmp_path, clock=lambda: 4.0)
+    assert source.collect() == []
+    for rank in (0, 2):  # the ranks stuck in the collective dump first
+        name = f"nccl_trace_rank_{rank}"
+        (tmp_path / name).write_bytes((fixtures / "nccl" / name).read_bytes())
+    first = source.collect()
+    assert sorted((s.name, s.labels["rank"]) for s in first) == [
+        ("nccl_pending_collective", "0"),
+        ("nccl_pending_collective", "2"),
+    ]
+    assert source.collect() == []  # nothing changed
+    (tmp_path / "nccl_trace_rank_1").write_bytes(
+        (fixtures / "nccl" / "nccl_trace_rank_1").read_bytes()
+    )
+    (tmp_path / "unrelated.txt").write_text("x")
+    second = source.collect()
+    assert [(s.name, s.labels["rank"], s.value) for s in second] == [("nccl_rank_behind", "1", 5.0)]
+    (tmp_path / "nccl_trace_rank_3").write_bytes(b"\x80\x02garbage")
+    assert source.collect() == []
+    assert source.dropped["unreadable_dump"] == 1
+
+
+def test_watchdog_log_source_reports_each_timeout_once(tmp_path: Path, fixtures: Path) -> None:
+    lines = (fixtures / "telemetry" / "nccl-watchdog.log").read_text().splitlines(keepends=True)
+    log = tmp_path / "train.log"
+    log.write_text("".join(lines[:6]))
+    source = WatchdogLogSource(log, labels={"node": "n1"}, clock=lambda: 1.0)
+    first = [(s.name, s.labels["rank"]) for s in source.collect()]
+    assert first == [
+        ("nccl_timeout", "0"),
+        ("nccl_timeout", "1"),
+        ("nccl_watchdog_failure", "1"),
+        ("nccl_timeout", "3"),
+    ]
+    with log.open("a") as f:
+        f.write("".join(lines[6:]))
+    second = source.collect()
+    # the repeat of rank 3's timeout (when its watchdog thread ends) is not reported again
+    assert [(s.name, s.labels["rank"]) for s in second] == [("nccl_watchdog_failure", "3")]
+    assert second[0].labels["node"] == "n1"
+    assert source.dropped == {"malformed_timeout": 1}
