@@ -5,6 +5,7 @@ set -euo pipefail
 # Each entry: "<command that proves it is installed>:<debian package>".
 REQUIRED=(
     "python3:python3"
+    "prometheus:prometheus"
 )
 
 missing=()
