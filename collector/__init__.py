@@ -6,6 +6,8 @@ from collector.base import Source
 from collector.errors import CollectorError, ParseError
 from collector.events import Event, Parsed
 from collector.exporter import ExporterSource, fetch_text
+from collector.frames import frames_from_samples
+from collector.hooks import TrainingHook
 from collector.host import HostSource
 from collector.kmsg import KernelLogSource, parse_kmsg
 from collector.nccl import (
@@ -23,6 +25,7 @@ from collector.prometheus_api import (
     PrometheusQuerySource,
 )
 from collector.promtext import XidTracker, parse_exposition
+from collector.transport import TelemetryPublisher, TelemetryReceiver
 from collector.types import JOB, Frame, Sample, Subject
 from collector.xid import XID_CATALOGUE, XidInfo
 
@@ -47,11 +50,15 @@ __all__ = [
     "Sample",
     "Source",
     "Subject",
+    "TelemetryPublisher",
+    "TelemetryReceiver",
+    "TrainingHook",
     "WatchdogLogSource",
     "XidInfo",
     "XidTracker",
     "fetch_text",
     "flight_record_events",
+    "frames_from_samples",
     "load_flight_record",
     "parse_exposition",
     "parse_kmsg",
