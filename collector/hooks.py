@@ -80,7 +80,10 @@ class TrainingHook:
             rows = self._rows
             rows.append(["step_time", elapsed, now, step])
             for name, value in metrics.items():
-                rows.append([name, _number(value), now, step])
+                number = _number(value)
+                rows.append([name, number, now, step])
+                if not math.isfinite(number):  # NaN/Inf flags: the hard rule's input
+                    rows.append([f"nonfinite.{name}", 1.0, now, step])
             self._rows = []
             self._enqueue(rows)
         except Exception as exc:  # the hot path never raises into the loop
@@ -100,15 +103,18 @@ class TrainingHook:
     @contextmanager
     def collective(self, op: str, nbytes: int = 0, group: str = "world") -> Iterator[None]:
         """Times one collective; records enter/exit, op, bytes, group and sequence number."""
-        seq = self._sequence.get(group, 0)
-        self._sequence[group] = seq + 1
         started = time.perf_counter()
         try:
             yield
         finally:
-            duration = time.perf_counter() - started
-            extra = {"op": op, "group": group, "seq": str(seq), "bytes": str(nbytes)}
-            self._rows.append(["collective", duration, self._clock(), self._step, extra])
+            self.record_collective(op, nbytes, group, time.perf_counter() - started)
+
+    def record_collective(self, op: str, nbytes: int, group: str, duration: float) -> None:
+        """Records one collective that took ``duration`` seconds and ended now."""
+        seq = self._sequence.get(group, 0)
+        self._sequence[group] = seq + 1
+        extra = {"op": op, "group": group, "seq": str(seq), "bytes": str(nbytes)}
+        self._rows.append(["collective", duration, self._clock(), self._step, extra])
 
     def record(self, name: str, value: float) -> None:
         """Adds a metric to the current step."""

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from collector.aggregate import StepAggregator
 from collector.transport import TelemetryReceiver
 from collector.types import Frame
 from detectors.base import Detector
@@ -67,6 +68,7 @@ class Controller:
         self.clock = clock
         self.report = ControllerReport()
         self._last_step: dict[int, int] = {}
+        self.aggregator = StepAggregator()
 
     def run(self) -> ControllerReport:
         self.report.started = self.clock()
@@ -85,12 +87,23 @@ class Controller:
         samples = self.receiver.receive(timeout_s=self.tick_s)
         frames = ingest_samples(self.store, samples)
         frames += self._lifecycle(self.supervisor.poll())
+        frames += self._aggregate(frames)
         for finding in self._detect(frames, poll=True):
             self._answer(finding)
         # A restart launched ranks just now, or the job failed: detectors must know at once.
         later = self._lifecycle(self.supervisor.poll() + self.supervisor.settle())
         for finding in self._detect(later, poll=False):
             self._answer(finding)
+
+    def _aggregate(self, frames: list[Frame]) -> list[Frame]:
+        """Node and replica frames: complete ones, and those whose wait ran out."""
+        groups: list[Frame] = []
+        for frame in frames:
+            if "launched" in frame.values:
+                self.aggregator.expect(frame.subject)
+            else:
+                groups += self.aggregator.add(frame)
+        return groups + self.aggregator.flush(self.clock())
 
     def _detect(self, frames: list[Frame], poll: bool) -> list[Finding]:
         for frame in frames:

@@ -65,6 +65,12 @@ class RankSession:
     ) -> AbstractContextManager[None]:
         return self.hook.collective(op, nbytes, group)
 
+    def instrument_collectives(self) -> AbstractContextManager[None]:
+        """Times every torch.distributed collective issued while the context is open."""
+        from collector.instrument import instrument_collectives
+
+        return instrument_collectives(self.hook)
+
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, state: Mapping[str, Any], step: int) -> None:
         """Saves synchronously and reports it; the checkpoint error propagates (it is the

@@ -75,6 +75,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     middle = model.blocks[len(model.blocks) // 2]
     middle.register_full_backward_hook(lambda *_: ee.faults.fire(current["step"], "backward"))
     params = [p for p in model.parameters()]
+    with ee.instrument_collectives():
+        loss_value = _train(ee, args, model, optimizer, sampler, params, start, current, device)
+    _finish(ee, args, loss_value)
+
+
+def _train(
+    ee: eagleeye.RankSession,
+    args: argparse.Namespace,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    sampler: ShardedSampler,
+    params: list[torch.nn.Parameter],
+    start: int,
+    current: dict[str, int],
+    device: torch.device,
+) -> float:
+    """The training loop; returns the last step's local loss."""
     loss_value = math.nan
     for step in range(start, args.steps):
         current["step"] = step
@@ -114,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             tokens=float(x.numel()),
             skipped_step=float(skipped),
         )
-    _finish(ee, args, loss_value)
+    return loss_value
 
 
 def _init_distributed(ee: eagleeye.RankSession, timeout_s: float) -> torch.device:
@@ -134,8 +151,7 @@ def _all_reduce_mean(ee: eagleeye.RankSession, params: list[torch.nn.Parameter])
         return
     grads = [p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])  # one bucket: one collective per step
-    with ee.collective("all_reduce", flat.numel() * flat.element_size()):
-        dist.all_reduce(flat)
+    dist.all_reduce(flat)  # timed by the session's collective instrumentation
     flat /= ee.world_size
     offset = 0
     for grad in grads:

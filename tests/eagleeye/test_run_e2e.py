@@ -78,7 +78,10 @@ def test_a_killed_rank_is_detected_and_the_job_restarts_from_its_checkpoint(tmp_
     sections = set(reader.samples()["name"])
     assert {"section.forward", "section.backward", "section.allreduce", "loss"} <= sections
     collectives = reader.collectives()
-    assert set(collectives["op"]) == {"all_reduce"}
+    # The gradient all-reduce and the checkpoint barrier, timed without code in the script.
+    assert set(collectives["op"]) == {"all_reduce", "barrier"}
+    first = collectives[(collectives["rank"] == 0) & (collectives["attempt"] == 0)]
+    assert list(first["seq"]) == list(range(len(first)))
     assert (collectives["exit_time"] >= collectives["enter_time"]).all()
     assert "PERSISTENT" in set(reader.checkpoints()["state"])
     assert "finding process_exit on rank 1" in " ".join(result.stderr.split())
