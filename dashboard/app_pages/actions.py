@@ -1,0 +1,29 @@
+"""Actions: the audit trail, finding → action → outcome, with the reason for each."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import data
+
+st.title("Actions")
+run = data.current_run()
+
+actions = data.actions(run)
+if actions.empty:
+    st.success("No actions in this run.")
+    st.stop()
+trail = actions.assign(
+    finding=actions["finding_kind"]
+    + " on "
+    + actions["finding_scope"]
+    + " "
+    + actions["finding_rank"].astype("string").fillna(""),
+    mode=actions["dry_run"].map({0: "executed", 1: "dry-run"}),
+)
+st.dataframe(
+    trail[["time", "finding", "kind", "target", "mode", "status", "detail", "reason", "key"]],
+    hide_index=True,
+)
+counts = trail.groupby(["kind", "status"]).size().rename("count").reset_index()
+st.bar_chart(counts, x="kind", y="count", color="status")
