@@ -6,6 +6,7 @@ set -euo pipefail
 REQUIRED=(
     "python3:python3"
     "prometheus:prometheus"
+    "chromium:chromium"
 )
 
 missing=()
