@@ -34,47 +34,26 @@ def selected_run() -> str:
 
 
 def _query(run: str, sql: str, params: tuple[Any, ...] = ()) -> pd.DataFrame:
-    reader = RunReader(run)
-    try:
+    with RunReader(run) as reader:
         return reader.query(sql, params)
-    finally:
-        reader.close()
-
-
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def meta(run: str) -> dict[str, Any]:
-    reader = RunReader(run)
-    try:
-        return reader.meta()
-    finally:
-        reader.close()
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def events(run: str) -> pd.DataFrame:
-    reader = RunReader(run)
-    try:
+    with RunReader(run) as reader:
         return reader.events()
-    finally:
-        reader.close()
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def findings(run: str) -> pd.DataFrame:
-    reader = RunReader(run)
-    try:
+    with RunReader(run) as reader:
         return reader.findings()
-    finally:
-        reader.close()
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def actions(run: str) -> pd.DataFrame:
-    reader = RunReader(run)
-    try:
+    with RunReader(run) as reader:
         return reader.actions()
-    finally:
-        reader.close()
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -9,6 +9,14 @@ import pytest
 
 MODULES = [
     "collector.types",
+    "collector.events",
+    "collector.xid",
+    "collector.kmsg",
+    "collector.exporter",
+    "collector.nvml",
+    "collector.host",
+    "collector.aggregate",
+    "collector.instrument",
     "collector.hooks",
     "detectors.types",
     "detectors.rules",

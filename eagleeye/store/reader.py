@@ -46,6 +46,12 @@ class RunReader:
     def close(self) -> None:
         self._conn.close()
 
+    def __enter__(self) -> RunReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
         try:
             return pd.read_sql_query(sql, self._conn, params=list(params))
