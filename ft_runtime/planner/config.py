@@ -13,6 +13,7 @@ class Strategy(StrEnum):
     CKPT = "ckpt"  # checkpoint-only: every failure is a global restart
     REPLICATION = "replication"  # r-way replica sets + checkpoint
     SPARE = "spare"  # SPARe stacked layout + checkpoint
+    FT_HSDP = "ft-hsdp"  # replica restart with peer catch-up (replica_sim), no global restart
 
 
 @dataclass(frozen=True, slots=True)
