@@ -9,8 +9,14 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_bipartite_matching
+
+try:
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_bipartite_matching
+except ImportError as exc:  # scipy is in the planner extra, not in a training node's deps
+    raise ImportError(
+        "SPARe's controller needs scipy and networkx: pip install 'eagleeye[planner]'"
+    ) from exc
 
 Slot = tuple[int, int]  # (group, layer): layer 0 is the top of the group's stack
 
