@@ -23,7 +23,7 @@ class ClusterConfig:
     Attributes:
         gpus: GPUs in the job (reporting only; failures are drawn per group).
         n_groups: N data-parallel groups.
-        mtbf_s: system MTBF with every group up; the rate scales with the live groups.
+        mtbf_s: system MTBF m with every group up (dead groups stop failing).
         weibull_shape: shape k of the inter-failure distribution (1.0 = exponential).
         restart_s: global restart from a checkpoint, T_r.
         save_s: blocking checkpoint save, T_s.
@@ -38,9 +38,13 @@ class ClusterConfig:
         carry_restart_failures: groups that fail during a global restart stay down in the
             next epoch (a restart cannot wait for their replacement without starting over);
             False lets the restart replace them at no cost.
-        failure_model: "system": one renewal process of Weibull gaps with mean m·N/N_alive;
-            "group": every group has its own Weibull lifetime of mean N·m, renewed only when
-            a restart replaces it (survivors keep ageing).
+        max_restart_attempts: give up after this many restarts in a row fail.
+        failure_model: how failures arrive (each failure hits one live group):
+            "fresh" (default): every group has a Weibull lifetime of mean N·m, and a global
+            restart restarts every clock, so with k < 1 failures bunch up right after a
+            restart; this is the model that reproduces the paper's table.
+            "group": the same lifetimes, renewed only for the groups a restart replaces.
+            "system": one renewal process of Weibull gaps with mean m·N/N_alive.
     """
 
     gpus: int = 600_000
@@ -58,7 +62,8 @@ class ClusterConfig:
     detect_s: float = 0.0
     give_up: float = 30.0
     carry_restart_failures: bool = True
-    failure_model: str = "system"
+    max_restart_attempts: int = 1000
+    failure_model: str = "fresh"
 
     def __post_init__(self) -> None:
         positive = {
@@ -69,18 +74,19 @@ class ClusterConfig:
             "layer_s": self.layer_s,
             "steps": self.steps,
             "give_up": self.give_up,
+            "max_restart_attempts": self.max_restart_attempts,
         }
         bad = [f"{k}={v}" for k, v in positive.items() if not v > 0]
         if bad:
             raise ValueError(f"must be positive: {', '.join(bad)}")
         if self.n_groups < 2 or self.gpus < self.n_groups:
             raise ValueError(f"need 2 <= n_groups <= gpus, got {self.n_groups}, {self.gpus}")
-        if self.failure_model not in ("system", "group"):
+        if self.failure_model not in ("system", "group", "fresh"):
             raise ValueError(
-                f"failure_model must be 'system' or 'group', got {self.failure_model!r}"
+                f"failure_model must be 'system', 'group' or 'fresh', got {self.failure_model!r}"
             )
-        if self.failure_model == "group" and not self.carry_restart_failures:
-            raise ValueError("failure_model='group' needs carry_restart_failures=True")
+        if self.failure_model != "system" and not self.carry_restart_failures:
+            raise ValueError(f"failure_model={self.failure_model!r} needs carry_restart_failures")
         if min(self.restart_s, self.save_s, self.jitter, self.detect_s) < 0:
             raise ValueError("restart_s, save_s, jitter and detect_s must not be negative")
 
@@ -104,7 +110,7 @@ class SimResult:
     """What one simulated training run cost.
 
     Attributes:
-        ttt_ratio: time-to-train over T₀ (a lower bound when ``completed`` is False).
+        ttt_ratio: time-to-train over T₀ (infinite when the run gave up).
         availability: productive time / wall clock: restarts, saves and rolled-back work
             count as unavailable (the quantity Saxena's A(T_c) models).
         uptime: 1 − restart time / wall clock.

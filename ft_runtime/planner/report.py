@@ -25,7 +25,7 @@ HEADER = (
 
 def cells(row: PlanRow) -> tuple[str, ...]:
     """One row's cells as shown in every format."""
-    ttt = f"{row.ttt_ratio:.2f}" if row.completed else f">{row.ttt_ratio:.0f} (gave up)"
+    ttt = f"{row.ttt_ratio:.2f}" if row.completed else "never (gave up)"
     period = "-" if math.isnan(row.checkpoint_s) else f"{row.checkpoint_s / 60:.1f} min"
     masked = "-" if math.isnan(row.masked_per_wipe) else f"{row.masked_per_wipe:.1f}"
     return (
@@ -71,7 +71,7 @@ def plot_png(plan: Plan) -> bytes:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     for strategy, marker in ((Strategy.REPLICATION, "s"), (Strategy.SPARE, "o")):
-        rows = [r for r in plan.rows if r.strategy is strategy]
+        rows = [r for r in plan.rows if r.strategy is strategy and r.completed]
         if rows:
             ax.plot(
                 [r.redundancy for r in rows],
@@ -81,7 +81,7 @@ def plot_png(plan: Plan) -> bytes:
             )
     for strategy, style in ((Strategy.CKPT, "--"), (Strategy.FT_HSDP, ":")):
         flat = [r for r in plan.rows if r.strategy is strategy]
-        if flat:
+        if flat and math.isfinite(flat[0].ttt_ratio):
             ax.axhline(flat[0].ttt_ratio, color="grey", linestyle=style, label=strategy.value)
     ax.set_xlabel("redundancy r")
     ax.set_ylabel("time-to-train / T0")

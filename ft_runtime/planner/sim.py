@@ -2,17 +2,18 @@
 
 One process trains: steps of S stack layers plus an all-reduce, blocking checkpoint saves
 every T_c, global restarts after a wipe-out (rolling back to the last save). Another
-process draws failures: a renewal process whose gaps are Weibull (or exponential) with
-mean m·N/N_alive, since dead groups stop failing; each failure hits the next group of a
-random order. Between restarts the redundancy scheme (``epochs``) says how many failures
-are masked and the stack number after each; SPARe's comes from Hopcroft–Karp on the
-layout. A masked failure in the middle of a step costs detection, the controller, the
-communicator shrink, a patch layer (SPARe: survivors recompute the lost types, or the new
-higher stack covers them) and a repeated all-reduce if it hit the all-reduce.
+process draws group failures (``ClusterConfig.failure_model``): by default every group has
+a Weibull lifetime of mean N·m whose clock a global restart resets. Groups that fail
+during a restart stay down. Between restarts the redundancy scheme (``epochs``) says how
+many failures are masked and the stack number after each; SPARe's comes from
+Hopcroft–Karp on the layout. A masked failure in the middle of a step costs detection, the
+controller, the communicator shrink, a patch layer (SPARe: survivors recompute the lost
+types, or the new higher stack covers them) and a repeated all-reduce if it hit one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -64,16 +65,20 @@ class _Job:
         self.restart_t = self.save_t = self.lost_t = self.since_save = 0.0
         self.stack_t = self.step_t = self.last_save = 0.0
         self.restarting = False
+        self.limit = cfg.give_up * cfg.t0
         self.fail_evt, self.epoch_evt, self.epoch_id = env.event(), env.event(), 0
         self.death = np.full(cfg.n_groups, np.inf)
         self._epoch()
 
     def _epoch(self) -> None:
         n = self.cfg.n_groups
-        if self.cfg.failure_model == "group":
-            # Replaced groups start a fresh lifetime; survivors keep ageing (k < 1 means
-            # new hardware fails early, old hardware rarely).
+        if self.cfg.failure_model in ("group", "fresh"):
+            # "group": replaced groups start a fresh lifetime, survivors keep ageing (k < 1
+            # means new hardware fails early, old hardware rarely). "fresh": a global
+            # restart restarts every group's failure clock.
             dead = np.isinf(self.death) | (self.death <= self.env.now)
+            if self.cfg.failure_model == "fresh":
+                dead[:] = True
             scale = self.cfg.mtbf_s * n / self.cfg.weibull_mean
             fresh = scale * self.rng.weibull(self.cfg.weibull_shape, int(dead.sum()))
             self.death[dead] = self.env.now + fresh
@@ -107,7 +112,7 @@ class _Job:
                 self._fire()
 
     def failures_proc(self) -> Generator[simpy.Event, Any, None]:
-        if self.cfg.failure_model == "group":
+        if self.cfg.failure_model in ("group", "fresh"):
             yield from self._group_failures()
             return
         n = self.cfg.n_groups
@@ -188,7 +193,7 @@ class _Job:
         self.restarting = True
         start = self.env.now
         self._epoch()
-        while True:
+        for _attempt in range(self.cfg.max_restart_attempts):
             if self.cfg.carry_restart_failures:
                 ok = yield from self._work(
                     self._jit(self.cfg.restart_s), lambda _r: 0.0 if self._mask() else None
@@ -196,17 +201,19 @@ class _Job:
             else:
                 yield self.env.timeout(self._jit(self.cfg.restart_s))
                 ok = True
-            if ok:
+            if ok or self.env.now >= self.limit:
                 break
             self._epoch()  # a wipe-out while restarting: start the restart over
+        else:
+            self.limit = self.env.now  # no restart gets through: the job cannot progress
         self.restart_t += self.env.now - start
         self.restarting = False
         self.done, self.since_save, self.last_save = self.saved, 0.0, self.env.now
         return True
 
-    def trainer(self, limit: float, progress: Callable[[float], None] | None) -> Proc:
+    def trainer(self, progress: Callable[[float], None] | None) -> Proc:
         every = max(1, self.cfg.steps // 100)
-        while self.done < self.cfg.steps and self.env.now < limit:
+        while self.done < self.cfg.steps and self.env.now < self.limit:
             ok = yield from self._step()
             if ok and self.env.now - self.last_save >= self.t_c and self.done < self.cfg.steps:
                 ok = yield from self._save()
@@ -245,7 +252,7 @@ def simulate(
     env = simpy.Environment()
     job = _Job(env, cfg, scheme_for(strategy, cfg.n_groups, r), strategy, t_c, seed)
     env.process(job.failures_proc())
-    run = env.process(job.trainer(cfg.give_up * cfg.t0, progress))
+    run = env.process(job.trainer(progress))
     env.run(until=run)
     wall = env.now
     productive = wall - job.restart_t - job.save_t - job.lost_t
@@ -254,7 +261,7 @@ def simulate(
         redundancy=r,
         checkpoint_s=t_c,
         ttt_s=wall,
-        ttt_ratio=wall / cfg.t0,
+        ttt_ratio=wall / cfg.t0 if run.value else math.inf,
         availability=productive / wall,
         uptime=1 - job.restart_t / wall,
         failures=job.failures,

@@ -26,14 +26,22 @@ def test_spare_time_to_train_is_within_ten_percent_of_the_paper(n: int) -> None:
     assert _ttt(n, Strategy.SPARE, r) == pytest.approx(paper, rel=0.10)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: simulated Rep+CKPT TTT/T0 is 18-30 % below the paper (see docs/planner.md)",
-)
-@pytest.mark.parametrize("n", sorted(REP_TABLE))
+@pytest.mark.parametrize("n", [600, 1000])
 def test_replication_time_to_train_is_within_ten_percent_of_the_paper(n: int) -> None:
     paper, r = REP_TABLE[n]
     assert _ttt(n, Strategy.REPLICATION, r) == pytest.approx(paper, rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: 5.38 simulated against 6.07 (-11 %)")
+def test_replication_time_to_train_at_n200_is_within_ten_percent_of_the_paper() -> None:
+    paper, r = REP_TABLE[200]
+    assert _ttt(200, Strategy.REPLICATION, r) == pytest.approx(paper, rel=0.10)
+
+
+def test_three_way_replication_is_the_best_degree() -> None:
+    # The paper (and Ferreira et al. 2011): r = 3; r = 2 suffers from bursty failures.
+    ttt = {r: _ttt(600, Strategy.REPLICATION, r, seeds=1) for r in (2, 3, 4)}
+    assert ttt[3] < ttt[4] < ttt[2]
 
 
 def test_spare_beats_replication_and_the_first_order_bound_holds() -> None:
@@ -41,15 +49,28 @@ def test_spare_beats_replication_and_the_first_order_bound_holds() -> None:
         spare = _ttt(n, Strategy.SPARE, SPARE_TABLE[n][1], seeds=1)
         rep = _ttt(n, Strategy.REPLICATION, 3, seeds=1)
         assert spare < 0.8 * rep  # the paper: 40-52 % lower
-        # SEEDS §1.6: the analytic J (exponential, S̄ = bound) is below the simulation.
+        # The paper notes (§1.6): analytic J (exponential, S̄ = bound) is below the simulation.
         assert ttt_ratio(n, SPARE_TABLE[n][1], 300, 60, 3600) <= spare
 
 
 def test_checkpoint_only_makes_no_progress_in_the_restart_dominant_regime() -> None:
-    res = simulate(ClusterConfig(n_groups=600, give_up=5), Strategy.CKPT)
+    res = simulate(ClusterConfig(n_groups=600), Strategy.CKPT)
     assert not res.completed
-    assert res.ttt_ratio >= 5
+    assert res.ttt_ratio == float("inf")
     assert res.masked_per_wipe == 0
+    assert res.wipe_outs >= ClusterConfig().max_restart_attempts
+    # Even with exponential failures and restarts that replace failed hardware for free,
+    # it rarely survives to its next save (e^-2.5): less than 2 % productive over 30 T0.
+    kind = ClusterConfig(
+        n_groups=600,
+        weibull_shape=1.0,
+        failure_model="system",
+        carry_restart_failures=False,
+        steps=300,
+    )
+    slow = simulate(kind, Strategy.CKPT)
+    assert not slow.completed
+    assert slow.availability < 0.02
 
 
 def test_without_failures_the_run_takes_exactly_t0_plus_saves() -> None:
@@ -73,8 +94,9 @@ def test_same_seed_same_run_and_progress_is_reported() -> None:
     assert len(seen) >= 50
 
 
-def test_group_lifetime_failure_model_also_reproduces_spare() -> None:
-    ttt = _ttt(600, Strategy.SPARE, 8, seeds=1, failure_model="group")
+@pytest.mark.parametrize("model", ["system", "group"])
+def test_other_failure_models_also_reproduce_spare(model: str) -> None:
+    ttt = _ttt(600, Strategy.SPARE, 8, seeds=1, failure_model=model)
     assert ttt == pytest.approx(2.49, rel=0.10)
 
 
@@ -92,5 +114,7 @@ def test_bad_config_is_a_clear_error() -> None:
         ClusterConfig(mtbf_s=0)
     with pytest.raises(ValueError, match="failure_model must be"):
         ClusterConfig(failure_model="poisson")
+    with pytest.raises(ValueError, match="needs carry_restart_failures"):
+        ClusterConfig(carry_restart_failures=False)
     with pytest.raises(ValueError, match="checkpoint_s must be positive"):
         simulate(ClusterConfig(n_groups=10, steps=10), Strategy.SPARE, 2, checkpoint_s=-1)
