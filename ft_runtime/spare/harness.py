@@ -5,7 +5,8 @@ is the fault injector. Workers (``ft_runtime.spare._worker``) train a tiny MLP o
 types with the stacked layout. When a group is killed, ReCtlr plans who computes which
 type at which stack number; survivors join a new process group under a new store prefix,
 patch-compute and retry the step. The final parameters are returned for comparison with a
-fault-free run (``_model.reference_run``).
+fault-free run (``_model.reference_run``). A wipe-out (a shard type lost every holder)
+stops the survivors, and the harness relaunches every group from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
-from torch._C._distributed_c10d import TCPStore
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from ft_runtime.spare.controller import Assignment, ReCtlr
 from ft_runtime.spare.errors import WipeOutError
@@ -39,6 +41,8 @@ class HarnessConfig:
         kills: (step, group) pairs: SIGKILL ``group`` after it computed ``step``.
         timeout_s: collective timeout; a survivor that is not the victim's ring neighbour
             notices the death only after it.
+        ckpt_every: steps between checkpoints (written by the lowest surviving group).
+        max_restarts: relaunches from checkpoint allowed after wipe-outs.
     """
 
     n_groups: int = 4
@@ -51,6 +55,8 @@ class HarnessConfig:
     dim: int = 8
     timeout_s: float = 5.0
     deadline_s: float = 120.0
+    ckpt_every: int = 1
+    max_restarts: int = 1
 
     def __post_init__(self) -> None:
         groups = [g for _, g in self.kills]
@@ -62,16 +68,28 @@ class HarnessConfig:
 
 @dataclass(frozen=True, slots=True)
 class HarnessResult:
-    """Final parameters (identical on every survivor, checked) and the plans used."""
+    """Final parameters (identical on every survivor, checked) and how the run went.
+
+    Attributes:
+        params: final parameters; empty when the run did not complete.
+        survivors: groups alive at the end of the last launch.
+        plans: every controller assignment, launch after launch.
+        exit_codes: group -> exit status, one mapping per launch (a restart is a launch).
+        completed: False when wipe-outs outnumbered ``max_restarts``.
+    """
 
     params: np.ndarray
     survivors: tuple[int, ...]
     plans: tuple[Assignment, ...]
-    wiped_out: bool = False
-    exit_codes: dict[int, int] = field(default_factory=dict)
+    exit_codes: tuple[dict[int, int], ...]
+    completed: bool
+
+    @property
+    def wipe_outs(self) -> int:
+        return len(self.exit_codes) - (1 if self.completed else 0)
 
 
-def _publish(store: TCPStore, gen: int, plan: Assignment | None) -> None:
+def _publish(store: Store, gen: int, plan: Assignment | None) -> None:
     body = (
         {"wipe_out": True}
         if plan is None
@@ -85,7 +103,9 @@ def _publish(store: TCPStore, gen: int, plan: Assignment | None) -> None:
     store.set(f"plan/{gen}", json.dumps(body))
 
 
-def _spawn(cfg: HarnessConfig, port: int) -> dict[int, subprocess.Popen[bytes]]:
+def _spawn(
+    cfg: HarnessConfig, port: int, attempt: int, kills: tuple[tuple[int, int], ...], folder: Path
+) -> dict[int, subprocess.Popen[bytes]]:
     payload = json.dumps(
         {
             "n_groups": cfg.n_groups,
@@ -94,8 +114,11 @@ def _spawn(cfg: HarnessConfig, port: int) -> dict[int, subprocess.Popen[bytes]]:
             "dim": cfg.dim,
             "lr": cfg.lr,
             "steps": cfg.steps,
-            "kills": list(cfg.kills),
+            "kills": list(kills),
             "timeout_s": cfg.timeout_s,
+            "attempt": attempt,
+            "ckpt_dir": str(folder),
+            "ckpt_every": cfg.ckpt_every,
         }
     )
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -116,15 +139,17 @@ def _spawn(cfg: HarnessConfig, port: int) -> dict[int, subprocess.Popen[bytes]]:
     }
 
 
-def run_spare(cfg: HarnessConfig) -> HarnessResult:
+def run_spare(cfg: HarnessConfig, ckpt_dir: Path | None = None) -> HarnessResult:
     """Train with SPARe across real processes, killing groups as ``cfg.kills`` says.
+
+    A wipe-out stops the survivors; up to ``cfg.max_restarts`` times every group is then
+    relaunched from the last checkpoint (kept in ``ckpt_dir``, a temporary folder if None).
 
     Raises:
         TimeoutError: the run did not finish within ``cfg.deadline_s``.
         RuntimeError: a survivor exited with an error or survivors disagree.
     """
-    layout = StackedLayout.build(cfg.n_groups, cfg.redundancy)
-    ctl = ReCtlr(layout)
+    ctl = ReCtlr(StackedLayout.build(cfg.n_groups, cfg.redundancy))
     store = TCPStore(
         "127.0.0.1",
         0,
@@ -132,29 +157,54 @@ def run_spare(cfg: HarnessConfig) -> HarnessResult:
         wait_for_workers=False,
         timeout=timedelta(seconds=cfg.deadline_s),
     )
-    plans = [ctl.reset()]
-    _publish(store, 0, plans[0])
-    procs = _spawn(cfg, store.port)
+    plans: list[Assignment] = []
+    codes: list[dict[int, int]] = []
+    with tempfile.TemporaryDirectory(prefix="spare-") as tmp:
+        folder = ckpt_dir or Path(tmp)
+        for attempt in range(cfg.max_restarts + 1):
+            kills = cfg.kills if attempt == 0 else ()  # replaced hardware: no more faults
+            ns = PrefixStore(f"a{attempt}/", store)
+            wiped = _attempt(ns, store.port, cfg, ctl, attempt, kills, folder, plans, codes)
+            if not wiped:
+                return _collect(ns, kills, codes, plans)
+    return HarnessResult(np.empty(0), (), tuple(plans), tuple(codes), completed=False)
+
+
+def _attempt(
+    ns: Store,
+    port: int,
+    cfg: HarnessConfig,
+    ctl: ReCtlr,
+    attempt: int,
+    kills: tuple[tuple[int, int], ...],
+    folder: Path,
+    plans: list[Assignment],
+    codes: list[dict[int, int]],
+) -> bool:
+    """One launch of all N groups; True when it ended in a wipe-out."""
+    plans.append(ctl.reset())
+    _publish(ns, 0, plans[-1])
+    procs = _spawn(cfg, port, attempt, kills, folder)
     wiped = False
     try:
-        for gen, (step, victim) in enumerate(sorted(cfg.kills), start=1):
-            store.wait([f"computed/{step}/{victim}"], timedelta(seconds=cfg.deadline_s))
+        for gen, (step, victim) in enumerate(sorted(kills), start=1):
+            ns.wait([f"computed/{step}/{victim}"], timedelta(seconds=cfg.deadline_s))
             os.kill(procs[victim].pid, signal.SIGKILL)
             procs[victim].wait()
             try:
                 plans.append(ctl.fail([victim]))
             except WipeOutError:
-                _publish(store, gen, None)
+                _publish(ns, gen, None)
                 wiped = True
                 break
-            _publish(store, gen, plans[-1])
-        codes = _wait_all(procs, time.monotonic() + cfg.deadline_s)
+            _publish(ns, gen, plans[-1])
+        codes.append(_wait_all(procs, time.monotonic() + cfg.deadline_s))
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return _collect(store, cfg, codes, tuple(plans), wiped)
+    return wiped
 
 
 def _wait_all(procs: dict[int, subprocess.Popen[bytes]], until: float) -> dict[int, int]:
@@ -169,21 +219,19 @@ def _wait_all(procs: dict[int, subprocess.Popen[bytes]], until: float) -> dict[i
 
 
 def _collect(
-    store: TCPStore,
-    cfg: HarnessConfig,
-    codes: dict[int, int],
-    plans: Sequence[Assignment],
-    wiped: bool,
+    ns: Store,
+    kills: tuple[tuple[int, int], ...],
+    codes: list[dict[int, int]],
+    plans: list[Assignment],
 ) -> HarnessResult:
-    killed = {g for _, g in cfg.kills}
-    survivors = tuple(g for g in sorted(codes) if g not in killed)
-    if wiped:
-        return HarnessResult(np.empty(0), survivors, tuple(plans), True, codes)
-    bad = {g: codes[g] for g in survivors if codes[g] != 0}
+    killed = {g for _, g in kills}
+    last = codes[-1]
+    survivors = tuple(g for g in sorted(last) if g not in killed)
+    bad = {g: last[g] for g in survivors if last[g] != 0}
     if bad:
         raise RuntimeError(f"surviving groups exited with errors: {bad}")
-    raw = [bytes.fromhex(store.get(f"result/{g}").decode()) for g in survivors]
+    raw = [bytes.fromhex(ns.get(f"result/{g}").decode()) for g in survivors]
     finals = [np.frombuffer(b, dtype=np.float64) for b in raw]
     if any(not np.array_equal(finals[0], f) for f in finals[1:]):
         raise RuntimeError("survivors ended with different parameters")
-    return HarnessResult(finals[0], survivors, tuple(plans), False, codes)
+    return HarnessResult(finals[0], survivors, tuple(plans), tuple(codes), completed=True)

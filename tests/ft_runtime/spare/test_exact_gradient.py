@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -39,8 +41,9 @@ def test_killed_groups_leave_the_parameters_of_the_fault_free_run(
     fault_free: HarnessResult, with_kills: HarnessResult
 ) -> None:
     assert with_kills.survivors == (1, 3)
-    assert with_kills.exit_codes[0] < 0  # SIGKILLed
-    assert with_kills.exit_codes[2] < 0
+    assert with_kills.exit_codes[0][0] < 0  # SIGKILLed
+    assert with_kills.exit_codes[0][2] < 0
+    assert with_kills.wipe_outs == 0
     np.testing.assert_allclose(with_kills.params, fault_free.params, rtol=0, atol=1e-12)
     # Plain elastic DP (drop the dead group's shards, average the rest) ends elsewhere:
     # the tolerance above can tell the two apart.
@@ -56,8 +59,15 @@ def test_the_controller_raised_the_stack_and_covered_every_shard(with_kills: Har
     assert sorted(with_kills.plans[-1].computes) == [1, 3]
 
 
-def test_a_wipe_out_stops_the_survivors_for_a_restart() -> None:
+def test_a_wipe_out_restarts_from_checkpoint_and_still_ends_exact(tmp_path: Path) -> None:
     # Groups 0 and 3 are the only holders of shard type 0 (offsets 0, 1).
-    result = run_spare(HarnessConfig(steps=4, kills=((1, 0), (2, 3))))
-    assert result.wiped_out
-    assert {result.exit_codes[g] for g in (1, 2)} == {EXIT_WIPE_OUT}
+    cfg = HarnessConfig(steps=5, kills=((1, 0), (2, 3)), ckpt_every=1)
+    result = run_spare(cfg, ckpt_dir=tmp_path)
+    assert result.wipe_outs == 1
+    assert result.completed
+    first, second = result.exit_codes
+    assert {first[g] for g in (1, 2)} == {EXIT_WIPE_OUT}
+    assert set(second.values()) == {0}
+    assert result.survivors == (0, 1, 2, 3)  # the restart replaced the dead groups
+    assert [p.stack for p in result.plans] == [1, 2, 1]  # S back to 1 after the restart
+    np.testing.assert_allclose(result.params, _reference(cfg), rtol=0, atol=1e-12)
