@@ -1,6 +1,7 @@
 """How long one 600k-GPU training run takes to simulate (target: at most 10 s on one core).
 
-Run: ``taskset -c 0 .venv/bin/python benchmarks/bench_planner.py``. Besides seconds, each
+Run: ``taskset -c 0 .venv/bin/python benchmarks/bench_planner.py``. It also times ReCtlr
+per failure at N = 1000. Besides seconds, each
 line gives a ratio against a baseline measured in the same process: a bare SimPy loop
 with the same number of step events, so the ratio says how much the failure handling,
 Hopcroft–Karp matchings and accounting cost on top of SimPy's own event overhead.
@@ -42,7 +43,31 @@ def _baseline(events: int) -> float:
     return time.perf_counter() - start
 
 
+def _controller(n: int, r: int) -> None:
+    """ReCtlr per failure at N groups until the wipe-out (the paper: about 0.1 s)."""
+    import numpy as np
+
+    from ft_runtime.spare import ReCtlr, StackedLayout, WipeOutError
+
+    ctl = ReCtlr(StackedLayout.build(n, r))
+    times = []
+    for g in np.random.default_rng(0).permutation(n):
+        start = time.perf_counter()
+        try:
+            ctl.fail([int(g)])
+        except WipeOutError:
+            break
+        times.append(time.perf_counter() - start)
+    base = _baseline(n * r)
+    print(
+        f"ReCtlr N={n} r={r}: {len(times)} failures, mean {np.mean(times) * 1e3:.1f} ms, "
+        f"worst {max(times) * 1e3:.1f} ms  x{np.mean(times) / base:5.1f} of a bare SimPy "
+        f"loop of N·r events"
+    )
+
+
 def main() -> int:
+    _controller(1000, 9)
     worst = 0.0
     for label, n, strategy, r in CASES:
         cfg = ClusterConfig(gpus=600_000, n_groups=n)

@@ -1,96 +1,66 @@
 """Bipartite graphs of shard types against stack slots, and the library algorithms on them.
 
-Hopcroft–Karp is scipy's ``maximum_bipartite_matching``; min-cost max-flow is networkx's
-``max_flow_min_cost``. Nothing here implements a graph algorithm of its own.
+Rows are shard types, columns are stack slots; an edge (t, j) says slot j may compute type
+t. Hopcroft–Karp is scipy's ``maximum_bipartite_matching``; the least-movement reordering
+is scipy's ``min_weight_full_bipartite_matching`` (LAPJVsp), which is min-cost max-flow on
+this unit-capacity graph (tests check it against networkx's ``max_flow_min_cost``).
+Nothing here implements a graph algorithm of its own.
 """
 
 from __future__ import annotations
-
-from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
 try:
     from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import maximum_bipartite_matching
+    from scipy.sparse.csgraph import (
+        maximum_bipartite_matching,
+        min_weight_full_bipartite_matching,
+    )
 except ImportError as exc:  # scipy is in the planner extra, not in a training node's deps
     raise ImportError(
         "SPARe's controller needs scipy and networkx: pip install 'eagleeye[planner]'"
     ) from exc
 
-Slot = tuple[int, int]  # (group, layer): layer 0 is the top of the group's stack
 
-
-def slots(survivors: Sequence[int], stack: int) -> list[Slot]:
-    """The top-``stack`` slots of every surviving group, group-major."""
-    return [(g, layer) for g in survivors for layer in range(stack)]
+def _graph(
+    n_rows: int, n_cols: int, rows: np.ndarray, cols: np.ndarray, data: np.ndarray
+) -> csr_matrix:
+    return csr_matrix((data, (rows, cols)), shape=(n_rows, n_cols))
 
 
 def hopcroft_karp(
-    n_shards: int, cols: Sequence[Slot], allowed: Mapping[Slot, Collection[int]]
-) -> dict[int, Slot] | None:
-    """A perfect matching of every shard type to one slot, or None if none exists.
-
-    Args:
-        n_shards: number of shard types (rows).
-        cols: the slots (columns).
-        allowed: for each slot, the shard types it may compute.
+    n_rows: int, n_cols: int, rows: np.ndarray, cols: np.ndarray
+) -> np.ndarray | None:
+    """A matching that covers every row, or None if none exists.
 
     Returns:
-        shard type -> slot for all types, or None when some type stays unmatched.
+        For each row, the index of its matched column.
     """
-    rows: list[int] = []
-    idx: list[int] = []
-    for j, slot in enumerate(cols):
-        for t in allowed[slot]:
-            rows.append(t)
-            idx.append(j)
-    if not rows:
+    if len(rows) == 0:
         return None
-    graph = csr_matrix(
-        (np.ones(len(rows), dtype=np.int8), (rows, idx)), shape=(n_shards, len(cols))
-    )
+    graph = _graph(n_rows, n_cols, rows, cols, np.ones(len(rows), dtype=np.int8))
     match = maximum_bipartite_matching(graph, perm_type="column")
-    if (match < 0).any():
-        return None
-    return {t: cols[int(j)] for t, j in enumerate(match)}
+    return None if (match < 0).any() else np.asarray(match)
 
 
-def min_cost_assignment(
-    n_shards: int,
-    cols: Sequence[Slot],
-    holds: Mapping[int, Collection[int]],
-    order: Mapping[int, Sequence[int]],
-) -> tuple[dict[int, Slot], int]:
-    """Min-cost max-flow from shard types to slots: the assignment that moves least.
-
-    A shard type costs 0 in the slot that already holds it and 1 in any other slot of a
-    group that holds it; the flow is the number of types, so every type gets one slot.
-
-    Args:
-        n_shards: number of shard types.
-        cols: candidate slots (group, layer).
-        holds: group -> the shard types in its stack (any may be moved to any slot).
-        order: group -> its current stack order, top first.
+def min_cost_matching(
+    n_rows: int, n_cols: int, rows: np.ndarray, cols: np.ndarray, cost: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """The row-covering matching of least total cost (costs are non-negative integers).
 
     Returns:
-        (shard type -> slot, total cost = slots that change type).
-    """
-    import networkx as nx
+        (column matched to each row, total cost).
 
-    graph = nx.DiGraph()
-    for t in range(n_shards):
-        graph.add_edge("src", ("t", t), capacity=1, weight=0)
-    for g, layer in cols:
-        graph.add_edge(("s", g, layer), "sink", capacity=1, weight=0)
-        for t in holds[g]:
-            cost = 0 if order[g][layer] == t else 1
-            graph.add_edge(("t", t), ("s", g, layer), capacity=1, weight=cost)
-    flow = nx.max_flow_min_cost(graph, "src", "sink")
-    chosen: dict[int, Slot] = {}
-    for t in range(n_shards):
-        for node, f in flow[("t", t)].items():
-            if f > 0:
-                chosen[t] = (node[1], node[2])
-    cost = int(nx.cost_of_flow(graph, flow))
-    return chosen, cost
+    Raises:
+        ValueError: no matching covers every row (check with ``hopcroft_karp`` first).
+    """
+    # A sparse matrix cannot hold a zero-weight edge: shift every cost by one. Every row is
+    # matched exactly once, so the shift adds n_rows to any full matching and the argmin
+    # does not move.
+    graph = _graph(n_rows, n_cols, rows, cols, cost.astype(np.float64) + 1.0)
+    r, c = min_weight_full_bipartite_matching(graph)
+    match = np.empty(n_rows, dtype=np.int64)
+    match[r] = c
+    total = float(np.asarray(graph[r, c]).sum()) - n_rows
+    return match, int(round(total))
