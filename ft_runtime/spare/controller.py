@@ -47,7 +47,7 @@ class Assignment:
             type appears exactly once, so Σ contributions / N is the fault-free gradient.
         order: surviving group -> its committed stack order, top first.
         phase: "fixed" (matched on the current order), "free" (reordered by min-cost flow).
-        moves: how many stack slots changed their shard type.
+        moves: how many shard types moved into a slot that held another type.
         failed: the failed groups this assignment works around.
     """
 
