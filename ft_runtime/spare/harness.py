@@ -62,8 +62,13 @@ class HarnessConfig:
         groups = [g for _, g in self.kills]
         if len(set(groups)) != len(groups) or any(not 0 <= g < self.n_groups for g in groups):
             raise ValueError(f"kills must name distinct groups in [0, {self.n_groups}): {groups}")
-        if any(not 0 <= s < self.steps for s, _ in self.kills):
-            raise ValueError(f"kill steps must be in [0, {self.steps}): {self.kills}")
+        steps = [s for s, _ in self.kills]
+        if any(not 0 <= s < self.steps for s in steps) or len(set(steps)) != len(steps):
+            # One kill per step: a second victim parked in the same step would never join
+            # the survivors' new process group.
+            raise ValueError(f"kill steps must be distinct and in [0, {self.steps}): {steps}")
+        if self.ckpt_every < 1 or self.max_restarts < 0:
+            raise ValueError("ckpt_every must be >= 1 and max_restarts >= 0")
 
 
 @dataclass(frozen=True, slots=True)

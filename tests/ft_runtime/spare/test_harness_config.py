@@ -11,8 +11,12 @@ def test_kills_must_name_distinct_groups_and_steps_in_range() -> None:
         HarnessConfig(kills=((1, 2), (3, 2)))
     with pytest.raises(ValueError, match="distinct groups"):
         HarnessConfig(kills=((1, 4),))
-    with pytest.raises(ValueError, match="kill steps"):
+    with pytest.raises(ValueError, match="kill steps must be distinct"):
         HarnessConfig(steps=3, kills=((3, 1),))
+    with pytest.raises(ValueError, match="kill steps must be distinct"):
+        HarnessConfig(kills=((2, 1), (2, 3)))
+    with pytest.raises(ValueError, match="ckpt_every"):
+        HarnessConfig(ckpt_every=0)
 
 
 def test_reference_is_deterministic_and_depends_on_every_shard() -> None:
