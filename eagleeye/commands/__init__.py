@@ -3,8 +3,8 @@ its parser and sets ``func`` to a callable taking the parsed arguments."""
 
 from __future__ import annotations
 
-from eagleeye.commands import collect, dashboard, demo, run
+from eagleeye.commands import collect, dashboard, demo, plan, run
 
-COMMANDS = (run, demo, collect, dashboard)
+COMMANDS = (run, demo, collect, dashboard, plan)
 
 __all__ = ["COMMANDS"]
