@@ -66,9 +66,12 @@ def test_training_findings_actions_and_checkpoints_pages(monkeypatch, recorded_r
     assert "PERSISTENT" in set(at.dataframe[0].value["state"])
 
 
-def test_planner_page_renders(monkeypatch, recorded_run) -> None:
+def test_planner_page_simulates_and_recommends(monkeypatch, recorded_run) -> None:
     at = open_page(monkeypatch, recorded_run, "app_pages/planner.py")
     assert at.title[0].value == "Planner"
+    assert at.success[0].value.startswith("Recommended: **")
+    table = at.dataframe[0].value
+    assert {"ckpt", "replication", "spare"} <= set(table["strategy"])
 
 
 def test_no_run_is_a_hint_not_an_error(monkeypatch, tmp_path) -> None:
