@@ -56,7 +56,7 @@ except PlanError as exc:
     st.stop()
 
 best = plan.best
-period = "-" if math.isnan(best.checkpoint_s) else f"{best.checkpoint_s / 60:.1f} min"
+period = "n/a" if math.isnan(best.checkpoint_s) else f"{best.checkpoint_s / 60:.1f} min"
 st.success(
     f"Recommended: **{best.strategy.value}**, redundancy {best.redundancy}, checkpoint "
     f"every {period}: time to train {best.ttt_ratio:.2f} × the failure-free time, "
@@ -81,7 +81,7 @@ chart = (
     .mark_bar()
     .encode(
         x=alt.X("candidate:N", sort="y", title=None),
-        y=alt.Y("TTT/T0:Q", title="TTT / T₀"),
+        y=alt.Y("TTT/T0:Q", title="time to train / failure-free time"),
         color="strategy:N",
         tooltip=list(rows.columns),
     )
