@@ -1,0 +1,127 @@
+"""Where each tensor's shard lives in a snapshot segment, and how to copy it there and back.
+
+With ``D`` data-parallel replicas holding identical state, replica ``r`` stores elements
+``[r*L, (r+1)*L)`` of every flattened tensor, ``L = ceil(numel / D)``; the last shards are
+zero-padded to ``L`` so every replica's segment has the same layout. Shape, dtype and
+``numel`` are recorded so the whole tensor can be reassembled from the ``D`` shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ft_runtime.errors import CheckpointError
+
+_ALIGN = 64  # every shard starts on a cache line, so a dtype view of the buffer is aligned
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One tensor's shard: ``shard_len`` elements at byte ``offset`` of the segment."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    numel: int
+    shard_len: int
+    offset: int
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.dtype, list(self.shape), self.numel, self.shard_len, self.offset]
+
+    @classmethod
+    def from_json(cls, v: Sequence[Any]) -> Entry:
+        return cls(
+            str(v[0]), str(v[1]), tuple(int(x) for x in v[2]), int(v[3]), int(v[4]), int(v[5])
+        )
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        try:
+            return _DTYPES[self.dtype]
+        except KeyError:
+            raise CheckpointError(f"unsupported dtype {self.dtype!r} in {self.name}") from None
+
+    @property
+    def nbytes(self) -> int:
+        return self.shard_len * self.torch_dtype.itemsize
+
+
+def plan(tensors: Sequence[tuple[str, torch.Tensor]], nshards: int) -> tuple[list[Entry], int]:
+    """Lays out the shards of ``tensors`` for ``nshards`` replicas; returns entries and size."""
+    entries, offset = [], 0
+    for name, t in tensors:
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise CheckpointError(f"tensor {name!r} has unsupported dtype {t.dtype}")
+        numel = t.numel()
+        e = Entry(name, dtype, tuple(t.shape), numel, -(-numel // nshards), offset)
+        entries.append(e)
+        offset += -(-e.nbytes // _ALIGN) * _ALIGN
+    return entries, offset
+
+
+def signature(tensors: Sequence[tuple[str, torch.Tensor]]) -> tuple[Any, ...]:
+    """A key that changes whenever the layout would: names, dtypes and shapes."""
+    return tuple((n, t.dtype, tuple(t.shape)) for n, t in tensors)
+
+
+def view(buf: torch.Tensor, e: Entry) -> torch.Tensor:
+    """The shard of ``e`` inside the uint8 buffer ``buf``, as a 1-D tensor of its dtype."""
+    return buf[e.offset : e.offset + e.nbytes].view(e.torch_dtype)
+
+
+def copy_in(
+    buf: torch.Tensor,
+    entries: Sequence[Entry],
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    rank: int,
+    hook: Callable[[int], None] | None = None,
+) -> None:
+    """Copies shard ``rank`` of each tensor into ``buf``; ``hook(i)`` runs after tensor i."""
+    for i, (e, (_, t)) in enumerate(zip(entries, tensors, strict=True)):
+        dst = view(buf, e)
+        lo = rank * e.shard_len
+        n = max(0, min(e.numel, lo + e.shard_len) - lo)
+        if n:
+            src = t.detach().reshape(-1)[lo : lo + n]
+            dst[:n].copy_(src, non_blocking=src.is_cuda)
+        if n < e.shard_len:
+            dst[n:].zero_()  # padding is zero so equal states give equal bytes
+        if hook is not None:
+            hook(i)
+
+
+def assemble(entries: Sequence[Entry], shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Rebuilds every whole tensor from the ``D`` uint8 shard buffers, in order."""
+    out = []
+    for e in entries:
+        whole = torch.empty(e.numel, dtype=e.torch_dtype)
+        for r, buf in enumerate(shards):
+            lo = r * e.shard_len
+            n = max(0, min(e.numel, lo + e.shard_len) - lo)
+            if n:
+                whole[lo : lo + n].copy_(view(buf, e)[:n])
+        out.append(whole.view(e.shape))
+    return out
