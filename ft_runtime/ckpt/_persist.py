@@ -26,6 +26,7 @@ from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -77,10 +78,7 @@ def _write_shard(
     entries = [Entry.from_json(e) for e in meta["entries"]]
     sd = {e.name: view(buf, e) for e in entries}
     writer = FileSystemWriter(str(tmp), single_file_per_rank=True, sync_files=True, thread_count=1)
-    with warnings.catch_warnings():
-        # the holder is not a torch.distributed rank: single-process DCP is intended
-        warnings.simplefilter("ignore", UserWarning)
-        md = dcp_save(sd, storage_writer=writer, no_dist=True)
+    md = _dcp_save(sd, writer)
     tensors = {
         idx.fqn: [info.relative_path, info.offset, info.length]
         for idx, info in md.storage_data.items()
@@ -102,6 +100,21 @@ def _write_shard(
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
+
+
+def _dcp_save(sd: dict[str, torch.Tensor], writer: FileSystemWriter) -> Any:
+    """DCP's save, with its CheckpointException (a BaseException) turned into OSError."""
+    try:
+        with warnings.catch_warnings():
+            # the holder is not a torch.distributed rank: single-process DCP is intended
+            warnings.simplefilter("ignore", UserWarning)
+            return dcp_save(sd, storage_writer=writer, no_dist=True)
+    except CheckpointException as exc:
+        inner = [f[0] if isinstance(f, tuple) else f for f in exc.failures.values()]
+        for e in inner:
+            if isinstance(e, OSError):
+                raise OSError(e.errno, f"{e.strerror} (writing {writer.path})") from None
+        raise OSError(f"torch.distributed.checkpoint save failed: {inner}") from None
 
 
 def persist(

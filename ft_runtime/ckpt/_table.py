@@ -172,25 +172,48 @@ class Table:
             if n == nbytes:
                 del self._pool[i]
                 return p
-        while self.used_bytes() + nbytes > self.cfg.mem_cap_bytes:
-            if self._pool:
-                p, _ = self._pool.pop(0)
-                p.unlink(missing_ok=True)
-                continue
-            victims = sorted(
-                (s for s in self.slots.values() if s.state in LOADABLE and s.pins == 0),
-                key=lambda s: (s.owner == self.cfg.node, s.step),
-            )
-            if not victims:
-                raise CheckpointError(
-                    f"memory cap of {self.cfg.mem_cap_bytes} bytes reached on {self.cfg.node}: "
-                    f"a {nbytes}-byte snapshot does not fit; raise mem_cap_bytes"
-                )
-            self._evict(victims[0], "evicted: memory cap")
+        if self.used_bytes() + nbytes > self.cfg.mem_cap_bytes:
+            self._make_room(nbytes)
         self._counter += 1
         path = self.dir / f"{self.prefix}{time.time_ns()}.{self._counter}"
         _shm.create(path, nbytes)
         return path
+
+    def _make_room(self, nbytes: int) -> None:
+        """Frees pooled segments, then the oldest iterations, until ``nbytes`` fit the cap.
+
+        The newest complete iteration of every shard is never evicted, and nothing is
+        evicted at all when even that would not make the new snapshot fit.
+        """
+        newest: dict[tuple[str, int], int] = {}
+        for s in self.slots.values():
+            if s.state in LOADABLE:
+                k = (s.owner, s.shard)
+                newest[k] = max(newest.get(k, s.step), s.step)
+        victims = sorted(
+            (
+                s
+                for s in self.slots.values()
+                if s.state in LOADABLE and s.pins == 0 and s.step != newest[(s.owner, s.shard)]
+            ),
+            key=lambda s: (s.owner == self.cfg.node, s.step),  # backups of others go first
+        )
+        free = sum(n for _, n in self._pool) + sum(s.nbytes for s in victims)
+        if self.used_bytes() - free + nbytes > self.cfg.mem_cap_bytes:
+            raise CheckpointError(
+                f"memory cap of {self.cfg.mem_cap_bytes} bytes reached on {self.cfg.node}: "
+                f"a {nbytes}-byte snapshot does not fit next to the newest snapshots; "
+                "raise mem_cap_bytes"
+            )
+        while self._pool and self.used_bytes() + nbytes > self.cfg.mem_cap_bytes:
+            p, _ = self._pool.pop(0)
+            p.unlink(missing_ok=True)
+        for s in victims:
+            if self.used_bytes() + nbytes <= self.cfg.mem_cap_bytes:
+                break
+            self._evict(s, "evicted: memory cap")
+            if self._pool and self._pool[-1][0] == s.path:
+                self._pool.pop()[0].unlink(missing_ok=True)
 
     def close(self) -> None:
         with self.lock:

@@ -40,7 +40,9 @@ class Worker:
 
     def stop(self) -> None:
         self._q.put(None)
-        self._thread.join(timeout=30)
+        # bounded: a backup to a peer that is gone waits for its timeout; the process exits
+        # anyway, and a persist cut short leaves only a temporary name, never a checkpoint
+        self._thread.join(timeout=2)
 
     def submit(self, key: Key, backup_only: bool = False) -> None:
         self._q.put((key, backup_only))
@@ -94,7 +96,7 @@ class Worker:
         self._force.clear()
         try:
             self._persist(slot)
-        except OSError as exc:
+        except Exception as exc:  # any failure here must leave the memory tier serving
             msg = (
                 f"persisting step {slot.step} shard {slot.shard} to {self.cfg.storage} "
                 f"failed: {exc}; the snapshot stays in memory, free space or change storage"

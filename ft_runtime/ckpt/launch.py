@@ -63,8 +63,21 @@ class HolderProcess:
         Raises:
             CheckpointError: it exited or did not answer within the timeout.
         """
+        return self.launch().wait_ready()
+
+    def launch(self) -> HolderProcess:
+        """Starts the process without waiting (start several, then :meth:`wait_ready`)."""
         env = dict(os.environ, OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(holder_argv(self.cfg), env=env, stdout=subprocess.DEVNULL)
+        return self
+
+    def wait_ready(self) -> HolderProcess:
+        """Waits until the launched process answers a ping.
+
+        Raises:
+            CheckpointError: it exited or did not answer within the timeout.
+        """
+        assert self.proc is not None, "launch() first"
         rpc = Rpc(zmq.Context.instance(), self.cfg.endpoint, 1.0)
         deadline = time.monotonic() + self.timeout.total_seconds()
         try:
@@ -94,6 +107,11 @@ class HolderProcess:
         """SIGTERM: a clean shutdown that deletes the node's segments."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
+        self.wait()
+
+    def wait(self) -> None:
+        """Waits for the process to exit after :meth:`stop`, killing it after 30 s."""
+        if self.proc is not None:
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

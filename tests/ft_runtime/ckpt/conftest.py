@@ -39,12 +39,29 @@ def holders(job: str, tmp_path: Path) -> Iterator[RingFactory]:
             HolderProcess(HolderConfig(job, node, ring, **kw))  # type: ignore[arg-type]
             for node, _ in ring.nodes
         ]
+        for p in procs:  # in parallel: each holder spends seconds importing torch
+            started.append(p.launch())
         for p in procs:
-            started.append(p.start())
+            p.wait_ready()
         return ring, procs
 
     yield start
     for p in started:
-        p.stop()
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.terminate()
+    for p in started:
+        p.wait()
     for seg in Path("/dev/shm").glob(f"eeckpt.{job}.*"):
         seg.unlink()
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
+    """Polls ``pred`` until it is truthy; fails the test naming ``what`` otherwise."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
