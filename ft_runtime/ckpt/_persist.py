@@ -12,6 +12,7 @@ byte range with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -117,6 +118,19 @@ def _dcp_save(sd: dict[str, torch.Tensor], writer: FileSystemWriter) -> Any:
         raise OSError(f"torch.distributed.checkpoint save failed: {inner}") from None
 
 
+def _check_space(root: Path, nbytes: int, cause: OSError | None = None) -> None:
+    """Raises ENOSPC with the numbers when ``root`` cannot take ``nbytes`` more (plus
+    serialisation overhead), or, after a failed write (``cause``), when it is full."""
+    free = shutil.disk_usage(root).free
+    need = int(nbytes * 1.05) + (1 << 16)
+    if free < need:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left on device: {root} has {free} bytes free, a checkpoint needs "
+            f"about {need}" + (f" ({cause})" if cause else ""),
+        )
+
+
 def persist(
     root: str,
     buf: torch.Tensor,
@@ -137,7 +151,13 @@ def persist(
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
-        _write_shard(tmp, buf, meta, step, shard, nshards)
+        _check_space(stage_root, buf.numel())
+        try:
+            _write_shard(tmp, buf, meta, step, shard, nshards)
+        except OSError as exc:
+            # torch.save reports a short write as a RuntimeError; name the real cause
+            _check_space(stage_root, 0, cause=exc)
+            raise
         if _is_local(root):
             if final.exists():
                 shutil.rmtree(final)
