@@ -228,7 +228,7 @@ def read(root: str, step: int, shard: int, nshards: int) -> tuple[dict[str, Any]
     meta = manifest["meta"]
     entries = [Entry.from_json(e) for e in meta["entries"]]
     size = max((e.offset + e.nbytes for e in entries), default=0)
-    buf = torch.zeros(size, dtype=torch.uint8)
+    buf = torch.empty(size, dtype=torch.uint8)
     for e in entries:
         rel, off, length = manifest["tensors"][e.name]
         t = torch.load(io.BytesIO(blobs[rel][off : off + length]), weights_only=True)

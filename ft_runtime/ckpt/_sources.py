@@ -8,20 +8,21 @@ evicted, checksum mismatch).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ft_runtime.ckpt import _persist, _shm
+from ft_runtime.ckpt._layout import BufferSource, FileSource, Source
 from ft_runtime.ckpt._rpc import Rpc, fetch_into
 from ft_runtime.ckpt.config import ClientConfig
 from ft_runtime.ckpt.types import Tier
 from ft_runtime.errors import CheckpointError
 
 log = logging.getLogger(__name__)
-Shard = tuple[dict[str, Any], torch.Tensor, Tier]
+Shard = tuple[dict[str, Any], Source, Tier]
 _CHUNK = 64 << 20
 
 
@@ -39,7 +40,7 @@ class Catalog:
                 self.held[node] = head["slots"]
             except CheckpointError as exc:
                 log.info("holder of %s not listed: %s", node, exc)
-        self._open: list[tuple[_shm.Mapping, dict[str, Any]]] = []
+        self._open: list[tuple[int, dict[str, Any]]] = []
         self.stored: list[tuple[int, int, int]] = []
         if cfg.storage is not None:
             try:
@@ -70,22 +71,25 @@ class Catalog:
             assert self.cfg.storage is not None
             try:
                 meta, buf = _persist.read(self.cfg.storage, step, shard, nshards)
-                return meta, buf, Tier.STORAGE
+                return meta, BufferSource(buf), Tier.STORAGE
             except CheckpointError as exc:
                 skipped.append(f"step {step} shard {shard} in storage: {exc}")
         return None
 
     def _read_local(self, s: dict[str, Any]) -> Shard:
-        # Zero extra copies: the shard is read straight from the mapped segment while the
-        # whole tensors are assembled; finish() then checks the slot was not recycled.
+        # The shard is read straight from the segment file while the whole tensors are
+        # assembled (one copy); finish() then checks the slot was not recycled meanwhile.
         key = {k: s[k] for k in ("owner", "step", "shard", "segment")}
         head, _ = self.rpcs[self.cfg.node].call({"op": "read", **key})
-        m = _shm.open_mapping(Path(head["segment"]), int(head["nbytes"]))
-        self._open.append((m, key))
-        return head["meta"], m.buf, Tier.MEMORY
+        try:
+            fd = os.open(head["segment"], os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"segment {head['segment']} is gone") from exc
+        self._open.append((fd, key))
+        return head["meta"], FileSource(fd), Tier.MEMORY
 
     def finish(self) -> None:
-        """Closes local mappings; raises if a slot read from memory was recycled meanwhile.
+        """Closes local segments; raises if a slot read from memory was recycled meanwhile.
 
         Raises:
             CheckpointError: the holder reused a segment while it was being read.
@@ -94,12 +98,12 @@ class Catalog:
             for _, key in self._open:
                 self.rpcs[self.cfg.node].call({"op": "read", **key})
         finally:
-            for m, _ in self._open:
-                m.close()
+            for fd, _ in self._open:
+                os.close(fd)
             self._open.clear()
 
     def _read_peer(self, node: str, s: dict[str, Any]) -> Shard:
         buf = torch.empty(int(s["nbytes"]), dtype=torch.uint8)
         mv = _shm.as_memoryview(buf)
         meta = fetch_into(self.rpcs[node], s, mv, _CHUNK)
-        return meta, buf, Tier.PEER
+        return meta, BufferSource(buf), Tier.PEER

@@ -107,7 +107,9 @@ class Table:
             old = self.slots.get((owner, step, shard))
             if old is not None:
                 self._evict(old, "replaced by a new save of the same step")
-            self._evict_window(owner, shard, keep=self.cfg.keep_in_memory - 1)
+            # keep at least one complete snapshot while this one is written: a trainer
+            # killed mid-copy must find the previous step intact
+            self._evict_window(owner, shard, keep=max(1, self.cfg.keep_in_memory - 1))
             slot = Slot(owner, step, shard, nshards, nbytes, self._segment(nbytes))
             self.slots[slot.key] = slot
             self.set_state(slot, CkptState.PENDING)
@@ -120,6 +122,7 @@ class Table:
                 raise CheckpointError(f"no pending snapshot {key}: allocate before committing")
             slot.meta = meta
             self.set_state(slot, CkptState.CACHED)
+            self._evict_window(slot.owner, slot.shard, keep=self.cfg.keep_in_memory)
             return slot
 
     def loadable(self, owner: str | None = None) -> list[Slot]:

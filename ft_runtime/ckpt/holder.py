@@ -153,7 +153,7 @@ class Holder:
 
     def _op_backup_end(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
         slot = self._slot(req, pending=True)
-        self.table.set_state(slot, CkptState.CACHED)
+        self.table.commit(slot.key, slot.meta)
         return {}, []
 
     def _op_rebackup(self, req: dict[str, Any], frames: list[bytes]) -> Reply:

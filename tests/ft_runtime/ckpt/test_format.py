@@ -39,7 +39,9 @@ def _pack(state: object, nshards: int) -> tuple[dict[str, object], list[torch.Te
 
 def _unpack(meta: dict[str, object], bufs: list[torch.Tensor]) -> object:
     entries = [_layout.Entry.from_json(e) for e in meta["entries"]]  # type: ignore[attr-defined]
-    return _tree.unflatten(meta["tree"], _layout.assemble(entries, bufs))
+    return _tree.unflatten(
+        meta["tree"], _layout.assemble(entries, [_layout.BufferSource(b) for b in bufs])
+    )
 
 
 def _assert_same(a: object, b: object) -> None:
