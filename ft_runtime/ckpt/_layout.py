@@ -9,10 +9,11 @@ zero-padded to ``L`` so every replica's segment has the same layout. Shape, dtyp
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ft_runtime.errors import CheckpointError
@@ -107,7 +108,10 @@ def copy_in(
         n = max(0, min(e.numel, lo + e.shard_len) - lo)
         if n:
             src = t.detach().reshape(-1)[lo : lo + n]
-            dst[:n].copy_(src, non_blocking=src.is_cuda)
+            if src.is_cuda:
+                dst[:n].copy_(src, non_blocking=True)
+            else:
+                _memcpy(dst[:n], src)
         if n < e.shard_len:
             dst[n:].zero_()  # padding is zero so equal states give equal bytes
         if hook is not None:
@@ -143,15 +147,42 @@ class BufferSource:
 Source = FileSource | BufferSource
 
 
-def assemble(entries: Sequence[Entry], shards: Sequence[Source]) -> list[torch.Tensor]:
-    """Rebuilds every whole tensor from the ``D`` shard sources, in order."""
+def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    # A plain single-threaded memcpy (numpy releases the GIL): torch's parallel copy would
+    # start OpenMP workers that fight the training step's own threads for the cores.
+    np.copyto(dst.view(torch.uint8).numpy(), src.contiguous().view(torch.uint8).numpy())
+
+
+def assemble(
+    entries: Sequence[Entry],
+    shards: Sequence[Source],
+    into: Mapping[str, torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """Rebuilds every whole tensor from the ``D`` shard sources, in order.
+
+    A tensor of ``into`` with the entry's name, dtype and shape is filled in place (no new
+    allocation, as a restarted trainer's model already holds its tensors); any other entry
+    gets a new tensor.
+    """
     out = []
     for e in entries:
-        whole = torch.empty(e.numel, dtype=e.torch_dtype)
+        t = into.get(e.name) if into is not None else None
+        fits = (
+            t is not None
+            and t.dtype == e.torch_dtype
+            and tuple(t.shape) == e.shape
+            and t.device.type == "cpu"
+            and t.is_contiguous()
+        )
+        whole = (
+            t.detach().view(-1)
+            if fits and t is not None
+            else torch.empty(e.numel, dtype=e.torch_dtype)
+        )
         for r, src in enumerate(shards):
             lo = r * e.shard_len
             n = max(0, min(e.numel, lo + e.shard_len) - lo)
             if n:
                 src.read_into(e, whole[lo : lo + n])
-        out.append(whole.view(e.shape))
+        out.append(t if fits and t is not None else whole.view(e.shape))
     return out

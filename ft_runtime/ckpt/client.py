@@ -176,13 +176,19 @@ class CheckpointClient:
                 )
         return m
 
-    def load(self) -> LoadResult | None:
+    def load(self, into: Any = None) -> LoadResult | None:
         """Restores the newest step whose every shard can be read and verified.
+
+        Args:
+            into: optionally, a state of the same structure (e.g. the freshly built model's
+                and optimizer's state dicts): its CPU tensors with matching name, dtype and
+                shape are filled in place and returned, which saves allocating them again.
 
         Returns None when no checkpoint exists anywhere. Never unpickles: tensors come from
         raw bytes or ``torch.load(weights_only=True)``, plain data from JSON.
         """
         self.fence()
+        template = dict(_tree.flatten(into)[1]) if into is not None else None
         cat = Catalog(self.cfg, self._rpcs)
         skipped: list[str] = []
         for step, nshards in cat.candidates():
@@ -198,7 +204,7 @@ class CheckpointClient:
             meta = shards[0][0]
             try:
                 entries = [_layout.Entry.from_json(e) for e in meta["entries"]]
-                tensors = _layout.assemble(entries, [buf for _, buf, _ in shards])
+                tensors = _layout.assemble(entries, [src for _, src, _ in shards], template)
                 cat.finish()
             except CheckpointError as exc:
                 skipped.append(f"step {step}: {exc}")

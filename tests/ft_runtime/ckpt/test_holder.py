@@ -96,6 +96,12 @@ def test_dp_replicas_each_hold_one_shard_and_load_reassembles(holders: RingFacto
     assert got.step == 5
     assert got.tiers == (Tier.MEMORY, Tier.PEER)
     assert same(got.state, state(5))
+    template = state(0)
+    w = template["model"]["w"]  # type: ignore[index]
+    got = c1.load(into=template)
+    assert got is not None
+    assert got.state["model"]["w"] is w  # filled in place, not reallocated
+    assert same(got.state, state(5))
 
 
 @pytest.mark.slow
