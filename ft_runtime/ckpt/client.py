@@ -167,6 +167,10 @@ class CheckpointClient:
     def _map(self, segment: str, nbytes: int) -> _shm.Mapping:
         m = self._maps.get(segment)
         if m is None or m.size != nbytes:
+            for name in [n for n in self._maps if n == segment or not Path(n).exists()]:
+                # the holder deleted (or resized) it: an unlinked file's pages stay
+                # allocated for as long as we keep them mapped
+                self._maps.pop(name).close()
             m = _shm.open_mapping(Path(segment), nbytes)
             self._maps[segment] = m
             if self._stream is not None and nbytes:
