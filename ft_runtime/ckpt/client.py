@@ -74,32 +74,21 @@ class CheckpointClient:
         self.fence()
         t0 = time.perf_counter()
         tree, tensors = _tree.flatten(state)
-        try:
-            entries, nbytes = self._plan(tensors)
-            head, _ = self._local.call(
-                {
-                    "op": "alloc",
-                    "step": step,
-                    "shard": self.cfg.dp_rank,
-                    "nshards": self.cfg.dp_size,
-                    "nbytes": nbytes,
-                }
-            )
-            buf = self._map(head["segment"], nbytes).buf
-        except CheckpointError as exc:
-            return self._failed(step, t0, exc)
+        entries, nbytes = self._plan(tensors)
         meta = {
             "entries": [e.to_json() for e in entries],
             "tree": tree,
             "step": step,
             "nshards": self.cfg.dp_size,
         }
-        args = (buf, entries, tensors, step, meta, nbytes, t0)
+        args = (entries, tensors, step, meta, nbytes, t0)
         if wait:
-            self._copy_commit(*args)
+            self._snapshot(*args)
             assert self._last is not None
             return self._last
-        self._pending = threading.Thread(target=self._copy_commit, args=args, daemon=True)
+        # Even the allocation request runs in the background: on a busy host, waking the
+        # holder costs milliseconds the training step should not wait for.
+        self._pending = threading.Thread(target=self._snapshot, args=args, daemon=True)
         self._pending.start()
         return SaveResult(step, True, time.perf_counter() - t0, nbytes)
 
@@ -126,9 +115,8 @@ class CheckpointClient:
             return False
         return int(head.get("request_seq", 0)) > self._honoured
 
-    def _copy_commit(
+    def _snapshot(
         self,
-        buf: torch.Tensor,
         entries: list[_layout.Entry],
         tensors: list[tuple[str, torch.Tensor]],
         step: int,
@@ -136,7 +124,21 @@ class CheckpointClient:
         nbytes: int,
         t0: float,
     ) -> None:
+        if threading.current_thread() is self._pending:
+            # hand the GIL straight back: otherwise save() waits a whole switch interval
+            # (5 ms) for it while this thread runs Python
+            time.sleep(0)
         try:
+            head, _ = self._local.call(
+                {
+                    "op": "alloc",
+                    "step": step,
+                    "shard": self.cfg.dp_rank,
+                    "nshards": self.cfg.dp_size,
+                    "nbytes": nbytes,
+                }
+            )
+            buf = self._map(head["segment"], nbytes).buf
             if self._stream is not None:
                 self._stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(self._stream):

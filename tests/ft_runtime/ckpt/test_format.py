@@ -111,6 +111,7 @@ def _persisted(root: Path | str, step: int, keep_last: int = 5) -> dict[str, obj
     return state
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_persisted_shard_reads_back_bitwise_and_is_a_dcp_checkpoint(tmp_path: Path) -> None:
     state = _persisted(tmp_path, 3)
     meta, buf = _persist.read(str(tmp_path), 3, 0, 1)
