@@ -63,7 +63,8 @@ class CheckpointClient:
     def save(self, state: Any, step: int, *, wait: bool = True) -> SaveResult:
         """Snapshots ``state`` (tensors and plain data) as ``step``.
 
-        With ``wait=False`` the copy runs in a background thread and this returns at once;
+        With ``wait=False`` the allocation and the copy run in a background thread and this
+        returns at once (its result comes from :meth:`fence`);
         the caller must not change the state until :meth:`fence` returns (see
         :meth:`install_fence`). A holder that is gone or full gives ``ok=False``, never an
         exception; a state holding something other than tensors and plain data raises.
