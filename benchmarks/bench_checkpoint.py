@@ -3,11 +3,14 @@
 Everything runs in one process against one real holder process, on about 1 GiB of fp32
 state, and is reported as ratios against baselines measured in the same run:
 
-    flock /tmp/ee-cpu.lock .venv/bin/python benchmarks/bench_checkpoint.py [--gib 1.0]
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_checkpoint.py [--gib 1.0]
 
-Baselines: synchronous ``torch.save``; ``torch.distributed.checkpoint.async_save`` (process
-mode, the fastest-blocking variant; thread mode also shown); ``torch.load(weights_only=True)``
-of the torch.save file and our own storage tier for "restore from disk".
+Run it with no other heavy job on the machine: the figures are memory-bandwidth bound.
+
+Baselines: synchronous ``torch.save``; ``torch.distributed.checkpoint.async_save`` in thread
+and process mode; for restores, ``torch.load(weights_only=True)`` plus a copy into the model,
+``dcp.load`` in place, and our own storage tier, each with the files dropped from the page
+cache first. The step-overhead part trains a small model with a snapshot every step.
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ and persistence then run inside the holder. A load takes the newest step whose e
 can be read, trying local memory, then peer holders, then storage, and falls back to older
 steps when a candidate is incomplete or corrupt.
 
->>> # doctest: +SKIP
->>> client = CheckpointClient(ClientConfig("node0", ring))
->>> client.save({"model": model.state_dict(), "step": 7}, step=7)
->>> restored = client.load()  # LoadResult(state, step, tiers) or None
+Example::
+
+    client = CheckpointClient(ClientConfig("node0", ring))
+    client.save({"model": model.state_dict(), "step": 7}, step=7)
+    restored = client.load()  # LoadResult(state, step, tiers) or None
 """
 
 from __future__ import annotations
