@@ -1,0 +1,282 @@
+"""Checkpoint engine benchmark: blocking time of a save, restore time by tier, step overhead.
+
+Everything runs in one process against one real holder process, on about 1 GiB of fp32
+state, and is reported as ratios against baselines measured in the same run:
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_checkpoint.py [--gib 1.0]
+
+Run it with no other heavy job on the machine: the figures are memory-bandwidth bound.
+
+Baselines: synchronous ``torch.save``; ``torch.distributed.checkpoint.async_save`` in thread
+and process mode; for restores, ``torch.load(weights_only=True)`` plus a copy into the model,
+``dcp.load`` in place, and our own storage tier, each with the files dropped from the page
+cache first. The step-overhead part trains a small model with a snapshot every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ft_runtime.ckpt import (
+    CheckpointClient,
+    CkptState,
+    ClientConfig,
+    HolderConfig,
+    HolderProcess,
+    Ring,
+    StateWatcher,
+)
+
+
+def med(fn: Callable[[], object], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def big_state(gib: float) -> dict[str, Any]:
+    n = int(gib * (1 << 30) / 4 / 16)
+    return {
+        "model": {f"layer{i}.weight": torch.randn(n) for i in range(16)},
+        "step": 0,
+        "rng": torch.get_rng_state(),
+    }
+
+
+def port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def settle(watcher: StateWatcher, step: int) -> None:
+    """Waits until ``step`` is persisted (or never was saved)."""
+    done: set[int] = set()
+    watcher.callback = lambda e: done.add(e.step) if e.state == CkptState.PERSISTENT else None
+    deadline = time.monotonic() + 120
+    while step > 0 and step not in done and time.monotonic() < deadline:
+        watcher.poll()
+        time.sleep(0.05)
+
+
+def bench_saves(
+    state: dict[str, Any], client: CheckpointClient, watcher: StateWatcher, tmp: Path, reps: int
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    out["torch.save"] = med(lambda: torch.save(state, tmp / "sync.pt"), reps)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+    for kind in (AsyncCheckpointerType.THREAD, AsyncCheckpointerType.PROCESS):
+        times = []
+        for i in range(reps + 1):  # the first call starts DCP's worker: steady state only
+            target = str(tmp / f"dcp{i}")
+            t0 = time.perf_counter()
+            fut = dcp.async_save(state["model"], checkpoint_id=target, async_checkpointer_type=kind)
+            times.append(time.perf_counter() - t0)
+            fut.result()  # let it finish before the next one, as a trainer would
+            shutil.rmtree(target, ignore_errors=True)
+        out[f"dcp.async_save[{kind.value}]"] = statistics.median(times[1:])
+    step = [0]
+
+    def ours(wait: bool) -> float:
+        settle(watcher, step[0])  # like dcp's .result(): the last save's background work done
+        step[0] += 1
+        t0 = time.perf_counter()
+        assert client.save(state, step[0], wait=wait).ok
+        return time.perf_counter() - t0
+
+    ours(True)  # warm-up: the holder allocates the segments once, later saves reuse them
+    ours(True)
+    out["ours save (copy blocks)"] = statistics.median(ours(True) for _ in range(reps))
+    calls = []
+    for _ in range(reps):
+        calls.append(ours(False))
+        client.fence()
+    out["ours save(wait=False) call"] = statistics.median(calls)
+    settle(watcher, step[0])
+    return out
+
+
+def uncache(root: Path) -> None:
+    """Drops ``root``'s files from the page cache: a restarted job reads them from disk."""
+    for p in root.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+
+
+def bench_restores(
+    client: CheckpointClient,
+    storage_client: CheckpointClient,
+    tmp: Path,
+    template: dict[str, Any],
+    reps: int,
+) -> dict[str, float]:
+    """Restores into an allocated template (a restarted trainer's built model), every tier."""
+    import torch.distributed.checkpoint as dcp
+
+    def copy_into(loaded: dict[str, Any]) -> None:
+        for k, t in template["model"].items():
+            t.copy_(loaded["model"][k])
+
+    out = {"ours load(into), memory tier": med(lambda: client.load(into=template), reps)}
+    out["ours load(), memory tier, new tensors"] = med(lambda: client.load(), reps)
+    got = storage_client.load(into=template)
+    assert got is not None, "nothing persisted"
+    assert got.tier.value == "storage", got.tier
+    out["ours load(into), storage tier"] = med(
+        lambda: (uncache(tmp / "store"), storage_client.load(into=template)), reps
+    )
+    out["torch.load(weights_only) + copy"] = med(
+        lambda: (
+            uncache(tmp / "sync.pt"),
+            copy_into(torch.load(tmp / "sync.pt", weights_only=True)),
+        ),
+        reps,
+    )
+    dcp.save(template["model"], checkpoint_id=str(tmp / "dcp_sync"))
+    out["dcp.load (in place)"] = med(
+        lambda: (
+            uncache(tmp / "dcp_sync"),
+            dcp.load(template["model"], checkpoint_id=str(tmp / "dcp_sync")),
+        ),
+        reps,
+    )
+    return out
+
+
+def bench_overhead(client: CheckpointClient, steps: int, rounds: int) -> dict[str, float]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(512, 512) for _ in range(6)])
+    opt = torch.optim.Adam(model.parameters())
+    client.install_fence(opt)
+    x = torch.randn(1024, 512)  # a step of ~100 ms on 2 cores for ~19 MB of state
+
+    def step(i: int, save: bool) -> None:
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        if save:
+            client.save(
+                {"model": model.state_dict(), "optim": opt.state_dict()}, 10_000 + i, wait=False
+            )
+
+    for i in range(5):  # warm-up of both paths
+        step(i, True)
+    client.fence()
+    ratios, never, every = [], [], []
+    for _ in range(rounds):  # paired rounds: a ratio per round cancels slow drifts in load
+        times = []
+        for save in (False, True):
+            t0 = time.perf_counter()
+            for i in range(steps):
+                step(i, save)
+            client.fence()
+            times.append((time.perf_counter() - t0) / steps)
+        never.append(times[0])
+        every.append(times[1])
+        ratios.append(times[1] / times[0])
+    return {
+        "never": statistics.median(never),
+        "every step": statistics.median(every),
+        "ratio": statistics.median(ratios),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=7)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)  # async_save needs a group
+    ring = Ring((("node0", f"tcp://127.0.0.1:{port()}"),))
+    job = f"bench{uuid.uuid4().hex[:6]}"
+    cfg = HolderConfig(
+        job,
+        "node0",
+        ring,
+        storage=str(tmp / "store"),
+        persist_every=1,
+        keep_last=1,
+        keep_in_memory=1,
+        mem_cap_bytes=8 << 30,
+    )
+    # the overhead run: snapshots every step, persisted every 1000 (long-tail persistence)
+    ring2 = Ring((("node0", f"tcp://127.0.0.1:{port()}"),))
+    cfg2 = HolderConfig(
+        job + "o", "node0", ring2, storage=str(tmp / "store2"), persist_every=1000, keep_in_memory=1
+    )
+    holder, holder2 = HolderProcess(cfg).launch(), HolderProcess(cfg2).launch()
+    try:
+        holder.wait_ready()
+        holder2.wait_ready()
+        client = CheckpointClient(ClientConfig("node0", ring))
+        watcher = StateWatcher(ring, lambda e: None)
+        state = big_state(a.gib)
+        nbytes = sum(t.numel() * 4 for t in state["model"].values())
+        print(f"state: {nbytes / (1 << 30):.2f} GiB in {len(state['model'])} tensors")
+        saves = bench_saves(state, client, watcher, tmp, a.reps)
+        # a restarted node: its holder is up but empty, so only storage has the state
+        storage_only = CheckpointClient(ClientConfig("node0", ring2, storage=str(tmp / "store")))
+        client.close()  # restores run in a fresh client, as in a restarted trainer
+        template = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}}
+        restores = bench_restores(
+            CheckpointClient(ClientConfig("node0", ring)), storage_only, tmp, template, a.reps
+        )
+        del state
+        overhead = bench_overhead(CheckpointClient(ClientConfig("node0", ring2)), a.steps, a.rounds)
+    finally:
+        holder.stop()
+        holder2.stop()
+        dist.destroy_process_group()
+        shutil.rmtree(tmp, ignore_errors=True)
+    for k, v in {**saves, **restores}.items():
+        print(f"{k:45s} {v * 1000:10.1f} ms")
+    ours = saves["ours save(wait=False) call"]
+    copy = saves["ours save (copy blocks)"]
+    print(f"torch.save / ours(copy)              {saves['torch.save'] / copy:8.1f}x")
+    print(f"torch.save / ours(wait=False)        {saves['torch.save'] / ours:8.1f}x")
+    for k in ("dcp.async_save[thread]", "dcp.async_save[process]"):
+        print(
+            f"ours(copy) / {k:24s} {copy / saves[k]:8.2f}   ours(wait=False) / it "
+            f"{ours / saves[k]:8.3f}"
+        )
+    mem = restores["ours load(into), memory tier"]
+    for k in restores:
+        if k != "ours load(into), memory tier":
+            print(f"restore: {k:40s} / ours memory tier {restores[k] / mem:8.1f}x")
+    never, every = overhead["never"], overhead["every step"]
+    print(
+        f"step time never {never * 1000:.1f} ms, every step {every * 1000:.1f} ms: "
+        f"overhead {100 * (overhead['ratio'] - 1):+.1f} % (median of paired rounds)"
+    )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""The checkpoint engine: in-memory snapshots held by a per-node process, DP-sharded,
+backed up to the next node, persisted in the background, restored memory-first.
+
+See docs/checkpointing.md for the design and the failure coverage.
+"""
+
+from __future__ import annotations
+
+from ft_runtime.ckpt._persist import CorruptCheckpoint
+from ft_runtime.ckpt._rpc import HolderUnavailable
+from ft_runtime.ckpt.action import CheckpointRuntime, StateWatcher
+from ft_runtime.ckpt.client import CheckpointClient
+from ft_runtime.ckpt.config import ClientConfig, HolderConfig, Ring
+from ft_runtime.ckpt.holder import Holder
+from ft_runtime.ckpt.launch import HolderProcess, holder_argv
+from ft_runtime.ckpt.types import CkptState, LoadResult, SaveResult, StateChange, Tier
+
+__all__ = [
+    "CheckpointClient",
+    "CheckpointRuntime",
+    "CkptState",
+    "ClientConfig",
+    "CorruptCheckpoint",
+    "Holder",
+    "HolderConfig",
+    "HolderProcess",
+    "HolderUnavailable",
+    "LoadResult",
+    "Ring",
+    "SaveResult",
+    "StateChange",
+    "StateWatcher",
+    "Tier",
+    "holder_argv",
+]

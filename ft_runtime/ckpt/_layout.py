@@ -1,0 +1,188 @@
+"""Where each tensor's shard lives in a snapshot segment, and how to copy it there and back.
+
+With ``D`` data-parallel replicas holding identical state, replica ``r`` stores elements
+``[r*L, (r+1)*L)`` of every flattened tensor, ``L = ceil(numel / D)``; the last shards are
+zero-padded to ``L`` so every replica's segment has the same layout. Shape, dtype and
+``numel`` are recorded so the whole tensor can be reassembled from the ``D`` shards.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ft_runtime.errors import CheckpointError
+
+_ALIGN = 64  # every shard starts on a cache line, so a dtype view of the buffer is aligned
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One tensor's shard: ``shard_len`` elements at byte ``offset`` of the segment."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    numel: int
+    shard_len: int
+    offset: int
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.dtype, list(self.shape), self.numel, self.shard_len, self.offset]
+
+    @classmethod
+    def from_json(cls, v: Sequence[Any]) -> Entry:
+        return cls(
+            str(v[0]), str(v[1]), tuple(int(x) for x in v[2]), int(v[3]), int(v[4]), int(v[5])
+        )
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        try:
+            return _DTYPES[self.dtype]
+        except KeyError:
+            raise CheckpointError(f"unsupported dtype {self.dtype!r} in {self.name}") from None
+
+    @property
+    def nbytes(self) -> int:
+        return self.shard_len * self.torch_dtype.itemsize
+
+
+def plan(tensors: Sequence[tuple[str, torch.Tensor]], nshards: int) -> tuple[list[Entry], int]:
+    """Lays out the shards of ``tensors`` for ``nshards`` replicas; returns entries and size."""
+    entries, offset = [], 0
+    for name, t in tensors:
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise CheckpointError(f"tensor {name!r} has unsupported dtype {t.dtype}")
+        numel = t.numel()
+        e = Entry(name, dtype, tuple(t.shape), numel, -(-numel // nshards), offset)
+        entries.append(e)
+        offset += -(-e.nbytes // _ALIGN) * _ALIGN
+    return entries, offset
+
+
+def signature(tensors: Sequence[tuple[str, torch.Tensor]]) -> tuple[Any, ...]:
+    """A key that changes whenever the layout would: names, dtypes and shapes."""
+    return tuple((n, t.dtype, tuple(t.shape)) for n, t in tensors)
+
+
+def view(buf: torch.Tensor, e: Entry) -> torch.Tensor:
+    """The shard of ``e`` inside the uint8 buffer ``buf``, as a 1-D tensor of its dtype."""
+    return buf[e.offset : e.offset + e.nbytes].view(e.torch_dtype)
+
+
+def copy_in(
+    buf: torch.Tensor,
+    entries: Sequence[Entry],
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    rank: int,
+    hook: Callable[[int], None] | None = None,
+) -> None:
+    """Copies shard ``rank`` of each tensor into ``buf``; ``hook(i)`` runs after tensor i."""
+    for i, (e, (_, t)) in enumerate(zip(entries, tensors, strict=True)):
+        dst = view(buf, e)
+        lo = rank * e.shard_len
+        n = max(0, min(e.numel, lo + e.shard_len) - lo)
+        if n:
+            src = t.detach().reshape(-1)[lo : lo + n]
+            if src.is_cuda:
+                dst[:n].copy_(src, non_blocking=True)
+            else:
+                _memcpy(dst[:n], src)
+        if n < e.shard_len:
+            dst[n:].zero_()  # padding is zero so equal states give equal bytes
+        if hook is not None:
+            hook(i)
+
+
+class FileSource:
+    """A shard read with ``preadv`` from a segment file (one copy, no page-table faults)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def read_into(self, e: Entry, out: torch.Tensor) -> None:
+        mv = memoryview(out.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
+        done = 0
+        while done < len(mv):
+            n = os.preadv(self.fd, [mv[done:]], e.offset + done)
+            if n <= 0:
+                raise CheckpointError(f"segment ended before shard {e.name} did")
+            done += n
+
+
+class BufferSource:
+    """A shard held in a uint8 tensor (fetched from a peer or read from storage)."""
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf = buf
+
+    def read_into(self, e: Entry, out: torch.Tensor) -> None:
+        out.copy_(view(self.buf, e)[: out.numel()])
+
+
+Source = FileSource | BufferSource
+
+
+def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    # A plain single-threaded memcpy (numpy releases the GIL): torch's parallel copy would
+    # start OpenMP workers that fight the training step's own threads for the cores.
+    np.copyto(dst.view(torch.uint8).numpy(), src.contiguous().view(torch.uint8).numpy())
+
+
+def assemble(
+    entries: Sequence[Entry],
+    shards: Sequence[Source],
+    into: Mapping[str, torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """Rebuilds every whole tensor from the ``D`` shard sources, in order.
+
+    A tensor of ``into`` with the entry's name, dtype and shape is filled in place (no new
+    allocation, as a restarted trainer's model already holds its tensors); any other entry
+    gets a new tensor.
+    """
+    out = []
+    for e in entries:
+        t = into.get(e.name) if into is not None else None
+        fits = (
+            t is not None
+            and t.dtype == e.torch_dtype
+            and tuple(t.shape) == e.shape
+            and t.device.type == "cpu"
+            and t.is_contiguous()
+        )
+        whole = (
+            t.detach().view(-1)
+            if fits and t is not None
+            else torch.empty(e.numel, dtype=e.torch_dtype)
+        )
+        for r, src in enumerate(shards):
+            lo = r * e.shard_len
+            n = max(0, min(e.numel, lo + e.shard_len) - lo)
+            if n:
+                src.read_into(e, whole[lo : lo + n])
+        out.append(t if fits and t is not None else whole.view(e.shape))
+    return out

@@ -1,0 +1,74 @@
+"""Shared-memory segments: files on a tmpfs that the holder owns and trainers map.
+
+The holder creates and deletes segments; a trainer only maps them. A trainer killed with
+SIGKILL therefore loses nothing: the pages belong to the file, not to the trainer.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+
+import torch
+
+from ft_runtime.errors import CheckpointError
+
+
+def create(path: Path, size: int) -> None:
+    """Creates a segment of ``size`` bytes with its pages allocated now.
+
+    Allocating up front (fallocate) means a full tmpfs fails here, cleanly, rather than
+    with SIGBUS in the middle of a trainer's copy.
+    """
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        if size:
+            os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise CheckpointError(
+                f"no space for a {size}-byte snapshot segment in {path.parent}: "
+                "lower keep_in_memory or mem_cap_bytes, or enlarge the tmpfs"
+            ) from exc
+        raise
+    os.close(fd)
+
+
+class Mapping:
+    """A writable mapping of a segment, viewed as a uint8 tensor (``.buf``)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path, self.size = path, size
+        fd = os.open(path, os.O_RDWR)
+        try:
+            # mmap cannot map zero bytes; a state without tensors still gets one page
+            self._mm = mmap.mmap(fd, max(size, 1))
+        finally:
+            os.close(fd)
+        self.buf = torch.frombuffer(self._mm, dtype=torch.uint8, count=max(size, 1))[:size]
+
+    def close(self) -> None:
+        del self.buf
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view is still alive; the mapping goes when it does
+
+
+def open_mapping(path: Path, size: int) -> Mapping:
+    """Maps an existing segment; a clear error if the holder no longer has it."""
+    try:
+        return Mapping(path, size)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"snapshot segment {path} is gone (evicted or node lost)") from exc
+
+
+def as_memoryview(buf: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous uint8 CPU tensor, for zmq frames and copies."""
+    if buf.numel() == 0:
+        return memoryview(bytearray())
+    return memoryview(buf.numpy()).cast("B")  # type: ignore[arg-type]

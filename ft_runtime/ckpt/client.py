@@ -1,0 +1,236 @@
+"""The trainer's side of the engine: ``save(state, step)`` and ``load()``.
+
+A save asks the local holder for a segment, copies this rank's 1/D shard of every tensor
+into it (the only part that blocks, or none of it with ``wait=False``) and commits; backup
+and persistence then run inside the holder. A load takes the newest step whose every shard
+can be read, trying local memory, then peer holders, then storage, and falls back to older
+steps when a candidate is incomplete or corrupt.
+
+Example::
+
+    client = CheckpointClient(ClientConfig("node0", ring))
+    client.save({"model": model.state_dict(), "step": 7}, step=7)
+    restored = client.load()  # LoadResult(state, step, tiers) or None
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+
+from ft_runtime.ckpt import _layout, _shm, _tree
+from ft_runtime.ckpt._rpc import Rpc
+from ft_runtime.ckpt._sources import Catalog
+from ft_runtime.ckpt.config import ClientConfig
+from ft_runtime.ckpt.types import LoadResult, SaveResult
+from ft_runtime.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointClient:
+    """One rank's checkpoint client. Not thread-safe; one per training process.
+
+    Args:
+        cfg: where this rank runs and which shard it snapshots.
+        copy_hook: test seam called with the index of each tensor after it is copied.
+    """
+
+    def __init__(self, cfg: ClientConfig, copy_hook: Callable[[int], None] | None = None) -> None:
+        self.cfg = cfg
+        self._ctx: zmq.Context[Any] = zmq.Context.instance()
+        t = cfg.timeout.total_seconds()
+        self._rpcs = {n: Rpc(self._ctx, ep, t) for n, ep in cfg.ring.nodes}
+        self._poll = Rpc(self._ctx, cfg.ring.endpoint(cfg.node), t)
+        self._maps: dict[str, _shm.Mapping] = {}
+        self._layout: tuple[tuple[Any, ...], list[_layout.Entry], int] | None = None
+        self._pending: threading.Thread | None = None
+        self._last: SaveResult | None = None
+        self._honoured = 0
+        self._copy_hook = copy_hook
+        self._stream = torch.cuda.Stream() if torch.cuda.is_available() else None  # type: ignore[no-untyped-call]
+
+    @property
+    def _local(self) -> Rpc:
+        return self._rpcs[self.cfg.node]
+
+    def save(self, state: Any, step: int, *, wait: bool = True) -> SaveResult:
+        """Snapshots ``state`` (tensors and plain data) as ``step``.
+
+        With ``wait=False`` the allocation and the copy run in a background thread and this
+        returns at once (its result comes from :meth:`fence`);
+        the caller must not change the state until :meth:`fence` returns (see
+        :meth:`install_fence`). A holder that is gone or full gives ``ok=False``, never an
+        exception; a state holding something other than tensors and plain data raises.
+
+        Raises:
+            CheckpointError: ``state`` holds an object that cannot be stored safely.
+        """
+        self.fence()
+        t0 = time.perf_counter()
+        tree, tensors = _tree.flatten(state)
+        entries, nbytes = self._plan(tensors)
+        meta = {
+            "entries": [e.to_json() for e in entries],
+            "tree": tree,
+            "step": step,
+            "nshards": self.cfg.dp_size,
+        }
+        args = (entries, tensors, step, meta, nbytes, t0)
+        if wait:
+            self._snapshot(*args)
+            assert self._last is not None
+            return self._last
+        # Even the allocation request runs in the background: on a busy host, waking the
+        # holder costs milliseconds the training step should not wait for.
+        self._pending = threading.Thread(target=self._snapshot, args=args, daemon=True)
+        self._pending.start()
+        return SaveResult(step, True, time.perf_counter() - t0, nbytes)
+
+    def fence(self) -> SaveResult | None:
+        """Waits for a background save to finish copying; returns its result."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+        return self._last
+
+    def install_fence(self, optimizer: torch.optim.Optimizer) -> None:
+        """Makes ``optimizer.step()`` wait for a background copy before it changes weights."""
+
+        def hook(*_: Any) -> None:
+            self.fence()
+
+        optimizer.register_step_pre_hook(hook)
+
+    def save_requested(self) -> bool:
+        """True when a checkpoint action asked for a save this rank has not made yet."""
+        try:
+            head, _ = self._poll.call({"op": "ping"})
+        except CheckpointError:
+            return False
+        return int(head.get("request_seq", 0)) > self._honoured
+
+    def _snapshot(
+        self,
+        entries: list[_layout.Entry],
+        tensors: list[tuple[str, torch.Tensor]],
+        step: int,
+        meta: dict[str, Any],
+        nbytes: int,
+        t0: float,
+    ) -> None:
+        if threading.current_thread() is self._pending:
+            # hand the GIL straight back: otherwise save() waits a whole switch interval
+            # (5 ms) for it while this thread runs Python
+            time.sleep(0)
+        try:
+            head, _ = self._local.call(
+                {
+                    "op": "alloc",
+                    "step": step,
+                    "shard": self.cfg.dp_rank,
+                    "nshards": self.cfg.dp_size,
+                    "nbytes": nbytes,
+                }
+            )
+            buf = self._map(head["segment"], nbytes).buf
+            if self._stream is not None:
+                self._stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self._stream):
+                    _layout.copy_in(buf, entries, tensors, self.cfg.dp_rank, self._copy_hook)
+                self._stream.synchronize()
+            else:
+                _layout.copy_in(buf, entries, tensors, self.cfg.dp_rank, self._copy_hook)
+            head, _ = self._local.call(
+                {"op": "commit", "step": step, "shard": self.cfg.dp_rank, "meta": meta}
+            )
+            self._honoured = max(self._honoured, int(head.get("request_seq", 0)))
+            self._last = SaveResult(step, True, time.perf_counter() - t0, nbytes)
+        except CheckpointError as exc:
+            self._last = self._failed(step, t0, exc)
+
+    def _failed(self, step: int, t0: float, exc: Exception) -> SaveResult:
+        log.warning("checkpoint save of step %d failed: %s", step, exc)
+        self._last = SaveResult(step, False, time.perf_counter() - t0, 0, str(exc))
+        return self._last
+
+    def _plan(self, tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[_layout.Entry], int]:
+        sig = _layout.signature(tensors)
+        if self._layout is None or self._layout[0] != sig:
+            entries, n = _layout.plan(tensors, self.cfg.dp_size)
+            self._layout = (sig, entries, n)
+        return self._layout[1], self._layout[2]
+
+    def _map(self, segment: str, nbytes: int) -> _shm.Mapping:
+        m = self._maps.get(segment)
+        if m is None or m.size != nbytes:
+            for name in [n for n in self._maps if n == segment or not Path(n).exists()]:
+                # the holder deleted (or resized) it: an unlinked file's pages stay
+                # allocated for as long as we keep them mapped
+                self._maps.pop(name).close()
+            m = _shm.open_mapping(Path(segment), nbytes)
+            self._maps[segment] = m
+            if self._stream is not None and nbytes:
+                # pinned (page-locked) host memory lets device-to-host copies run async
+                torch.cuda.cudart().cudaHostRegister(  # type: ignore[no-untyped-call]
+                    m.buf.data_ptr(), nbytes, 0
+                )
+        return m
+
+    def load(self, into: Any = None) -> LoadResult | None:
+        """Restores the newest step whose every shard can be read and verified.
+
+        Args:
+            into: optionally, a state of the same structure (e.g. the freshly built model's
+                and optimizer's state dicts): its CPU tensors with matching name, dtype and
+                shape are filled in place and returned, which saves allocating them again.
+
+        Returns None when no checkpoint exists anywhere. Never unpickles: tensors come from
+        raw bytes or ``torch.load(weights_only=True)``, plain data from JSON.
+        """
+        self.fence()
+        template = dict(_tree.flatten(into)[1]) if into is not None else None
+        cat = Catalog(self.cfg, self._rpcs)
+        skipped: list[str] = []
+        for step, nshards in cat.candidates():
+            got = [cat.read(step, i, nshards, skipped) for i in range(nshards)]
+            if any(g is None for g in got):
+                skipped.append(f"step {step}: a shard could not be read from any tier")
+                try:
+                    cat.finish()
+                except CheckpointError:
+                    pass  # the step is skipped anyway
+                continue
+            shards = [g for g in got if g is not None]
+            meta = shards[0][0]
+            try:
+                entries = [_layout.Entry.from_json(e) for e in meta["entries"]]
+                tensors = _layout.assemble(entries, [src for _, src, _ in shards], template)
+                cat.finish()
+            except CheckpointError as exc:
+                skipped.append(f"step {step}: {exc}")
+                continue
+            return LoadResult(
+                _tree.unflatten(meta["tree"], tensors),
+                step,
+                tuple(t for _, _, t in shards),
+                tuple(skipped),
+            )
+        if skipped:
+            log.warning("no loadable checkpoint: %s", "; ".join(skipped))
+        return None
+
+    def close(self) -> None:
+        self.fence()
+        for r in [*self._rpcs.values(), self._poll]:
+            r.close()
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()

@@ -1,0 +1,234 @@
+"""The per-node snapshot holder: owns snapshots in shared memory and outlives trainers.
+
+It answers trainers and peer holders over a zmq ROUTER socket (JSON headers, raw byte
+frames), while a background worker backs snapshots up to the next node and persists them.
+Run one per node::
+
+    python -m ft_runtime.ckpt --job j1 --node node0 \\
+        --ring node0=tcp://127.0.0.1:5600,node1=tcp://127.0.0.1:5601 --storage ckpts/
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ft_runtime.ckpt import _shm
+from ft_runtime.ckpt._rpc import decode, encode
+from ft_runtime.ckpt._table import Slot, Table
+from ft_runtime.ckpt._worker import Worker
+from ft_runtime.ckpt.config import ENV_MEM_CAP_GB, ENV_SHM_DIR, HolderConfig, Ring
+from ft_runtime.ckpt.types import LOADABLE, CkptState, StateChange
+from ft_runtime.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+# Each request handler returns (reply header, reply frames).
+Reply = tuple[dict[str, Any], list[bytes]]
+
+
+class Holder:
+    """One node's snapshot holder.
+
+    Args:
+        cfg: the holder's configuration.
+        on_state: called with every state change of this node's own snapshots (the
+            composition root records them in the run store). Remote observers use the
+            ``events`` request instead (see :class:`~ft_runtime.ckpt.action.StateWatcher`).
+    """
+
+    def __init__(
+        self, cfg: HolderConfig, on_state: Callable[[StateChange], None] | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.table = Table(cfg, on_state)
+        self.worker = Worker(cfg, self.table)
+        self._stop = threading.Event()
+        self._requests: set[str] = set()
+        self.request_seq = 0
+
+    def serve_forever(self, ready: Callable[[], None] | None = None) -> None:
+        """Binds, bootstraps from the neighbours in the background and serves until stop()."""
+        self.table.wipe()
+        ctx: zmq.Context[Any] = zmq.Context.instance()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.cfg.endpoint)
+        self.worker.start()
+        if ready is not None:
+            ready()
+        try:
+            while not self._stop.is_set():
+                if sock.poll(100):
+                    self._serve_one(sock)
+        finally:
+            self.worker.stop()
+            sock.close(linger=0)
+            self.table.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _serve_one(self, sock: zmq.Socket[Any]) -> None:
+        ident, empty, head, *frames = sock.recv_multipart()
+        out: list[bytes] = []
+        try:
+            req = decode(head)
+            handler = getattr(self, f"_op_{req.get('op')}", None)
+            if handler is None:
+                raise CheckpointError(f"unknown request {req.get('op')!r}")
+            reply, out = handler(req, frames)
+            reply = {"ok": True, "request_seq": self.request_seq, **reply}
+        except (CheckpointError, OSError, ValueError, KeyError, TypeError) as exc:
+            reply, out = {"ok": False, "error": str(exc)}, []
+        sock.send_multipart([ident, empty, encode(reply), *out], copy=False)
+
+    def _op_ping(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        return {"node": self.cfg.node, "pid": os.getpid()}, []
+
+    def _op_alloc(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        slot = self.table.allocate(
+            self.cfg.node,
+            int(req["step"]),
+            int(req["shard"]),
+            int(req["nshards"]),
+            int(req["nbytes"]),
+        )
+        return {"segment": str(slot.path), "nbytes": slot.nbytes}, []
+
+    def _op_commit(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        key = (self.cfg.node, int(req["step"]), int(req["shard"]))
+        self.table.commit(key, req["meta"])
+        self.worker.submit(key)
+        return {}, []
+
+    def _op_list(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        return {
+            "node": self.cfg.node,
+            "slots": [s.to_json() for s in self.table.loadable(req.get("owner"))],
+        }, []
+
+    def _op_read(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        slot = self._slot(req)
+        return {"segment": str(slot.path), "nbytes": slot.nbytes, "meta": slot.meta}, []
+
+    def _op_fetch(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        slot = self._slot(req)
+        off, n = int(req["offset"]), int(req["length"])
+        m = _shm.open_mapping(slot.path, slot.nbytes)
+        try:
+            data = m.buf[off : off + n].numpy().tobytes()
+        finally:
+            m.close()
+        self._slot(req)  # still the same slot after the copy: the bytes are not torn
+        return {"meta": slot.meta}, [data]
+
+    def _op_backup_begin(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        slot = self.table.allocate(
+            str(req["owner"]),
+            int(req["step"]),
+            int(req["shard"]),
+            int(req["nshards"]),
+            int(req["nbytes"]),
+        )
+        slot.meta = req["meta"]
+        return {"segment": slot.path.name}, []
+
+    def _op_backup_chunk(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        slot = self._slot(req, pending=True)
+        m = _shm.open_mapping(slot.path, slot.nbytes)
+        try:
+            off = int(req["offset"])
+            m.buf[off : off + len(frames[0])].numpy()[:] = memoryview(frames[0])
+        finally:
+            m.close()
+        return {}, []
+
+    def _op_backup_end(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        slot = self._slot(req, pending=True)
+        self.table.commit(slot.key, slot.meta)
+        return {}, []
+
+    def _op_rebackup(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        for s in self.table.loadable(self.cfg.node):
+            self.worker.submit(s.key, backup_only=True)
+        return {}, []
+
+    def _op_events(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        evs = self.table.events_since(int(req.get("since", 0)))
+        return {"events": [e.to_json() for e in evs if e.node == self.cfg.node]}, []
+
+    def _op_request(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        key = str(req["key"])
+        duplicate = key in self._requests
+        if not duplicate:
+            self._requests.add(key)
+            self.request_seq += 1
+            self.worker.force_persist()
+        return {"duplicate": duplicate, "request_seq": self.request_seq}, []
+
+    def _op_stop(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self.stop()
+        return {}, []
+
+    def _slot(self, req: dict[str, Any], pending: bool = False) -> Slot:
+        key = (str(req.get("owner", self.cfg.node)), int(req["step"]), int(req["shard"]))
+        slot = self.table.slots.get(key)
+        ok = slot is not None and (
+            slot.state == CkptState.PENDING if pending else slot.state in LOADABLE
+        )
+        if (
+            slot is None
+            or not ok
+            or req.get("segment", slot.path.name) not in (slot.path.name, str(slot.path))
+        ):
+            raise CheckpointError(f"snapshot {key} is not held by {self.cfg.node} any more")
+        return slot
+
+
+def _parse_ring(text: str) -> Ring:
+    try:
+        pairs = tuple(tuple(p.split("=", 1)) for p in text.split(","))
+        return Ring(tuple((a, b) for a, b in pairs))
+    except ValueError:
+        raise CheckpointError(
+            f"--ring {text!r}: expected node=endpoint pairs separated by commas"
+        ) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point of one holder process."""
+    ap = argparse.ArgumentParser(prog="python -m ft_runtime.ckpt")
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--ring", required=True, help="node0=tcp://127.0.0.1:5600,node1=...")
+    ap.add_argument("--storage", default=None)
+    ap.add_argument("--persist-every", type=int, default=1)
+    ap.add_argument("--keep-last", type=int, default=2)
+    ap.add_argument("--keep-in-memory", type=int, default=2)
+    ap.add_argument("--mem-cap-gb", type=float, default=float(os.environ.get(ENV_MEM_CAP_GB, 16)))
+    ap.add_argument("--shm-dir", default=os.environ.get(ENV_SHM_DIR, "/dev/shm"))
+    a = ap.parse_args(argv)
+    cfg = HolderConfig(
+        a.job,
+        a.node,
+        _parse_ring(a.ring),
+        a.storage,
+        a.persist_every,
+        a.keep_last,
+        a.keep_in_memory,
+        int(a.mem_cap_gb * (1 << 30)),
+        a.shm_dir,
+    )
+    holder = Holder(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: holder.stop())
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    holder.serve_forever(ready=lambda: print(f"ready {cfg.node} {cfg.endpoint}", flush=True))
+    return 0
