@@ -77,7 +77,15 @@ class ProgressStall:
             if state.last_step is not None:
                 evidence["last_step"] = float(state.last_step)
             findings.append(
-                Finding("hang", subject, silence / allowed, Severity.CRITICAL, now,
-                        state.last_step, evidence, self.name)
+                Finding(
+                    "hang",
+                    subject,
+                    silence / allowed,
+                    Severity.CRITICAL,
+                    now,
+                    state.last_step,
+                    evidence,
+                    self.name,
+                )
             )
         return findings

@@ -1,0 +1,217 @@
+"""Peer-relative outliers: ranks doing the same work should look the same.
+
+Each step, every watched feature is compared across ranks with a robust z-score
+(median/MAD); a rank must stay an outlier for ``persistence`` consecutive steps before it
+fires, and must look normal for ``clear`` consecutive steps before it may fire again. When
+several ranks of one node go out together, the finding names the node, not the ranks.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+import numpy as np
+
+from collector.types import Frame, Subject
+from detectors._buffer import StepBuffer
+from detectors._layout import RankLayout, to_slots
+from detectors.stepbatch import StepBatch
+from detectors.types import Finding, Severity
+
+#: feature -> (direction, kind). Direction +1 flags high values, -1 low ones.
+DEFAULT_FEATURES: Mapping[str, tuple[int, str]] = MappingProxyType(
+    {
+        "compute_ms": (1, "slow_rank"),
+        "data_wait_ms": (1, "dataloader_stall"),
+        "comm_ms": (1, "nic_degradation"),
+        "gpu_temp": (1, "thermal"),
+        "sm_clock": (-1, "thermal"),
+        "mem_used": (1, "memory_leak"),
+    }
+)
+#: What a rank-level kind becomes when a whole node shows it.
+NODE_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_node"})
+_SAMPLE = 8192  # ranks used to estimate median and MAD; a 1-2 % error at any job size
+
+
+class PeerOutlier:
+    """Flags ranks whose features deviate from their peers at the same step.
+
+    Args:
+        features: feature -> (direction, kind); defaults to DEFAULT_FEATURES.
+        z: robust z-score a value must exceed.
+        min_shift: relative deviation from the peer median it must also exceed, so a
+            tight fleet (tiny MAD) does not fire on harmless differences.
+        persistence: consecutive outlier steps before firing.
+        clear: consecutive normal steps before a fired rank may fire again.
+        min_ranks: peers needed for a comparison.
+        node_fraction: share of a node's ranks (and at least two) that makes a node finding.
+
+    >>> from collector.types import Frame, Subject
+    >>> det = PeerOutlier(persistence=1)
+    >>> rows = [Frame(Subject(0, r, f"n{r // 4}"), 1, 0.0,
+    ...               {"compute_ms": 200.0 if r == 5 else 100.0 + r % 3}) for r in range(8)]
+    >>> batch = StepBatch.from_frames(rows)
+    >>> [(f.kind, str(f.subject)) for f in det.process_step(batch)]
+    [('slow_rank', 'rank 5')]
+    """
+
+    name = "peer_outlier"
+
+    def __init__(
+        self,
+        features: Mapping[str, Sequence[object]] | None = None,
+        z: float = 6.0,
+        min_shift: float = 0.06,
+        persistence: int = 3,
+        clear: int = 5,
+        min_ranks: int = 4,
+        node_fraction: float = 0.5,
+    ) -> None:
+        spec = dict(features) if features is not None else dict(DEFAULT_FEATURES)
+        self.features = {str(k): (int(v[0]), str(v[1])) for k, v in spec.items()}  # type: ignore[call-overload]
+        self.z, self.min_shift = z, min_shift
+        self.persistence, self.clear = persistence, clear
+        self.min_ranks, self.node_fraction = min_ranks, node_fraction
+        self._names = tuple(self.features)
+        self._sign = np.array([self.features[f][0] for f in self._names], dtype=float)
+        self._layout = RankLayout()
+        self._count = np.zeros((0, len(self._names)), dtype=np.int32)
+        self._normal = np.zeros((0, len(self._names)), dtype=np.int32)
+        self._fired = np.zeros((0, len(self._names)), dtype=bool)
+        self._nodes_fired: set[tuple[int, int]] = set()
+        self._buffer = StepBuffer()
+        self._rng = np.random.default_rng(0)
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        batch = self._buffer.add(frame)
+        return self.process_step(batch) if batch is not None else ()
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return ()
+
+    def flush(self) -> Sequence[Finding]:
+        """Evaluates the step still buffered (at the end of a stream)."""
+        batch = self._buffer.flush()
+        return self.process_step(batch) if batch is not None else ()
+
+    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
+        """Compares the ranks of one step and returns the newly confirmed outliers."""
+        cols = [batch.features.index(f) if f in batch.features else -1 for f in self._names]
+        if all(c < 0 for c in cols) or len(batch.ranks) < self.min_ranks:
+            return ()
+        raw = np.full((len(batch.ranks), len(cols)), np.nan)
+        for j, c in enumerate(cols):
+            if c >= 0:
+                raw[:, j] = batch.values[:, c]
+        slots = self._layout.rows_to_slots(batch.ranks, batch.nodes)
+        self._grow(len(self._layout.ranks))
+        x = to_slots(raw, slots, len(self._layout.ranks))
+        med, scale = self._peer_stats(x)
+        dev = (x - med) * self._sign
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = (dev > self.z * scale) & (dev > self.min_shift * np.abs(med))
+        self._count = np.where(out, self._count + 1, 0)
+        self._normal = np.where(out, 0, self._normal + 1)
+        self._fired &= self._normal < self.clear
+        new = (self._count >= self.persistence) & ~self._fired
+        if not new.any():
+            return ()
+        return self._findings(new, x, med, scale, batch)
+
+    def _peer_stats(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Median and MAD-based scale per feature, from a sample of ranks at large scale."""
+        sample = x
+        if len(x) > _SAMPLE:
+            sample = x[self._rng.choice(len(x), _SAMPLE, replace=False)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a feature no rank reported
+            med = np.nanmedian(sample, axis=0)
+            mad = np.nanmedian(np.abs(sample - med), axis=0)
+        scale = np.maximum(1.4826 * mad, 1e-3 * np.abs(med) + 1e-12)
+        return med, scale
+
+    def _grow(self, size: int) -> None:
+        extra = size - len(self._count)
+        if extra > 0:
+            pad = ((0, extra), (0, 0))
+            self._count = np.pad(self._count, pad)
+            self._normal = np.pad(self._normal, pad)
+            self._fired = np.pad(self._fired, pad)
+
+    def _findings(
+        self, new: np.ndarray, x: np.ndarray, med: np.ndarray, scale: np.ndarray, batch: StepBatch
+    ) -> list[Finding]:
+        findings: list[Finding] = []
+        node_ids = self._layout.node_ids
+        for slot, j in zip(*np.nonzero(new), strict=True):
+            if self._fired[slot, j]:
+                continue  # already reported inside a node finding this step
+            node = int(node_ids[slot])
+            outlying = np.flatnonzero((self._count[:, j] > 0) & (node_ids == node))
+            need = max(2.0, self.node_fraction * self._layout.node_sizes[node])
+            if len(outlying) >= need and self._layout.nodes[slot]:
+                self._fired[outlying, j] = True
+                if (node, j) not in self._nodes_fired:
+                    self._nodes_fired.add((node, j))
+                    findings.append(self._node_finding(outlying, j, x, med, scale, batch))
+                continue
+            self._nodes_fired.discard((node, j))
+            self._fired[slot, j] = True
+            findings.append(self._rank_finding(int(slot), j, x, med, scale, batch))
+        return findings
+
+    def _evidence(
+        self, j: int, value: float, med: np.ndarray, scale: np.ndarray
+    ) -> dict[str, float]:
+        feature = self._names[j]
+        return {
+            feature: value,
+            f"{feature}_peer_median": float(med[j]),
+            "robust_z": float((value - med[j]) / scale[j]),
+            "relative_shift": float((value - med[j]) / abs(med[j])) if med[j] else 0.0,
+        }
+
+    def _rank_finding(
+        self, slot: int, j: int, x: np.ndarray, med: np.ndarray, scale: np.ndarray, batch: StepBatch
+    ) -> Finding:
+        evidence = self._evidence(j, float(x[slot, j]), med, scale)
+        subject = Subject(
+            None, int(self._layout.ranks[slot]), str(self._layout.nodes[slot]) or None
+        )
+        return Finding(
+            self.features[self._names[j]][1],
+            subject,
+            abs(evidence["robust_z"]),
+            Severity.WARN,
+            batch.time,
+            batch.step,
+            evidence,
+            self.name,
+        )
+
+    def _node_finding(
+        self,
+        slots: np.ndarray,
+        j: int,
+        x: np.ndarray,
+        med: np.ndarray,
+        scale: np.ndarray,
+        batch: StepBatch,
+    ) -> Finding:
+        evidence = self._evidence(j, float(np.nanmedian(x[slots, j])), med, scale)
+        evidence["ranks_outlying"] = float(len(slots))
+        kind = self.features[self._names[j]][1]
+        subject = Subject(None, None, str(self._layout.nodes[slots[0]]))
+        return Finding(
+            NODE_KINDS.get(kind, kind),
+            subject,
+            abs(evidence["robust_z"]),
+            Severity.WARN,
+            batch.time,
+            batch.step,
+            evidence,
+            self.name,
+        )
