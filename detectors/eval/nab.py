@@ -4,7 +4,8 @@ Each labelled window rewards its earliest detection by a scaled sigmoid of the d
 position (+A_TP at the window's first row, 0 at its last); every detection outside windows
 costs A_FP times a scaled sigmoid of its distance past the previous window (the full A_FP
 far from any window); every window without a detection costs A_FN. Detections in the
-probationary period (the first 15 % of each file) are ignored. The corpus total is
+probationary period (the first 15 % of each file, at most 750 rows as in NAB's code) are
+ignored. The corpus total is
 normalised so that the null detector (no detections) scores 0 and the perfect detector (one
 detection at the first row of each window) scores 100.
 
@@ -43,6 +44,8 @@ REWARD_LOW_FP = Profile("reward_low_FP_rate", tp=1.0, fp=0.22, fn=1.0)
 REWARD_LOW_FN = Profile("reward_low_FN_rate", tp=1.0, fp=0.11, fn=2.0)
 PROFILES = (STANDARD, REWARD_LOW_FP, REWARD_LOW_FN)
 PROBATION_FRACTION = 0.15
+#: NAB's code caps the probation at 15 % of 5000 rows; its published scores use that cap.
+PROBATION_CAP_ROWS = 5000
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +66,18 @@ def scaled_sigmoid(position: float) -> float:
     return 2.0 / (1.0 + math.exp(5.0 * position)) - 1.0
 
 
-def probation_length(n_rows: int, fraction: float = PROBATION_FRACTION) -> int:
-    """Rows at the start of a file in which detections are not scored."""
-    return int(math.floor(fraction * n_rows))
+def probation_length(
+    n_rows: int, fraction: float = PROBATION_FRACTION, cap_rows: int | None = PROBATION_CAP_ROWS
+) -> int:
+    """Rows at the start of a file in which detections are not scored.
+
+    NAB's ``getProbationPeriod``: ``min(floor(fraction * n), fraction * cap_rows)``;
+    ``cap_rows=None`` gives the uncapped 15 % of every file.
+    """
+    length = math.floor(fraction * n_rows)
+    if cap_rows is not None:
+        length = min(length, math.floor(fraction * cap_rows))
+    return int(length)
 
 
 def score_file(
@@ -73,6 +85,7 @@ def score_file(
     windows: Sequence[tuple[int, int]],
     profile: Profile,
     probation_fraction: float = PROBATION_FRACTION,
+    probation_cap: int | None = PROBATION_CAP_ROWS,
 ) -> FileScore:
     """Scores one file's boolean detections against its windows (inclusive row indices).
 
@@ -82,7 +95,7 @@ def score_file(
     flags = np.asarray(detections, dtype=bool)
     n = len(flags)
     _check_windows(windows, n)
-    probation = probation_length(n, probation_fraction)
+    probation = probation_length(n, probation_fraction, probation_cap)
     hits = np.flatnonzero(flags)
     hits = hits[hits >= probation]
     max_tp = scaled_sigmoid(-1.0)

@@ -3,8 +3,8 @@ its parser and sets ``func`` to a callable taking the parsed arguments."""
 
 from __future__ import annotations
 
-from eagleeye.commands import demo, run
+from eagleeye.commands import demo, detect, eval, run
 
-COMMANDS = (run, demo)
+COMMANDS = (run, demo, detect, eval)
 
 __all__ = ["COMMANDS"]
