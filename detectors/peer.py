@@ -20,15 +20,16 @@ from detectors._layout import RankLayout, to_slots
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
 
-#: feature -> (direction, kind). Direction +1 flags high values, -1 low ones.
-DEFAULT_FEATURES: Mapping[str, tuple[int, str]] = MappingProxyType(
+#: feature -> (direction, kind[, min_shift]). Direction +1 flags high values, -1 low ones.
+#: Memory gets a smaller minimum shift: a leak must be caught while it is still small.
+DEFAULT_FEATURES: Mapping[str, tuple[object, ...]] = MappingProxyType(
     {
         "compute_ms": (1, "slow_rank"),
         "data_wait_ms": (1, "dataloader_stall"),
         "comm_ms": (1, "nic_degradation"),
         "gpu_temp": (1, "thermal"),
         "sm_clock": (-1, "thermal"),
-        "mem_used": (1, "memory_leak"),
+        "mem_used": (1, "memory_leak", 0.02),
     }
 )
 #: What a rank-level kind becomes when a whole node shows it.
@@ -36,11 +37,16 @@ NODE_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_node"})
 _SAMPLE = 8192  # ranks used to estimate median and MAD; a 1-2 % error at any job size
 
 
+def _entry(value: Sequence[object]) -> tuple[int, str, float | None]:
+    shift = float(value[2]) if len(value) > 2 else None  # type: ignore[arg-type]
+    return int(value[0]), str(value[1]), shift  # type: ignore[call-overload]
+
+
 class PeerOutlier:
     """Flags ranks whose features deviate from their peers at the same step.
 
     Args:
-        features: feature -> (direction, kind); defaults to DEFAULT_FEATURES.
+        features: feature -> (direction, kind[, min_shift]); defaults to DEFAULT_FEATURES.
         z: robust z-score a value must exceed.
         min_shift: relative deviation from the peer median it must also exceed, so a
             tight fleet (tiny MAD) does not fire on harmless differences.
@@ -71,12 +77,18 @@ class PeerOutlier:
         node_fraction: float = 0.5,
     ) -> None:
         spec = dict(features) if features is not None else dict(DEFAULT_FEATURES)
-        self.features = {str(k): (int(v[0]), str(v[1])) for k, v in spec.items()}  # type: ignore[call-overload]
+        self.features = {str(k): _entry(v) for k, v in spec.items()}
         self.z, self.min_shift = z, min_shift
         self.persistence, self.clear = persistence, clear
         self.min_ranks, self.node_fraction = min_ranks, node_fraction
         self._names = tuple(self.features)
         self._sign = np.array([self.features[f][0] for f in self._names], dtype=float)
+        self._shift = np.array(
+            [
+                self.features[f][2] if self.features[f][2] is not None else min_shift
+                for f in self._names
+            ]
+        )
         self._layout = RankLayout()
         self._count = np.zeros((0, len(self._names)), dtype=np.int32)
         self._normal = np.zeros((0, len(self._names)), dtype=np.int32)
@@ -112,7 +124,7 @@ class PeerOutlier:
         med, scale = self._peer_stats(x)
         dev = (x - med) * self._sign
         with np.errstate(invalid="ignore", divide="ignore"):
-            out = (dev > self.z * scale) & (dev > self.min_shift * np.abs(med))
+            out = (dev > self.z * scale) & (dev > self._shift * np.abs(med))
         self._count = np.where(out, self._count + 1, 0)
         self._normal = np.where(out, 0, self._normal + 1)
         self._fired &= self._normal < self.clear

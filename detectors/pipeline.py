@@ -26,6 +26,7 @@ class Fuser:
         self.incidents: list[Incident] = []
         self.suppressed = 0
         self._opened: dict[Subject, deque[float]] = {}
+        self._history: deque[Incident] = deque(maxlen=1024)  # closed incidents, for symptoms
 
     def add(self, finding: Finding) -> list[Finding]:
         """Takes one raw finding; returns the findings released now."""
@@ -57,9 +58,10 @@ class Fuser:
         return not escalates
 
     def _explained(self, symptom: Finding, now: float) -> bool:
-        for inc in self.incidents:
-            recent = now - inc.opened_at <= self.policy.symptom_window
-            if inc.finding.kind not in SYMPTOMS and recent:
+        """Whether a specific fault began about when the symptom's shift began."""
+        began = now - symptom.evidence.get("steps_shifted", 0.0) - self.policy.symptom_window
+        for inc in [*self.incidents, *self._history]:
+            if inc.finding.kind not in SYMPTOMS and began <= inc.opened_at <= now:
                 if not inc.released:
                     inc.finding = merge(inc.finding, symptom)
                 return True
@@ -78,11 +80,13 @@ class Fuser:
         return len(opened) > self.policy.flap_max
 
     def _expire(self, now: float) -> None:
-        self.incidents = [
-            i
-            for i in self.incidents
-            if not i.released or now - i.last_step <= self.policy.clear_steps
-        ]
+        keep = []
+        for inc in self.incidents:
+            if inc.released and now - inc.last_step > self.policy.clear_steps:
+                self._history.append(inc)
+            else:
+                keep.append(inc)
+        self.incidents = keep
 
     def _release_critical(self) -> list[Finding]:
         return self._release(lambda inc: inc.finding.severity == Severity.CRITICAL)
