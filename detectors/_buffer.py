@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collector.types import Frame
+from collector.types import Frame, Subject
 from detectors.stepbatch import StepBatch
 
 
@@ -14,7 +14,8 @@ class StepBuffer:
 
     def __init__(self) -> None:
         self._step: int | None = None
-        self._frames: list[Frame] = []
+        # Plain tuples, not Frames: Frame's read-only mappings do not pickle, detectors must.
+        self._rows: list[tuple[Subject, int, float, dict[str, float]]] = []
 
     def add(self, frame: Frame) -> StepBatch | None:
         """Adds a frame; returns the previous step's batch when this frame starts a new step."""
@@ -24,14 +25,14 @@ class StepBuffer:
         if self._step is not None and frame.step != self._step:
             ready = self.flush()
         self._step = frame.step
-        self._frames.append(frame)
+        self._rows.append((frame.subject, frame.step, frame.time, dict(frame.values)))
         return ready
 
     def flush(self) -> StepBatch | None:
         """The buffered step as a batch (None when empty); the buffer is emptied."""
-        if not self._frames:
+        if not self._rows:
             return None
-        batch = StepBatch.from_frames(self._frames)
-        self._frames = []
+        batch = StepBatch.from_frames([Frame(*row) for row in self._rows])
+        self._rows = []
         self._step = None
         return batch

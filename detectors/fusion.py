@@ -8,8 +8,9 @@ Rules, in order:
     kind of highest precedence names the root cause, evidence is the union.
   * dedup and hysteresis: an incident stays open while findings keep coming and closes after
     ``clear_steps`` quiet steps; findings on an open incident are absorbed.
-  * symptoms: a job-wide ``throughput_drop`` near a specific incident is its effect, not a
-    second fault, and is absorbed.
+  * symptoms: a job-wide ``throughput_drop`` whose shift began near a specific incident is
+    that incident's effect, not a second fault, and is absorbed; an unexplained one is held
+    ``symptom_window`` steps for its explanation before it is released.
   * flap suppression: a subject that opened ``flap_max`` incidents within ``flap_window``
     steps is muted until it stays quiet for a whole window.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -186,7 +187,7 @@ def isolation_forest(
 ) -> QuantileGate:
     """An IsolationForest scorer behind a quantile gate (kind ``multivariate``)."""
     return _gated(
-        lambda: IsolationForestModel(n_estimators),
+        partial(IsolationForestModel, n_estimators),
         "isolation_forest",
         features,
         q,
@@ -208,7 +209,7 @@ def pca_reconstruction(
 ) -> QuantileGate:
     """A PCA reconstruction-error scorer behind a quantile gate (kind ``multivariate``)."""
     return _gated(
-        lambda: PCAModel(n_components),
+        partial(PCAModel, n_components),
         "pca_reconstruction",
         features,
         q,
@@ -231,7 +232,7 @@ def autoencoder(
 ) -> QuantileGate:
     """A small torch autoencoder behind a quantile gate (kind ``multivariate``)."""
     return _gated(
-        lambda: AutoencoderModel(hidden, epochs),
+        partial(AutoencoderModel, hidden, epochs),
         "autoencoder",
         features,
         q,

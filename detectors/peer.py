@@ -27,6 +27,7 @@ DEFAULT_FEATURES: Mapping[str, tuple[object, ...]] = MappingProxyType(
         "compute_ms": (1, "slow_rank"),
         "data_wait_ms": (1, "dataloader_stall"),
         "comm_ms": (1, "nic_degradation"),
+        "nic_gbps": (-1, "nic_degradation"),
         "gpu_temp": (1, "thermal"),
         "sm_clock": (-1, "thermal"),
         "mem_used": (1, "memory_leak", 0.02),

@@ -94,7 +94,13 @@ class Fuser:
     def tick(self, now: float) -> list[Finding]:
         """Releases the held findings whose hold has passed at position ``now``."""
         self._expire(now)
-        return self._release(lambda inc: now - when(inc.finding) >= self.policy.hold_steps)
+        return self._release(lambda inc: now - when(inc.finding) >= self._hold(inc.finding))
+
+    def _hold(self, finding: Finding) -> float:
+        # A symptom waits longer: the specific fault that explains it may be slower to show.
+        if finding.kind in SYMPTOMS:
+            return max(self.policy.hold_steps, self.policy.symptom_window)
+        return self.policy.hold_steps
 
     def release_all(self) -> list[Finding]:
         return self._release(lambda inc: True)
