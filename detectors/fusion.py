@@ -9,8 +9,10 @@ Rules, in order:
   * dedup and hysteresis: an incident stays open while findings keep coming and closes after
     ``clear_steps`` quiet steps; findings on an open incident are absorbed.
   * symptoms: a job-wide ``throughput_drop`` whose shift began near a specific incident is
-    that incident's effect, not a second fault, and is absorbed; an unexplained one is held
-    ``symptom_window`` steps for its explanation before it is released.
+    that incident's effect, not a second fault, and is absorbed, as is one that comes while
+    a fail-slow (WARN) incident opened in the last ``ongoing_window`` steps may still be on
+    (they last minutes to tens of minutes); an unexplained one is held ``symptom_window``
+    steps for its explanation before it is released.
   * flap suppression: a subject that opened ``flap_max`` incidents within ``flap_window``
     steps is muted until it stays quiet for a whole window.
 """
@@ -104,6 +106,7 @@ class FusionPolicy:
     hold_steps: int = 2
     clear_steps: int = 20
     symptom_window: int = 20
+    ongoing_window: int = 150
     flap_max: int = 3
     flap_window: int = 200
     extra: Mapping[str, float] = field(default_factory=dict)

@@ -132,7 +132,10 @@ class PeerOutlier:
         new = (self._count >= self.persistence) & ~self._fired
         if not new.any():
             return ()
-        return self._findings(new, x, med, scale, batch)
+        # Half the bar: a node's other ranks that are drifting out with the first one.
+        with np.errstate(invalid="ignore"):
+            weak = (dev > 0.5 * self.z * scale) & (dev > 0.5 * self._shift * np.abs(med))
+        return self._findings(new, weak | (self._count > 0), x, med, scale, batch)
 
     def _peer_stats(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Median and MAD-based scale per feature, from a sample of ranks at large scale."""
@@ -155,7 +158,13 @@ class PeerOutlier:
             self._fired = np.pad(self._fired, pad)
 
     def _findings(
-        self, new: np.ndarray, x: np.ndarray, med: np.ndarray, scale: np.ndarray, batch: StepBatch
+        self,
+        new: np.ndarray,
+        together: np.ndarray,
+        x: np.ndarray,
+        med: np.ndarray,
+        scale: np.ndarray,
+        batch: StepBatch,
     ) -> list[Finding]:
         findings: list[Finding] = []
         node_ids = self._layout.node_ids
@@ -163,7 +172,7 @@ class PeerOutlier:
             if self._fired[slot, j]:
                 continue  # already reported inside a node finding this step
             node = int(node_ids[slot])
-            outlying = np.flatnonzero((self._count[:, j] > 0) & (node_ids == node))
+            outlying = np.flatnonzero(together[:, j] & (node_ids == node))
             need = max(2.0, self.node_fraction * self._layout.node_sizes[node])
             if len(outlying) >= need and self._layout.nodes[slot]:
                 self._fired[outlying, j] = True

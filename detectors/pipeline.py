@@ -60,8 +60,10 @@ class Fuser:
     def _explained(self, symptom: Finding, now: float) -> bool:
         """Whether a specific fault began about when the symptom's shift began."""
         began = now - symptom.evidence.get("steps_shifted", 0.0) - self.policy.symptom_window
+        ongoing = now - self.policy.ongoing_window
         for inc in [*self.incidents, *self._history]:
-            if inc.finding.kind not in SYMPTOMS and began <= inc.opened_at <= now:
+            slow = inc.finding.severity == Severity.WARN and inc.opened_at >= ongoing
+            if inc.finding.kind not in SYMPTOMS and (began <= inc.opened_at <= now or slow):
                 if not inc.released:
                     inc.finding = merge(inc.finding, symptom)
                 return True
