@@ -26,8 +26,8 @@ class GeneratedEval:
 
     nodes: int = 8
     ranks_per_node: int = 8
-    seeds: Sequence[int] = tuple(range(1000, 1020))
-    healthy_seeds: Sequence[int] = (2000, 2001)
+    seeds: Sequence[int] = tuple(range(5000, 5020))
+    healthy_seeds: Sequence[int] = (6000, 6001)
     healthy_nodes: int = 32
     healthy_steps: int = 2000
 

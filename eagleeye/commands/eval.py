@@ -22,14 +22,14 @@ def add_parser(sub: Any) -> None:
     g.add_argument(
         "--seeds",
         type=_range,
-        default=range(1000, 1020),
-        help="seeds of faulty traces, A-B inclusive (default: 1000-1019)",
+        default=range(5000, 5020),
+        help="seeds of faulty traces, A-B inclusive (default: 5000-5019)",
     )
     g.add_argument(
         "--healthy-seeds",
         type=_range,
-        default=range(2000, 2002),
-        help="seeds of healthy traces (default: 2000-2001)",
+        default=range(6000, 6002),
+        help="seeds of healthy traces (default: 6000-6001)",
     )
     g.add_argument("--nodes", type=int, default=8, help="nodes per faulty trace (default: 8)")
     g.add_argument("--ranks-per-node", type=int, default=8, help="(default: 8)")
