@@ -5,10 +5,13 @@ Scores each point causally (only past points) with the largest of three surprise
   * the same for the mean of the last ``smooth`` points (level shifts that no single
     point shows), damped by 0.7;
   * novelty: how far the value leaves the range of everything seen so far.
-It then chooses its own threshold without labels: a point is an anomaly when its score
-beats ``floor`` and every score of the trailing ``record_window`` points (a record), and
-the last anomaly is more than ``suppress`` points ago. Records are rare in stationary data
-(about one per window), so the false-alarm rate stays bounded whatever the series' scale.
+It then chooses its own threshold without labels. A point is a candidate when its score
+beats ``floor`` and every score of the trailing ``record_window`` points (a record; rare in
+stationary data, about one per window, whatever the series' scale), or when the mean score
+of the last ``sustain`` points stands ``sustain_z`` standard deviations above that mean's
+own history (a lasting change no single point shows; the anomaly-likelihood idea of
+Numenta's detectors). A candidate is an anomaly when the last one is more than
+``suppress`` points ago.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class RecordDetector:
         record_window: trailing points a score must beat; None: the probation length.
         suppress: points after an anomaly in which no other fires; None: a quarter of the
             probation length.
+        sustain: points averaged for the sustained-surprise trigger.
+        sustain_z: standard deviations that trigger it.
 
     >>> x = np.sin(np.arange(600) / 5.0)
     >>> x[450] = 6.0
@@ -61,9 +66,12 @@ class RecordDetector:
         floor: float = 4.0,
         record_window: int | None = None,
         suppress: int | None = None,
+        sustain: int = 20,
+        sustain_z: float = 3.0,
     ) -> None:
         self.window, self.smooth, self.floor = window, smooth, floor
         self.record_window, self.suppress = record_window, suppress
+        self.sustain, self.sustain_z = sustain, sustain_z
 
     def score(self, values: np.ndarray, probation: int) -> np.ndarray:
         """The raw surprise of each point (robust z units), from past points only."""
@@ -77,16 +85,27 @@ class RecordDetector:
         novelty = 20.0 * beyond.clip(lower=0.0).fillna(0.0)
         return np.asarray(np.maximum(np.maximum(point, level), novelty), dtype=float)
 
+    def sustained(self, raw: np.ndarray, probation: int) -> np.ndarray:
+        """How unusual the recent mean score is against its own trailing history (z units)."""
+        scores = pd.Series(raw)
+        history = scores.rolling(2 * max(probation, 50), min_periods=20)
+        mean = history.mean().shift(self.sustain)
+        std = history.std().shift(self.sustain)
+        recent = scores.rolling(self.sustain, min_periods=1).mean()
+        return np.asarray(((recent - mean) / (std + 1e-9)).fillna(0.0), dtype=float)
+
     def detect(self, values: np.ndarray, probation: int) -> SeriesResult:
         """Scores and flags a whole series; ``probation`` points only learn."""
         raw = self.score(values, probation)
         span = self.record_window or max(probation, 50)
         record = pd.Series(raw).rolling(span, min_periods=1).max().shift(1)
         record_arr = record.fillna(np.inf).to_numpy()
+        lasting = self.sustained(raw, probation)
+        candidates = ((raw > self.floor) & (raw > record_arr)) | (lasting > self.sustain_z)
         suppress = self.suppress if self.suppress is not None else max(probation // 4, 1)
         flags = np.zeros(len(raw), dtype=bool)
         last = -(10**9)
-        for i in np.flatnonzero((raw > self.floor) & (raw > record_arr)):
+        for i in np.flatnonzero(candidates):
             if i >= probation and i - last > suppress:
                 flags[i] = True
                 last = int(i)
