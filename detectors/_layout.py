@@ -18,9 +18,14 @@ class RankLayout:
         self.node_ids = np.empty(0, dtype=np.int64)
         self.node_names: np.ndarray = np.empty(0, dtype=object)
         self.node_sizes = np.empty(0, dtype=np.int64)
+        self.replicas = np.empty(0, dtype=np.int64)
+        self.replica_sizes = np.empty(0, dtype=np.int64)
+        self.replica_nodes = np.empty(0, dtype=np.int64)  # distinct nodes per replica
         self._slot: dict[int, int] = {}
 
-    def rows_to_slots(self, ranks: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
+    def rows_to_slots(
+        self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray | None = None
+    ) -> np.ndarray | None:
         """Returns the slot of each row, or None when rows equal slots (the fast path).
 
         New ranks get new slots; callers grow their state arrays to ``len(self.ranks)``.
@@ -37,6 +42,7 @@ class RankLayout:
             slots[i] = slot
         if added:
             self._grow(ranks, nodes, slots)
+            self._group_replicas(replicas, slots)
         if len(ranks) == len(self.ranks) and np.array_equal(slots, np.arange(len(ranks))):
             return None
         return slots
@@ -52,6 +58,16 @@ class RankLayout:
         self.ranks, self.nodes = new_ranks, new_nodes
         self.node_names, self.node_ids = np.unique(self.nodes.astype(str), return_inverse=True)
         self.node_sizes = np.bincount(self.node_ids, minlength=len(self.node_names))
+
+    def _group_replicas(self, replicas: np.ndarray | None, slots: np.ndarray) -> None:
+        new = np.zeros(len(self.ranks), dtype=np.int64)
+        new[: len(self.replicas)] = self.replicas
+        if replicas is not None:
+            new[slots] = replicas
+        self.replicas = new
+        self.replica_sizes = np.bincount(new)
+        pairs = np.unique(np.stack([new, self.node_ids]), axis=1)
+        self.replica_nodes = np.bincount(pairs[0], minlength=len(self.replica_sizes))
 
 
 def to_slots(column: np.ndarray, slots: np.ndarray | None, size: int) -> np.ndarray:

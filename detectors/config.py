@@ -49,6 +49,7 @@ DEFAULT_SPECS: tuple[DetectorSpec, ...] = (
     DetectorSpec("loss_spike"),
     DetectorSpec("grad_norm_spike"),
     DetectorSpec("throughput_change"),
+    DetectorSpec("divergence"),
 )
 
 

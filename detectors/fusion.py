@@ -37,6 +37,7 @@ PRECEDENCE: tuple[str, ...] = (
     "nic_degradation",
     "memory_leak",
     "dataloader_stall",
+    "slow_replica",
     "slow_node",
     "slow_rank",
     "loss_spike",

@@ -124,3 +124,79 @@ def loss_spike(**params: float) -> SeriesSpike:
 def grad_norm_spike(**params: float) -> SeriesSpike:
     """A SeriesSpike on ``grad_norm`` (kind ``grad_spike``)."""
     return SeriesSpike("grad_norm", "grad_spike", **params)  # type: ignore[arg-type]
+
+
+class Divergence:
+    """Fires ``divergence`` when the smoothed loss climbs well above its best and stays there.
+
+    An EMA of the loss (``alpha``) is compared with the lowest EMA seen; ``persistence``
+    consecutive steps above ``(1 + rise)`` times that minimum are a divergence, a slower and
+    more lasting failure than a spike. In step mode it watches the job-wide loss.
+
+    >>> from collector.types import Frame, JOB
+    >>> det = Divergence(persistence=5)
+    >>> losses = [3.0 - 0.01 * s for s in range(100)] + [2.0 + 0.05 * s for s in range(60)]
+    >>> [(f.kind, f.step) for s, v in enumerate(losses)
+    ...  for f in det.process(Frame(JOB, s, float(s), {"loss": v}))]
+    [('divergence', 135)]
+    """
+
+    name = "divergence"
+
+    def __init__(
+        self,
+        feature: str = "loss",
+        alpha: float = 0.05,
+        rise: float = 0.3,
+        persistence: int = 20,
+        warmup: int = 50,
+    ) -> None:
+        self.feature, self.alpha, self.rise = feature, alpha, rise
+        self.persistence, self.warmup = persistence, warmup
+        self._ema: dict[Subject, float] = {}
+        self._best: dict[Subject, float] = {}
+        self._seen: dict[Subject, int] = {}
+        self._above: dict[Subject, int] = {}
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        value = finite(frame, self.feature)
+        if value is None:
+            return ()
+        key = frame.subject
+        ema = self._ema.get(key, value)
+        ema = self._ema[key] = ema + self.alpha * (value - ema)
+        seen = self._seen[key] = self._seen.get(key, 0) + 1
+        if seen < self.warmup:
+            self._best[key] = min(self._best.get(key, ema), ema)
+            return ()
+        best = self._best[key] = min(self._best[key], ema)
+        above = self._above[key] = (
+            self._above.get(key, 0) + 1 if ema > (1 + self.rise) * best else 0
+        )
+        if above != self.persistence:
+            return ()
+        evidence = {
+            f"{self.feature}_ema": ema,
+            f"{self.feature}_best_ema": best,
+            "ratio": ema / best if best else 0.0,
+            "steps_above": float(above),
+        }
+        return (
+            Finding(
+                "divergence",
+                key,
+                ema / best if best else 0.0,
+                Severity.WARN,
+                frame.time,
+                frame.step,
+                evidence,
+                self.name,
+            ),
+        )
+
+    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
+        frame = job_frame(batch, (self.feature,))
+        return self.process(frame) if frame is not None else ()
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return ()

@@ -33,8 +33,9 @@ DEFAULT_FEATURES: Mapping[str, tuple[object, ...]] = MappingProxyType(
         "mem_used": (1, "memory_leak", 0.02),
     }
 )
-#: What a rank-level kind becomes when a whole node shows it.
+#: What a rank-level kind becomes when a whole node (or replica) shows it.
 NODE_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_node"})
+REPLICA_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_replica"})
 _SAMPLE = 8192  # ranks used to estimate median and MAD; a 1-2 % error at any job size
 
 
@@ -55,6 +56,7 @@ class PeerOutlier:
         clear: consecutive normal steps before a fired rank may fire again.
         min_ranks: peers needed for a comparison.
         node_fraction: share of a node's ranks (and at least two) that makes a node finding.
+        replica_fraction: share of a multi-node replica's ranks that makes a replica finding.
 
     >>> from collector.types import Frame, Subject
     >>> det = PeerOutlier(persistence=1)
@@ -76,12 +78,14 @@ class PeerOutlier:
         clear: int = 5,
         min_ranks: int = 4,
         node_fraction: float = 0.5,
+        replica_fraction: float = 0.8,
     ) -> None:
         spec = dict(features) if features is not None else dict(DEFAULT_FEATURES)
         self.features = {str(k): _entry(v) for k, v in spec.items()}
         self.z, self.min_shift = z, min_shift
         self.persistence, self.clear = persistence, clear
         self.min_ranks, self.node_fraction = min_ranks, node_fraction
+        self.replica_fraction = replica_fraction
         self._names = tuple(self.features)
         self._sign = np.array([self.features[f][0] for f in self._names], dtype=float)
         self._shift = np.array(
@@ -94,7 +98,7 @@ class PeerOutlier:
         self._count = np.zeros((0, len(self._names)), dtype=np.int32)
         self._normal = np.zeros((0, len(self._names)), dtype=np.int32)
         self._fired = np.zeros((0, len(self._names)), dtype=bool)
-        self._nodes_fired: set[tuple[int, int]] = set()
+        self._groups_fired: set[tuple[str, int, int]] = set()
         self._buffer = StepBuffer()
         self._rng = np.random.default_rng(0)
 
@@ -119,7 +123,7 @@ class PeerOutlier:
         for j, c in enumerate(cols):
             if c >= 0:
                 raw[:, j] = batch.values[:, c]
-        slots = self._layout.rows_to_slots(batch.ranks, batch.nodes)
+        slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
         self._grow(len(self._layout.ranks))
         x = to_slots(raw, slots, len(self._layout.ranks))
         med, scale = self._peer_stats(x)
@@ -167,22 +171,38 @@ class PeerOutlier:
         batch: StepBatch,
     ) -> list[Finding]:
         findings: list[Finding] = []
-        node_ids = self._layout.node_ids
+        lay = self._layout
         for slot, j in zip(*np.nonzero(new), strict=True):
             if self._fired[slot, j]:
-                continue  # already reported inside a node finding this step
-            node = int(node_ids[slot])
-            outlying = np.flatnonzero(together[:, j] & (node_ids == node))
-            need = max(2.0, self.node_fraction * self._layout.node_sizes[node])
-            if len(outlying) >= need and self._layout.nodes[slot]:
-                self._fired[outlying, j] = True
-                if (node, j) not in self._nodes_fired:
-                    self._nodes_fired.add((node, j))
-                    findings.append(self._node_finding(outlying, j, x, med, scale, batch))
-                continue
-            self._nodes_fired.discard((node, j))
-            self._fired[slot, j] = True
-            findings.append(self._rank_finding(int(slot), j, x, med, scale, batch))
+                continue  # already reported inside a node or replica finding this step
+            # Widest scope first: a replica spanning several nodes, then a node, then a rank.
+            scopes = (
+                (
+                    "replica",
+                    lay.replicas,
+                    lay.replica_sizes,
+                    lay.replica_nodes > 1,
+                    self.replica_fraction,
+                ),
+                ("node", lay.node_ids, lay.node_sizes, lay.nodes != "", self.node_fraction),
+            )
+            for scope, ids, sizes, eligible, fraction in scopes:
+                group = int(ids[slot])
+                if not (eligible[group] if scope == "replica" else eligible[slot]):
+                    continue
+                members = np.flatnonzero(together[:, j] & (ids == group))
+                if len(members) >= max(2.0, fraction * sizes[group]):
+                    self._fired[members, j] = True
+                    if (scope, group, j) not in self._groups_fired:
+                        self._groups_fired.add((scope, group, j))
+                        findings.append(
+                            self._group_finding(scope, members, j, x, med, scale, batch)
+                        )
+                    break
+                self._groups_fired.discard((scope, group, j))
+            else:
+                self._fired[slot, j] = True
+                findings.append(self._rank_finding(int(slot), j, x, med, scale, batch))
         return findings
 
     def _evidence(
@@ -200,8 +220,9 @@ class PeerOutlier:
         self, slot: int, j: int, x: np.ndarray, med: np.ndarray, scale: np.ndarray, batch: StepBatch
     ) -> Finding:
         evidence = self._evidence(j, float(x[slot, j]), med, scale)
+        lay = self._layout
         subject = Subject(
-            None, int(self._layout.ranks[slot]), str(self._layout.nodes[slot]) or None
+            int(lay.replicas[slot]), int(lay.ranks[slot]), str(lay.nodes[slot]) or None
         )
         return Finding(
             self.features[self._names[j]][1],
@@ -214,8 +235,9 @@ class PeerOutlier:
             self.name,
         )
 
-    def _node_finding(
+    def _group_finding(
         self,
+        scope: str,
         slots: np.ndarray,
         j: int,
         x: np.ndarray,
@@ -226,9 +248,14 @@ class PeerOutlier:
         evidence = self._evidence(j, float(np.nanmedian(x[slots, j])), med, scale)
         evidence["ranks_outlying"] = float(len(slots))
         kind = self.features[self._names[j]][1]
-        subject = Subject(None, None, str(self._layout.nodes[slots[0]]))
+        if scope == "replica":
+            subject = Subject(replica=int(self._layout.replicas[slots[0]]))
+            kind = REPLICA_KINDS.get(kind, kind)
+        else:
+            subject = Subject(node=str(self._layout.nodes[slots[0]]))
+            kind = NODE_KINDS.get(kind, kind)
         return Finding(
-            NODE_KINDS.get(kind, kind),
+            kind,
             subject,
             abs(evidence["robust_z"]),
             Severity.WARN,

@@ -49,7 +49,7 @@ def _register_builtins() -> None:
     from detectors.changepoint import ThroughputChange
     from detectors.hang import CollectiveHang
     from detectors.learned import autoencoder, isolation_forest, pca_reconstruction
-    from detectors.numerics import grad_norm_spike, loss_spike
+    from detectors.numerics import Divergence, grad_norm_spike, loss_spike
     from detectors.peer import PeerOutlier
     from detectors.progress import ProgressStall
     from detectors.rules import (
@@ -71,6 +71,7 @@ def _register_builtins() -> None:
     register("loss_spike", loss_spike)
     register("grad_norm_spike", grad_norm_spike)
     register("throughput_change", ThroughputChange)
+    register("divergence", Divergence)
     register("isolation_forest", isolation_forest)
     register("pca_reconstruction", pca_reconstruction)
     register("autoencoder", autoencoder)

@@ -88,3 +88,19 @@ def test_ranks_joining_later_are_tracked() -> None:
     det.process_step(batch(1, {"compute_ms": x}))
     found = det.process_step(batch(2, {"compute_ms": x}))
     assert [f.subject.rank for f in found] == [10]
+
+
+def test_a_whole_replica_across_nodes_gives_one_replica_finding() -> None:
+    rng = np.random.default_rng(0)
+    det = PeerOutlier()
+    found = []
+    for s in range(6):
+        x = noisy(rng, 32)
+        x[:8] *= 1.3  # replica 0 = ranks 0-7 on nodes n0 and n1
+        b = batch(s, {"compute_ms": x})
+        b = type(b)(
+            b.step, b.time, b.ranks, b.nodes, (b.ranks >= 8).astype(int), b.features, b.values
+        )
+        found += det.process_step(b)
+    assert [(f.kind, str(f.subject)) for f in found] == [("slow_replica", "replica 0")]
+    assert found[0].evidence["ranks_outlying"] == 8

@@ -49,3 +49,19 @@ def test_scores_are_zero_in_warm_up_and_grow_with_anomaly() -> None:
     assert det.score_one(Frame(JOB, 21, 0.0, {"loss": 4.0})) > det.score_one(
         Frame(JOB, 21, 0.0, {"loss": 2.1})
     )
+
+
+def test_divergence_needs_a_lasting_climb_not_a_spike() -> None:
+    from detectors.numerics import Divergence
+
+    rng = np.random.default_rng(0)
+    loss = (2 + 8 * np.exp(-np.arange(400) / 80)) * (1 + 0.01 * rng.standard_normal(400))
+    spiky = loss.copy()
+    spiky[200:203] *= 4.0
+    assert _feed(Divergence(), spiky, "loss") == []
+    diverging = loss.copy()
+    diverging[250:] *= np.linspace(1.0, 3.0, 150)
+    found = _feed(Divergence(), diverging, "loss")
+    assert [f.kind for f in found] == ["divergence"]
+    assert 250 < found[0].step < 330
+    assert found[0].evidence["ratio"] > 1.3
