@@ -101,6 +101,8 @@ class PeerOutlier:
         self._groups_fired: set[tuple[str, int, int]] = set()
         self._buffer = StepBuffer()
         self._rng = np.random.default_rng(0)
+        self._sample: np.ndarray | None = None
+        self._sample_n = 0
 
     def process(self, frame: Frame) -> Sequence[Finding]:
         batch = self._buffer.add(frame)
@@ -119,33 +121,44 @@ class PeerOutlier:
         cols = [batch.features.index(f) if f in batch.features else -1 for f in self._names]
         if all(c < 0 for c in cols) or len(batch.ranks) < self.min_ranks:
             return ()
-        raw = np.full((len(batch.ranks), len(cols)), np.nan)
-        for j, c in enumerate(cols):
-            if c >= 0:
-                raw[:, j] = batch.values[:, c]
+        if min(cols) >= 0:
+            raw = batch.values[:, cols]  # one gather when every feature is reported
+        else:
+            raw = np.full((len(batch.ranks), len(cols)), np.nan)
+            for j, c in enumerate(cols):
+                if c >= 0:
+                    raw[:, j] = batch.values[:, c]
         slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
         self._grow(len(self._layout.ranks))
         x = to_slots(raw, slots, len(self._layout.ranks))
         med, scale = self._peer_stats(x)
         dev = (x - med) * self._sign
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out = (dev > self.z * scale) & (dev > self._shift * np.abs(med))
-        self._count = np.where(out, self._count + 1, 0)
-        self._normal = np.where(out, 0, self._normal + 1)
+        # One bar per feature: the larger of the z bar and the relative-shift bar.
+        bar = np.maximum(self.z * scale, self._shift * np.abs(med))
+        with np.errstate(invalid="ignore"):
+            out = dev > bar
+        self._count += 1
+        self._count *= out
+        self._normal += 1
+        self._normal *= ~out
         self._fired &= self._normal < self.clear
         new = (self._count >= self.persistence) & ~self._fired
         if not new.any():
             return ()
         # Half the bar: a node's other ranks that are drifting out with the first one.
         with np.errstate(invalid="ignore"):
-            weak = (dev > 0.5 * self.z * scale) & (dev > 0.5 * self._shift * np.abs(med))
+            weak = dev > 0.5 * bar
         return self._findings(new, weak | (self._count > 0), x, med, scale, batch)
 
     def _peer_stats(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Median and MAD-based scale per feature, from a sample of ranks at large scale."""
         sample = x
         if len(x) > _SAMPLE:
-            sample = x[self._rng.choice(len(x), _SAMPLE, replace=False)]
+            if self._sample is None or self._sample_n != len(x):
+                # A fixed random subset per layout: drawing anew each step costs a shuffle.
+                self._sample_n = len(x)
+                self._sample = np.sort(self._rng.choice(len(x), _SAMPLE, replace=False))
+            sample = x[self._sample]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a feature no rank reported
             med = np.nanmedian(sample, axis=0)
