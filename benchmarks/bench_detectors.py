@@ -8,7 +8,8 @@ Measures, in one process on one thread, the median time per step of
     metric over the long rows of the step, robust z, threshold): the baseline,
 and prints the ratio baseline / peer detector.
 
-Run: flock /tmp/ee-cpu.lock .venv/bin/python benchmarks/bench_detectors.py [--ranks N]
+Run (alone on the machine, so timings are not shared): .venv/bin/python
+benchmarks/bench_detectors.py [--ranks N]
 """
 
 from __future__ import annotations

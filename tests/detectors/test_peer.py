@@ -4,7 +4,7 @@ import numpy as np
 
 from collector.types import Frame, Subject
 from detectors.peer import PeerOutlier
-from tests.detectors._helpers import batch, noisy
+from tests.detectors._batches import batch, noisy
 
 
 def _run(

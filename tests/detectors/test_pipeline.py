@@ -10,7 +10,7 @@ from detectors.fusion import FusionPolicy
 from detectors.peer import PeerOutlier
 from detectors.pipeline import DetectorPipeline, Fuser
 from detectors.types import Finding, Severity
-from tests.detectors._helpers import batch, noisy
+from tests.detectors._batches import batch, noisy
 
 
 def _f(

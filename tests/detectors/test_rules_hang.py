@@ -9,7 +9,7 @@ from detectors.hang import CollectiveHang
 from detectors.rules import CollectiveTimeout, MemoryFatal, NonFiniteLoss, XidError
 from detectors.stepbatch import StepBatch
 from detectors.types import Severity
-from tests.detectors._helpers import batch
+from tests.detectors._batches import batch
 
 
 def _frame(values: dict[str, float], rank: int = 1, step: int = 3) -> Frame:
