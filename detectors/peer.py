@@ -105,16 +105,14 @@ class PeerOutlier:
         self._sample_n = 0
 
     def process(self, frame: Frame) -> Sequence[Finding]:
-        batch = self._buffer.add(frame)
-        return self.process_step(batch) if batch is not None else ()
+        return [f for batch in self._buffer.add(frame) for f in self.process_step(batch)]
 
     def poll(self, now: float) -> Sequence[Finding]:
         return ()
 
     def flush(self) -> Sequence[Finding]:
         """Evaluates the step still buffered (at the end of a stream)."""
-        batch = self._buffer.flush()
-        return self.process_step(batch) if batch is not None else ()
+        return [f for batch in self._buffer.flush() for f in self.process_step(batch)]
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         """Compares the ranks of one step and returns the newly confirmed outliers."""

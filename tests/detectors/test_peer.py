@@ -104,3 +104,15 @@ def test_a_whole_replica_across_nodes_gives_one_replica_finding() -> None:
         found += det.process_step(b)
     assert [(f.kind, str(f.subject)) for f in found] == [("slow_replica", "replica 0")]
     assert found[0].evidence["ranks_outlying"] == 8
+
+
+def test_interleaved_frames_of_neighbouring_steps_are_compared_per_step() -> None:
+    det = PeerOutlier(persistence=2)
+    found = []
+    # Rank r reports step s at time s + r / 5: fast ranks run a step ahead of slow ones.
+    events = sorted((s + r / 5, s, r) for s in range(6) for r in range(8))
+    for t, s, r in events:
+        value = 150.0 if r == 6 else 100.0 + r % 2
+        found += det.process(Frame(Subject(0, r, f"n{r // 4}"), s, t, {"compute_ms": value}))
+    found += det.flush()
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 6, 1)]
