@@ -13,6 +13,8 @@ Rules, in order:
     a fail-slow (WARN) incident opened in the last ``ongoing_window`` steps may still be on
     (they last minutes to tens of minutes); an unexplained one is held ``symptom_window``
     steps for its explanation before it is released.
+  * fan-in: a job-wide kind (loss spike, divergence, ...) released on several ranks at
+    once becomes one job finding, which absorbs the same kind from later ranks.
   * flap suppression: a subject that opened ``flap_max`` incidents within ``flap_window``
     steps is muted until it stays quiet for a whole window.
 """
@@ -47,6 +49,8 @@ PRECEDENCE: tuple[str, ...] = (
     "throughput_drop",
 )
 SYMPTOMS = frozenset({"throughput_drop"})
+#: Kinds about the whole job: seen on several ranks at once, they are one job finding.
+JOB_WIDE = frozenset({"loss_spike", "grad_spike", "divergence", "throughput_drop"})
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARN: 1, Severity.CRITICAL: 2}
 
 

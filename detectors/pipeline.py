@@ -5,13 +5,24 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from functools import reduce
 from typing import Any
 
 import numpy as np
 
-from collector.types import Frame, Subject
+from collector.types import JOB, Frame, Subject
 from detectors.base import Detector
-from detectors.fusion import SYMPTOMS, FusionPolicy, Incident, covers, merge, ordered, when
+from detectors.fusion import (
+    JOB_WIDE,
+    SYMPTOMS,
+    FusionPolicy,
+    Incident,
+    covers,
+    merge,
+    ordered,
+    when,
+)
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
 
@@ -34,14 +45,21 @@ class Fuser:
         self._expire(now)
         if finding.kind in SYMPTOMS and self._explained(finding, now):
             return []
+        if finding.kind not in SYMPTOMS:
+            finding = self._absorb_held_symptoms(finding)
         for inc in self.incidents:
-            related = covers(inc.finding.subject, finding.subject) or covers(
-                finding.subject, inc.finding.subject
+            same_job_wide = (
+                finding.kind in JOB_WIDE
+                and inc.finding.kind == finding.kind
+                and inc.finding.subject.scope == "job"
+            )
+            related = (
+                same_job_wide
+                or covers(inc.finding.subject, finding.subject)
+                or covers(finding.subject, inc.finding.subject)
             )
             if related and self._absorb(inc, finding, now):
                 return self._release_critical()
-        if finding.kind not in SYMPTOMS:
-            self._absorb_held_symptoms(finding)
         if self._flapping(finding.subject, now):
             self.suppressed += 1
             return []
@@ -69,10 +87,13 @@ class Fuser:
                 return True
         return False
 
-    def _absorb_held_symptoms(self, finding: Finding) -> None:
+    def _absorb_held_symptoms(self, finding: Finding) -> Finding:
+        """Symptoms still waiting for a cause take this finding as theirs."""
         held = [i for i in self.incidents if i.finding.kind in SYMPTOMS and not i.released]
         for inc in held:
             self.incidents.remove(inc)
+            finding = merge(finding, inc.finding)
+        return finding
 
     def _flapping(self, subject: Subject, now: float) -> bool:
         opened = self._opened.setdefault(subject, deque())
@@ -111,7 +132,30 @@ class Fuser:
         out = [inc for inc in self.incidents if not inc.released and due(inc)]
         for inc in out:
             inc.released = True
-        return ordered([inc.finding for inc in out])
+        return ordered(self._fan_in([inc.finding for inc in out]))
+
+    def _fan_in(self, findings: list[Finding]) -> list[Finding]:
+        """A job-wide kind (a loss spike) seen on several ranks at once is one job finding."""
+        result: list[Finding] = []
+        by_kind: dict[str, list[Finding]] = {}
+        for f in findings:
+            if f.kind in JOB_WIDE and f.subject.scope != "job":
+                by_kind.setdefault(f.kind, []).append(f)
+            else:
+                result.append(f)
+        for group in by_kind.values():
+            if len(group) < 2:
+                result.extend(group)
+                continue
+            merged = reduce(merge, group)
+            merged = replace(
+                merged,
+                subject=JOB,
+                evidence={**merged.evidence, "ranks_affected": float(len(group))},
+            )
+            self.incidents.append(Incident(merged, when(merged), True, when(merged)))
+            result.append(merged)
+        return result
 
 
 class DetectorPipeline:

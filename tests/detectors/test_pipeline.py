@@ -108,3 +108,33 @@ def test_flush_releases_held_findings() -> None:
     x[2] *= 2
     assert pipe.process_step(batch(1, {"compute_ms": x})) == []
     assert [f.kind for f in pipe.flush()] == ["slow_rank"]
+
+
+def test_a_loss_spike_on_every_rank_is_one_job_finding() -> None:
+    fuser = Fuser()
+    for rank in range(4):
+        fuser.add(_f("loss_spike", Subject(0, rank, "n0"), 10, loss=9.0))
+    out = fuser.tick(12.0)
+    assert [(f.kind, str(f.subject)) for f in out] == [("loss_spike", "job")]
+    assert out[0].evidence["ranks_affected"] == 4
+    assert fuser.add(_f("loss_spike", Subject(0, 7, "n1"), 13)) == []
+    assert fuser.tick(16.0) == []
+
+
+def test_frame_by_frame_pipeline_finds_every_fault_once() -> None:
+    from detectors.config import DetectorsConfig
+    from detectors.eval.generate import TraceSpec, generate
+    from detectors.eval.metrics import score_trace
+    from detectors.eval.runner import Emitted
+
+    trace = generate(TraceSpec(nodes=4, ranks_per_node=4, seed=21))
+    pipe = DetectorsConfig().build()
+    emitted = []
+    for batch in trace.batches():  # as the controller sees them: one frame per rank
+        for frame in batch.frames():
+            emitted += [Emitted(f, batch.step, batch.time) for f in pipe.process(frame)]
+        emitted += [Emitted(f, batch.step, batch.time) for f in pipe.poll(batch.time)]
+    emitted += [Emitted(f, batch.step, batch.time) for f in pipe.flush()]
+    result = score_trace(trace, emitted)
+    assert [m.window.kind for m in result.matches if not m.found] == []
+    assert [e.finding.kind for e in result.false_findings] == []
