@@ -46,12 +46,35 @@ def load_plugins() -> None:
 
 
 def _register_builtins() -> None:
+    from detectors.changepoint import ThroughputChange
+    from detectors.hang import CollectiveHang
+    from detectors.learned import autoencoder, isolation_forest, pca_reconstruction
+    from detectors.numerics import Divergence, grad_norm_spike, loss_spike
+    from detectors.peer import PeerOutlier
     from detectors.progress import ProgressStall
-    from detectors.rules import NonFiniteLoss, ProcessExit
+    from detectors.rules import (
+        CollectiveTimeout,
+        MemoryFatal,
+        NonFiniteLoss,
+        ProcessExit,
+        XidError,
+    )
 
     register("process_exit", ProcessExit)
     register("non_finite_loss", NonFiniteLoss)
     register("progress_stall", ProgressStall)
+    register("xid", XidError)
+    register("memory_fatal", MemoryFatal)
+    register("collective_timeout", CollectiveTimeout)
+    register("collective_hang", CollectiveHang)
+    register("peer_outlier", PeerOutlier)
+    register("loss_spike", loss_spike)
+    register("grad_norm_spike", grad_norm_spike)
+    register("throughput_change", ThroughputChange)
+    register("divergence", Divergence)
+    register("isolation_forest", isolation_forest)
+    register("pca_reconstruction", pca_reconstruction)
+    register("autoencoder", autoencoder)
 
 
 _register_builtins()

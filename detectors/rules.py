@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from collector.types import Frame
+from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
 
 
@@ -23,6 +26,7 @@ class ProcessExit:
     """
 
     name = "process_exit"
+    FEATURES = ("exit_code",)
 
     def process(self, frame: Frame) -> Sequence[Finding]:
         code = frame.values.get("exit_code")
@@ -67,6 +71,160 @@ class NonFiniteLoss:
         return (
             Finding(
                 "nan", frame.subject, 1.0, Severity.CRITICAL, frame.time, frame.step, bad, self.name
+            ),
+        )
+
+    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
+        """The vectorised form of ``process``: only rows with a non-finite value cost Python."""
+        bad = np.zeros(len(batch.ranks), dtype=bool)
+        for feature in self.FEATURES:
+            bad |= batch.reported(feature) & ~np.isfinite(batch.column(feature))
+        findings: list[Finding] = []
+        for row in np.flatnonzero(bad):
+            values = {
+                f: float(batch.column(f)[row]) for f in self.FEATURES if batch.reported(f)[row]
+            }
+            findings.extend(
+                self.process(Frame(batch.subject(int(row)), batch.step, batch.time, values))
+            )
+        return findings
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return ()
+
+
+#: XID code -> severity, after NVIDIA's XID catalogue: the codes that take the GPU out
+#: are critical; degradations and application-triggered ones warn or inform.
+XID_SEVERITY: dict[int, Severity] = {
+    48: Severity.CRITICAL,  # double-bit ECC error
+    74: Severity.CRITICAL,  # NVLink error
+    79: Severity.CRITICAL,  # GPU has fallen off the bus
+    94: Severity.CRITICAL,  # contained ECC error
+    95: Severity.CRITICAL,  # uncontained ECC error
+    119: Severity.CRITICAL,  # GSP RPC timeout
+    120: Severity.CRITICAL,  # GSP error
+    154: Severity.CRITICAL,  # GPU recovery action required
+    63: Severity.WARN,  # ECC page retirement / row remap recorded
+    64: Severity.WARN,  # ECC page retirement / row remap failed to record
+    92: Severity.WARN,  # high single-bit ECC error rate
+    13: Severity.INFO,  # graphics engine exception (usually the application)
+    31: Severity.INFO,  # GPU memory page fault (usually the application)
+    43: Severity.INFO,  # GPU stopped processing (usually the application)
+}
+
+
+class XidError:
+    """A GPU reported an XID; the catalogue gives its severity (unknown codes warn).
+
+    Reads the ``xid`` feature. The exporter's XID gauge is sticky and cannot show the same
+    code twice in a row, so only a *change* of the value per subject is an event.
+
+    >>> from collector.types import Frame, Subject
+    >>> det = XidError()
+    >>> [f.severity.value for f in det.process(Frame(Subject(rank=2), 9, 0.0, {"xid": 79}))]
+    ['critical']
+    >>> det.process(Frame(Subject(rank=2), 10, 1.0, {"xid": 79}))
+    ()
+    """
+
+    name = "xid"
+    FEATURES = ("xid",)
+
+    def __init__(self, min_severity: str = "warn") -> None:
+        self.min_severity = Severity(min_severity)
+        self._last: dict[object, float] = {}
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        code = frame.values.get("xid")
+        if code is None or not math.isfinite(code) or code <= 0:
+            return ()
+        if self._last.get(frame.subject) == code:
+            return ()
+        self._last[frame.subject] = code
+        severity = XID_SEVERITY.get(int(code), Severity.WARN)
+        if _RANK[severity] < _RANK[self.min_severity]:
+            return ()
+        return (
+            Finding(
+                "xid",
+                frame.subject,
+                1.0,
+                severity,
+                frame.time,
+                frame.step,
+                {"xid": code},
+                self.name,
+            ),
+        )
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return ()
+
+
+_RANK = {Severity.INFO: 0, Severity.WARN: 1, Severity.CRITICAL: 2}
+
+
+class MemoryFatal:
+    """Uncorrectable memory errors: double-bit ECC counts rising, or a row-remap failure.
+
+    Features: ``ecc_dbe`` (cumulative double-bit errors), ``row_remap_failure`` (1 when the
+    GPU could not remap a row).
+    """
+
+    name = "memory_fatal"
+    FEATURES = ("ecc_dbe", "row_remap_failure")
+
+    def __init__(self) -> None:
+        self._dbe: dict[object, float] = {}
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        evidence: dict[str, float] = {}
+        dbe = frame.values.get("ecc_dbe")
+        if dbe is not None and math.isfinite(dbe):
+            if dbe > self._dbe.get(frame.subject, 0.0):
+                evidence["ecc_dbe"] = dbe
+            self._dbe[frame.subject] = dbe
+        if frame.values.get("row_remap_failure", 0.0) > 0:
+            evidence["row_remap_failure"] = 1.0
+        if not evidence:
+            return ()
+        return (
+            Finding(
+                "ecc",
+                frame.subject,
+                1.0,
+                Severity.CRITICAL,
+                frame.time,
+                frame.step,
+                evidence,
+                self.name,
+            ),
+        )
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return ()
+
+
+class CollectiveTimeout:
+    """A collective's watchdog timed out (``collective_timeout`` > 0, e.g. NCCL's watchdog)."""
+
+    name = "collective_timeout"
+    FEATURES = ("collective_timeout",)
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        value = frame.values.get("collective_timeout", 0.0)
+        if not value > 0:
+            return ()
+        return (
+            Finding(
+                "collective_timeout",
+                frame.subject,
+                1.0,
+                Severity.CRITICAL,
+                frame.time,
+                frame.step,
+                {"collective_timeout": value},
+                self.name,
             ),
         )
 

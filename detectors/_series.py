@@ -1,0 +1,53 @@
+"""Per-subject scalar state for detectors that follow one series (loss, step time)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from collector.types import JOB, Frame
+from detectors.stepbatch import StepBatch
+
+
+class RobustWindow:
+    """The last ``size`` values, with their median and MAD-based scale."""
+
+    def __init__(self, size: int) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+
+    def stats(self) -> tuple[float, float]:
+        arr = np.fromiter(self.values, dtype=float)
+        med = float(np.median(arr))
+        return med, 1.4826 * float(np.median(np.abs(arr - med)))
+
+
+def job_value(batch: StepBatch, feature: str) -> float | None:
+    """The job-wide value of a feature at a step: the median over ranks (robust to one rank)."""
+    col = batch.column(feature)
+    finite = col[np.isfinite(col)]
+    if len(finite) == 0:
+        return None
+    return float(np.median(finite))
+
+
+def job_frame(batch: StepBatch, features: tuple[str, ...]) -> Frame | None:
+    """A job-scoped frame holding the job-wide value of each feature present."""
+    values = {f: v for f in features if (v := job_value(batch, f)) is not None}
+    if not values:
+        return None
+    return Frame(JOB, batch.step, batch.time, values)
+
+
+def finite(frame: Frame, feature: str) -> float | None:
+    value = frame.values.get(feature)
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)

@@ -1,0 +1,216 @@
+"""The labelled trace format: long rows of telemetry plus JSON fault windows.
+
+Rows: ``time, step, job, replica, node, rank, metric, value`` (CSV or Parquet). Rows of one
+observation share its ``(step, time)``; several observations may share a step (heartbeats
+of a job stuck on that step). Labels: a JSON list of ``{kind, subject, start_step,
+end_step}``, where ``subject`` is ``"rank:<n>"``, ``"node:<name>"``, ``"replica:<n>"`` or
+``"job"``. See docs/trace-format.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from collector.types import Subject
+from detectors.errors import DetectorError
+from detectors.stepbatch import StepBatch
+
+COLUMNS = ("time", "step", "job", "replica", "node", "rank", "metric", "value")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultWindow:
+    """One labelled fault: its class, where it is, and its first and last step."""
+
+    kind: str
+    subject: str
+    start_step: int
+    end_step: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "subject": self.subject,
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+        }
+
+
+def subject_label(subject: Subject) -> str:
+    """The label spelling of a subject: rank beats node beats replica beats job."""
+    if subject.rank is not None:
+        return f"rank:{subject.rank}"
+    if subject.node is not None:
+        return f"node:{subject.node}"
+    if subject.replica is not None:
+        return f"replica:{subject.replica}"
+    return "job"
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A trace in array form: ``values[t, r, m]`` of tick t, rank row r, metric m.
+
+    ``present`` tells reported values (a NaN loss) from missing ones.
+    """
+
+    job: str
+    ranks: np.ndarray
+    nodes: np.ndarray
+    replicas: np.ndarray
+    metrics: tuple[str, ...]
+    steps: np.ndarray
+    times: np.ndarray
+    values: np.ndarray
+    present: np.ndarray
+    labels: tuple[FaultWindow, ...] = ()
+
+    @property
+    def node_days(self) -> float:
+        """Nodes times the trace's duration in days: the exposure for false-alarm rates."""
+        duration = float(self.times[-1] - self.times[0]) if len(self.times) > 1 else 0.0
+        return len(set(self.nodes.tolist())) * duration / 86400.0
+
+    def batches(self) -> Iterator[StepBatch]:
+        for t in range(len(self.steps)):
+            yield StepBatch(
+                int(self.steps[t]),
+                float(self.times[t]),
+                self.ranks,
+                self.nodes,
+                self.replicas,
+                self.metrics,
+                self.values[t],
+                self.present[t],
+            )
+
+    def to_long(self) -> pd.DataFrame:
+        """The trace as long rows (only reported values)."""
+        t_idx, r_idx, m_idx = np.nonzero(self.present)
+        return pd.DataFrame(
+            {
+                "time": self.times[t_idx],
+                "step": self.steps[t_idx],
+                "job": self.job,
+                "replica": self.replicas[r_idx],
+                "node": self.nodes[r_idx],
+                "rank": self.ranks[r_idx],
+                "metric": np.array(self.metrics)[m_idx],
+                "value": self.values[t_idx, r_idx, m_idx],
+            }
+        )
+
+    @classmethod
+    def from_long(cls, rows: pd.DataFrame, labels: Sequence[FaultWindow] = ()) -> Trace:
+        """Builds the array form from long rows (one job).
+
+        Raises:
+            DetectorError: a column is missing or the rows hold several jobs.
+        """
+        missing = [c for c in COLUMNS if c not in rows.columns]
+        if missing:
+            raise DetectorError(f"trace lacks column(s) {missing}; expected {list(COLUMNS)}")
+        jobs = rows["job"].astype(str).unique()
+        if len(jobs) > 1:
+            raise DetectorError(
+                f"trace holds {len(jobs)} jobs ({', '.join(jobs[:3])}, ...); "
+                "split it into one trace per job"
+            )
+        ticks = rows[["step", "time"]].drop_duplicates().sort_values(["time", "step"])
+        tick_of = {(s, t): i for i, (s, t) in enumerate(ticks.itertuples(index=False))}
+        rank_info = rows.drop_duplicates("rank").sort_values("rank")
+        row_of = {r: i for i, r in enumerate(rank_info["rank"])}
+        metrics = tuple(sorted(rows["metric"].astype(str).unique()))
+        metric_of = {m: i for i, m in enumerate(metrics)}
+        shape = (len(ticks), len(rank_info), len(metrics))
+        values, present = np.full(shape, np.nan), np.zeros(shape, dtype=bool)
+        t = np.array([tick_of[k] for k in zip(rows["step"], rows["time"], strict=True)])
+        r = rows["rank"].map(row_of).to_numpy()
+        m = rows["metric"].astype(str).map(metric_of).to_numpy()
+        values[t, r, m] = rows["value"].to_numpy(dtype=float)
+        present[t, r, m] = True
+        return cls(
+            str(jobs[0]) if len(jobs) else "job",
+            rank_info["rank"].to_numpy(dtype=int),
+            rank_info["node"].astype(str).to_numpy(dtype=object),
+            rank_info["replica"].to_numpy(dtype=int),
+            metrics,
+            ticks["step"].to_numpy(dtype=int),
+            ticks["time"].to_numpy(dtype=float),
+            values,
+            present,
+            tuple(labels),
+        )
+
+
+def write_trace(trace: Trace, path: Path) -> None:
+    """Writes rows to ``path`` (.csv or .parquet) and labels to ``<stem>.labels.json``."""
+    rows = trace.to_long()
+    if path.suffix == ".parquet":
+        rows.to_parquet(path, index=False)
+    else:
+        rows.to_csv(path, index=False)
+    labels_path(path).write_text(json.dumps([w.to_json() for w in trace.labels], indent=1))
+
+
+def labels_path(path: Path) -> Path:
+    return path.with_name(path.name.split(".")[0] + ".labels.json")
+
+
+def read_trace(path: Path, labels: Path | None = None) -> Trace:
+    """Reads a trace file and its labels (``<stem>.labels.json`` beside it, if present).
+
+    Raises:
+        DetectorError: the file is missing, unreadable, or not in the trace format.
+    """
+    if not path.is_file():
+        raise DetectorError(f"trace file {path} not found")
+    try:
+        rows = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except ImportError:
+        raise DetectorError("reading Parquet needs pyarrow: pip install 'eagleeye[eval]'") from None
+    except (OSError, ValueError) as exc:
+        raise DetectorError(f"cannot read trace {path}: {exc}") from None
+    label_file = labels or labels_path(path)
+    return Trace.from_long(rows, read_labels(label_file) if label_file.is_file() else ())
+
+
+def read_labels(path: Path) -> tuple[FaultWindow, ...]:
+    """Reads a labels JSON file.
+
+    Raises:
+        DetectorError: the file is not a JSON list of well-formed windows.
+    """
+    try:
+        data = json.loads(path.read_text())
+        windows = tuple(
+            FaultWindow(str(w["kind"]), str(w["subject"]), int(w["start_step"]), int(w["end_step"]))
+            for w in data
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DetectorError(
+            f"bad labels file {path}: {exc}; expected a JSON list of "
+            "{kind, subject, start_step, end_step}"
+        ) from None
+    for w in windows:
+        if w.end_step < w.start_step:
+            raise DetectorError(f"{path}: window {w} ends before it starts")
+    return windows
+
+
+__all__ = [
+    "COLUMNS",
+    "FaultWindow",
+    "Trace",
+    "read_labels",
+    "read_trace",
+    "subject_label",
+    "write_trace",
+]

@@ -1,0 +1,273 @@
+"""DetectorPipeline: runs every detector and fuses their findings (see detectors.fusion)."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from functools import reduce
+from typing import Any
+
+import numpy as np
+
+from collector.types import JOB, Frame, Subject
+from detectors.base import Detector
+from detectors.fusion import (
+    JOB_WIDE,
+    SYMPTOMS,
+    FusionPolicy,
+    Incident,
+    covers,
+    merge,
+    ordered,
+    when,
+)
+from detectors.stepbatch import StepBatch
+from detectors.types import Finding, Severity
+
+log = logging.getLogger(__name__)
+
+
+class Fuser:
+    """Turns a stream of raw findings into one finding per fault (rules in detectors.fusion)."""
+
+    def __init__(self, policy: FusionPolicy | None = None) -> None:
+        self.policy = policy or FusionPolicy()
+        self.incidents: list[Incident] = []
+        self.suppressed = 0
+        self._opened: dict[Subject, deque[float]] = {}
+        self._history: deque[Incident] = deque(maxlen=1024)  # closed incidents, for symptoms
+
+    def add(self, finding: Finding) -> list[Finding]:
+        """Takes one raw finding; returns the findings released now."""
+        now = when(finding)
+        self._expire(now)
+        if finding.kind in SYMPTOMS and self._explained(finding, now):
+            return []
+        if finding.kind not in SYMPTOMS:
+            finding = self._absorb_held_symptoms(finding)
+        for inc in self.incidents:
+            same_job_wide = (
+                finding.kind in JOB_WIDE
+                and inc.finding.kind == finding.kind
+                and inc.finding.subject.scope == "job"
+            )
+            related = (
+                same_job_wide
+                or covers(inc.finding.subject, finding.subject)
+                or covers(finding.subject, inc.finding.subject)
+            )
+            if related and self._absorb(inc, finding, now):
+                return self._release_critical()
+        if self._flapping(finding.subject, now):
+            self.suppressed += 1
+            return []
+        self.incidents.append(Incident(finding, now, released=False, opened_at=now))
+        return self._release_critical()
+
+    def _absorb(self, inc: Incident, finding: Finding, now: float) -> bool:
+        """Merges into an open incident; False when the finding escalates a released one."""
+        inc.last_step = now
+        if not inc.released:
+            inc.finding = merge(inc.finding, finding)
+            return True
+        escalates = finding.severity == Severity.CRITICAL != inc.finding.severity
+        return not escalates
+
+    def _explained(self, symptom: Finding, now: float) -> bool:
+        """Whether a specific fault began about when the symptom's shift began."""
+        began = now - symptom.evidence.get("steps_shifted", 0.0) - self.policy.symptom_window
+        ongoing = now - self.policy.ongoing_window
+        for inc in [*self.incidents, *self._history]:
+            slow = inc.finding.severity == Severity.WARN and inc.opened_at >= ongoing
+            if inc.finding.kind not in SYMPTOMS and (began <= inc.opened_at <= now or slow):
+                if not inc.released:
+                    inc.finding = merge(inc.finding, symptom)
+                return True
+        return False
+
+    def _absorb_held_symptoms(self, finding: Finding) -> Finding:
+        """Symptoms still waiting for a cause take this finding as theirs."""
+        held = [i for i in self.incidents if i.finding.kind in SYMPTOMS and not i.released]
+        for inc in held:
+            self.incidents.remove(inc)
+            finding = merge(finding, inc.finding)
+        return finding
+
+    def _flapping(self, subject: Subject, now: float) -> bool:
+        opened = self._opened.setdefault(subject, deque())
+        while opened and now - opened[0] > self.policy.flap_window:
+            opened.popleft()
+        opened.append(now)
+        return len(opened) > self.policy.flap_max
+
+    def _expire(self, now: float) -> None:
+        keep = []
+        for inc in self.incidents:
+            if inc.released and now - inc.last_step > self.policy.clear_steps:
+                self._history.append(inc)
+            else:
+                keep.append(inc)
+        self.incidents = keep
+
+    def _release_critical(self) -> list[Finding]:
+        return self._release(lambda inc: inc.finding.severity == Severity.CRITICAL)
+
+    def tick(self, now: float) -> list[Finding]:
+        """Releases the held findings whose hold has passed at position ``now``."""
+        self._expire(now)
+        return self._release(lambda inc: now - when(inc.finding) >= self._hold(inc.finding))
+
+    def _hold(self, finding: Finding) -> float:
+        # A symptom waits longer: the specific fault that explains it may be slower to show.
+        if finding.kind in SYMPTOMS:
+            return max(self.policy.hold_steps, self.policy.symptom_window)
+        return self.policy.hold_steps
+
+    def release_all(self) -> list[Finding]:
+        return self._release(lambda inc: True)
+
+    def _release(self, due: Callable[[Incident], bool]) -> list[Finding]:
+        out = [inc for inc in self.incidents if not inc.released and due(inc)]
+        for inc in out:
+            inc.released = True
+        return ordered(self._fan_in([inc.finding for inc in out]))
+
+    def _fan_in(self, findings: list[Finding]) -> list[Finding]:
+        """A job-wide kind (a loss spike) seen on several ranks at once is one job finding."""
+        result: list[Finding] = []
+        by_kind: dict[str, list[Finding]] = {}
+        for f in findings:
+            if f.kind in JOB_WIDE and f.subject.scope != "job":
+                by_kind.setdefault(f.kind, []).append(f)
+            else:
+                result.append(f)
+        for group in by_kind.values():
+            if len(group) < 2:
+                result.extend(group)
+                continue
+            merged = reduce(merge, group)
+            merged = replace(
+                merged,
+                subject=JOB,
+                evidence={**merged.evidence, "ranks_affected": float(len(group))},
+            )
+            self.incidents.append(Incident(merged, when(merged), True, when(merged)))
+            result.append(merged)
+        return result
+
+
+class DetectorPipeline:
+    """Runs a list of Detectors over frames or whole steps and fuses what they find.
+
+    It never raises into its caller: a detector that raises is logged once per error type
+    and counted in ``errors``, and the others carry on. Detectors with ``process_step``
+    take whole steps; the others get one Frame per rank (rules that declare ``FEATURES``
+    get only the ranks that report one of them, which keeps large steps cheap).
+
+    Args:
+        detectors: the detectors to run.
+        policy: fusion parameters.
+        release_after_s: in ``poll``, findings held this long with no new step are released.
+    """
+
+    name = "pipeline"
+
+    def __init__(
+        self,
+        detectors: Sequence[Detector],
+        policy: FusionPolicy | None = None,
+        release_after_s: float = 30.0,
+    ) -> None:
+        self.detectors = list(detectors)
+        self.fuser = Fuser(policy)
+        self.release_after_s = release_after_s
+        self.errors: dict[str, int] = {}
+        self.raw_count = 0
+        self._last_time: float | None = None
+        self._logged: set[tuple[str, str]] = set()
+
+    def process(self, frame: Frame) -> list[Finding]:
+        raw: list[Finding] = []
+        for det in self.detectors:
+            raw += self._call(det, det.process, frame)
+        self._last_time = frame.time
+        return self._fuse(raw, float(frame.step) if frame.step is not None else frame.time)
+
+    def process_step(self, batch: StepBatch) -> list[Finding]:
+        """Runs every detector over one step of all ranks."""
+        raw: list[Finding] = []
+        for det in self.detectors:
+            step_fn = getattr(det, "process_step", None)
+            if step_fn is not None:
+                raw += self._call(det, step_fn, batch)
+            else:
+                for frame in _frames_for(det, batch):
+                    raw += self._call(det, det.process, frame)
+        self._last_time = batch.time
+        return self._fuse(raw, float(batch.step))
+
+    def poll(self, now: float) -> list[Finding]:
+        raw: list[Finding] = []
+        for det in self.detectors:
+            raw += self._call(det, det.poll, now)
+        out = self._fuse(raw, None)
+        if self._last_time is not None and now - self._last_time >= self.release_after_s:
+            out += self.fuser.release_all()
+        return out
+
+    def flush(self) -> list[Finding]:
+        """End of stream: evaluates what detectors still buffer and releases every finding."""
+        raw: list[Finding] = []
+        for det in self.detectors:
+            flush = getattr(det, "flush", None)
+            if flush is not None:
+                raw += self._call(det, flush)
+        return self._fuse(raw, None) + self.fuser.release_all()
+
+    def _fuse(self, raw: Iterable[Finding], position: float | None) -> list[Finding]:
+        out: list[Finding] = []
+        for finding in ordered(list(raw)):
+            self.raw_count += 1
+            out += self.fuser.add(finding)
+        if position is not None:
+            out += self.fuser.tick(position)
+        return out
+
+    def _call(
+        self, det: Detector, fn: Callable[..., Iterable[Finding]], *args: Any
+    ) -> list[Finding]:
+        try:
+            return list(fn(*args))
+        except Exception as exc:  # the hot path must not raise into the training loop
+            name = getattr(det, "name", type(det).__name__)
+            self.errors[name] = self.errors.get(name, 0) + 1
+            if (name, type(exc).__name__) not in self._logged:
+                self._logged.add((name, type(exc).__name__))
+                log.warning(
+                    "detector %s failed (%r); further such errors are counted only", name, exc
+                )
+            return []
+
+
+def _frames_for(det: Detector, batch: StepBatch) -> Iterable[Frame]:
+    features = getattr(det, "FEATURES", None)
+    if features is None:
+        return batch.frames()
+    rows = np.zeros(len(batch.ranks), dtype=bool)
+    for feature in features:
+        rows |= batch.reported(feature)
+    if not rows.any():
+        return ()
+    sub = StepBatch(
+        batch.step,
+        batch.time,
+        batch.ranks[rows],
+        batch.nodes[rows],
+        batch.replicas[rows],
+        batch.features,
+        batch.values[rows],
+        None if batch.present is None else batch.present[rows],
+    )
+    return sub.frames()

@@ -1,0 +1,115 @@
+"""One step of every rank as arrays: the shape the vectorised detectors work on.
+
+At 100k ranks a Python call per rank per step is too slow, so detectors that compare peers
+take a whole step at once. ``StepBatch`` is built from Frames (``from_frames``) or straight
+from arrays (a trace, a Prometheus query); ``frames()`` turns it back into Frames for the
+detectors that only speak the per-frame protocol.
+
+>>> from collector.types import Frame, Subject
+>>> fr = [Frame(Subject(0, r, f"n{r // 2}"), 5, 1.0, {"step_time": 1.0 + r}) for r in range(4)]
+>>> b = StepBatch.from_frames(fr)
+>>> b.column("step_time").tolist(), b.nodes.tolist()
+([1.0, 2.0, 3.0, 4.0], ['n0', 'n0', 'n1', 'n1'])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from collector.types import Frame, Subject
+
+
+@dataclass(frozen=True, eq=False)
+class StepBatch:
+    """Features of ``len(ranks)`` ranks at one step; missing values are NaN.
+
+    Attributes:
+        step: the training step.
+        time: the step's wall time (seconds), the latest of its frames.
+        ranks: int array, one per row.
+        nodes: str array, one per row.
+        replicas: int array, one per row.
+        features: the column names of ``values``.
+        values: float array of shape (len(ranks), len(features)); NaN where not reported.
+        present: bool array of the same shape, False where a rank did not report a feature.
+            It tells a missing value from a reported NaN (a NaN loss is a fault, a missing
+            loss is not); None means every non-NaN value is present and NaN is missing.
+    """
+
+    step: int
+    time: float
+    ranks: np.ndarray
+    nodes: np.ndarray
+    replicas: np.ndarray
+    features: tuple[str, ...]
+    values: np.ndarray
+    present: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.values.shape != (len(self.ranks), len(self.features)):
+            raise ValueError(
+                f"values has shape {self.values.shape}, expected "
+                f"({len(self.ranks)}, {len(self.features)}): one row per rank, one column "
+                "per feature"
+            )
+
+    def column(self, feature: str) -> np.ndarray:
+        """The feature's values, or all-NaN when the step does not carry it."""
+        try:
+            column: np.ndarray = self.values[:, self.features.index(feature)]
+        except ValueError:
+            return np.full(len(self.ranks), np.nan)
+        return column
+
+    def reported(self, feature: str) -> np.ndarray:
+        """Bool mask of the ranks that reported the feature (NaN included when reported)."""
+        if feature not in self.features:
+            return np.zeros(len(self.ranks), dtype=bool)
+        col = self.features.index(feature)
+        mask: np.ndarray = (
+            ~np.isnan(self.values[:, col]) if self.present is None else self.present[:, col]
+        )
+        return mask
+
+    def subject(self, row: int) -> Subject:
+        return Subject(int(self.replicas[row]), int(self.ranks[row]), str(self.nodes[row]))
+
+    def frames(self) -> Iterator[Frame]:
+        """One Frame per rank, without the NaN (missing) features."""
+        mask = ~np.isnan(self.values) if self.present is None else self.present
+        for row in range(len(self.ranks)):
+            vals = {
+                f: float(v)
+                for f, v, ok in zip(self.features, self.values[row], mask[row], strict=True)
+                if ok
+            }
+            yield Frame(self.subject(row), self.step, self.time, vals)
+
+    @classmethod
+    def from_frames(cls, frames: Sequence[Frame]) -> StepBatch:
+        """Stacks frames of one step (rank-scoped subjects); the last frame of a rank wins."""
+        features = tuple(sorted({k for f in frames for k in f.values}))
+        index = {name: i for i, name in enumerate(features)}
+        by_rank: dict[int, Frame] = {}
+        for frame in frames:
+            by_rank[frame.subject.rank if frame.subject.rank is not None else -1] = frame
+        rows = list(by_rank.values())
+        values = np.full((len(rows), len(features)), np.nan)
+        present = np.zeros(values.shape, dtype=bool)
+        for r, frame in enumerate(rows):
+            for k, v in frame.values.items():
+                values[r, index[k]] = v
+                present[r, index[k]] = True
+        return cls(
+            step=max((f.step or 0) for f in rows) if rows else 0,
+            time=max((f.time for f in rows), default=0.0),
+            ranks=np.array([f.subject.rank if f.subject.rank is not None else -1 for f in rows]),
+            nodes=np.array([f.subject.node or "" for f in rows], dtype=object),
+            replicas=np.array([f.subject.replica or 0 for f in rows]),
+            features=features,
+            values=values,
+            present=present,
+        )

@@ -1,0 +1,116 @@
+"""A univariate detector for single series (NAB-style ``timestamp,value`` files).
+
+Scores each point causally (only past points) with the largest of three surprises:
+  * the robust z-score of the value against the trailing ``window`` points;
+  * the same for the mean of the last ``smooth`` points (level shifts that no single
+    point shows), damped by 0.7;
+  * novelty: how far the value leaves the range of everything seen so far.
+It then chooses its own threshold without labels. A point is a candidate when its score
+beats ``floor`` and every score of the trailing ``record_window`` points (a record; rare in
+stationary data, about one per window, whatever the series' scale), or when the mean score
+of the last ``sustain`` points stands ``sustain_z`` standard deviations above that mean's
+own history (a lasting change no single point shows; the anomaly-likelihood idea of
+Numenta's detectors). A candidate is an anomaly when the last one is more than
+``suppress`` points ago.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class SeriesResult:
+    """Per-point scores in [0, 1] and the points the detector flags."""
+
+    scores: np.ndarray
+    flags: np.ndarray
+
+
+def _robust_z(s: pd.Series, window: int, min_periods: int = 20) -> pd.Series:
+    med = s.rolling(window, min_periods=min_periods).median().shift(1)
+    mad = (s - med).abs().rolling(window, min_periods=min_periods).median().shift(1)
+    roll = s.rolling(window, min_periods=min_periods)
+    spread = (roll.max() - roll.min()).shift(1).fillna(0.0)
+    # The range floor keeps a flat stretch (MAD 0) from turning every wiggle into infinity.
+    scale = np.maximum(1.4826 * mad, 0.02 * spread) + 1e-9
+    return ((s - med).abs() / scale).fillna(0.0)
+
+
+class RecordDetector:
+    """Self-thresholding univariate anomaly detector (see the module docstring).
+
+    Args:
+        window: trailing points for the baseline; None uses the probation length.
+        smooth: points averaged for the level-shift score.
+        floor: the smallest score that can be an anomaly (robust z units).
+        record_window: trailing points a score must beat; None: the probation length.
+        suppress: points after an anomaly in which no other fires; None: a quarter of the
+            probation length.
+        sustain: points averaged for the sustained-surprise trigger.
+        sustain_z: standard deviations that trigger it.
+
+    >>> x = np.sin(np.arange(600) / 5.0)
+    >>> x[450] = 6.0
+    >>> RecordDetector().detect(x, probation=100).flags.nonzero()[0].tolist()
+    [450]
+    """
+
+    def __init__(
+        self,
+        window: int | None = None,
+        smooth: int = 8,
+        floor: float = 4.0,
+        record_window: int | None = None,
+        suppress: int | None = None,
+        sustain: int = 20,
+        sustain_z: float = 3.0,
+    ) -> None:
+        self.window, self.smooth, self.floor = window, smooth, floor
+        self.record_window, self.suppress = record_window, suppress
+        self.sustain, self.sustain_z = sustain, sustain_z
+
+    def score(self, values: np.ndarray, probation: int) -> np.ndarray:
+        """The raw surprise of each point (robust z units), from past points only."""
+        s = pd.Series(np.asarray(values, dtype=float))
+        window = self.window or max(probation, 50)
+        point = _robust_z(s, window)
+        level = _robust_z(s.rolling(self.smooth, min_periods=1).mean(), window) * 0.7
+        high, low = s.cummax().shift(1), s.cummin().shift(1)
+        span = (high - low).replace(0.0, np.nan)
+        beyond = pd.Series(np.maximum(s - high, low - s)) / span
+        novelty = 20.0 * beyond.clip(lower=0.0).fillna(0.0)
+        return np.asarray(np.maximum(np.maximum(point, level), novelty), dtype=float)
+
+    def sustained(self, raw: np.ndarray, probation: int) -> np.ndarray:
+        """How unusual the recent mean score is against its own trailing history (z units)."""
+        scores = pd.Series(raw)
+        history = scores.rolling(2 * max(probation, 50), min_periods=20)
+        mean = history.mean().shift(self.sustain)
+        std = history.std().shift(self.sustain)
+        recent = scores.rolling(self.sustain, min_periods=1).mean()
+        return np.asarray(((recent - mean) / (std + 1e-9)).fillna(0.0), dtype=float)
+
+    def detect(self, values: np.ndarray, probation: int) -> SeriesResult:
+        """Scores and flags a whole series; ``probation`` points only learn."""
+        raw = self.score(values, probation)
+        span = self.record_window or max(probation, 50)
+        record = pd.Series(raw).rolling(span, min_periods=1).max().shift(1)
+        record_arr = record.fillna(np.inf).to_numpy()
+        lasting = self.sustained(raw, probation)
+        candidates = ((raw > self.floor) & (raw > record_arr)) | (lasting > self.sustain_z)
+        suppress = self.suppress if self.suppress is not None else max(probation // 4, 1)
+        flags = np.zeros(len(raw), dtype=bool)
+        last = -(10**9)
+        for i in np.flatnonzero(candidates):
+            if i >= probation and i - last > suppress:
+                flags[i] = True
+                last = int(i)
+        reference = np.maximum(np.where(np.isfinite(record_arr), record_arr, raw), self.floor)
+        scores = np.clip(raw / (2.0 * reference), 0.0, 1.0)
+        scores[flags] = np.maximum(scores[flags], 0.5)
+        scores[:probation] = 0.0
+        return SeriesResult(scores, flags)

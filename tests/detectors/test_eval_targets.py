@@ -1,0 +1,46 @@
+"""The issue's targets on generated traces other than the ones the detectors were built on.
+
+Parameters were chosen on seeds 0-9; seeds 3000-3005 first ran in this test and exposed
+one fusion fault (a late throughput drop), fixed in the fusion rules, not by tuning to
+them. docs/benchmarks.md reports seeds 5000-5019, which nothing was tuned on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from detectors.eval.generate import TraceSpec, generate
+from detectors.eval.harness import report
+from detectors.eval.metrics import score_trace
+from detectors.eval.runner import run_trace
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_targets_on_held_out_seeds() -> None:
+    faulty = [generate(TraceSpec(nodes=8, ranks_per_node=8, seed=s)) for s in range(3000, 3006)]
+    healthy = [generate(TraceSpec(nodes=32, ranks_per_node=8, faults=(), steps=1500, seed=4000))]
+    result = report(
+        [score_trace(t, run_trace(t)) for t in faulty],
+        [score_trace(t, run_trace(t)) for t in healthy],
+    )
+    summary = result["summary"]
+    assert {k: c["f1"] for k, c in result["classes"].items()} == {
+        k: pytest.approx(1.0, abs=0.03) for k in result["classes"]
+    }
+    assert len(result["classes"]) == 10
+    assert summary["localisation"] >= 0.97
+    assert summary["median_delay_hard_steps"] <= 2.0
+    assert summary["median_delay_failslow_steps"] <= 10.0
+    assert summary["healthy_node_days"] > 1.0
+    assert summary["false_alarms_per_node_day"] <= 1.0
+
+
+def test_a_missed_fault_and_a_false_alarm_are_counted() -> None:
+    trace = generate(TraceSpec(nodes=2, ranks_per_node=4, faults=("xid",), seed=1))
+    emitted = run_trace(trace)
+    assert [m.found for m in score_trace(trace, emitted).matches] == [True]
+    missed = score_trace(trace, [])
+    assert [m.found for m in missed.matches] == [False]
+    shifted = [type(e)(e.finding, e.step + 500, e.time) for e in emitted]
+    assert len(score_trace(trace, shifted).false_findings) == len(emitted)

@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import numpy as np
+
+from collector.types import Frame, Subject
+from detectors.peer import PeerOutlier
+from tests.detectors._batches import batch, noisy
+
+
+def _run(
+    det: PeerOutlier, steps: int, slow: dict[int, float], n: int = 32, start: int = 0, seed: int = 0
+) -> list:
+    rng = np.random.default_rng(seed)
+    found = []
+    for s in range(start, start + steps):
+        x = noisy(rng, n)
+        for rank, factor in slow.items():
+            x[rank] *= factor
+        found += det.process_step(batch(s, {"compute_ms": x}))
+    return found
+
+
+def test_slow_rank_fires_once_after_persistence_and_names_the_rank() -> None:
+    det = PeerOutlier(persistence=3)
+    found = _run(det, 20, {7: 1.15})
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 7, 2)]
+    assert found[0].evidence["relative_shift"] > 0.1
+
+
+def test_a_ten_percent_shift_fires_but_two_percent_does_not() -> None:
+    assert _run(PeerOutlier(), 10, {3: 1.10})
+    assert not _run(PeerOutlier(), 50, {3: 1.02})
+
+
+def test_healthy_fleet_and_common_slowdowns_do_not_fire() -> None:
+    det = PeerOutlier()
+    rng = np.random.default_rng(1)
+    for s in range(300):
+        factor = 2.5 if s % 50 == 49 else 1.0  # a checkpoint step slows every rank
+        x = noisy(rng, 64) * factor
+        assert not det.process_step(batch(s, {"compute_ms": x}))
+
+
+def test_several_ranks_of_one_node_give_one_node_finding() -> None:
+    found = _run(PeerOutlier(), 10, {4: 1.3, 5: 1.3, 6: 1.3, 7: 1.3})
+    assert [(f.kind, str(f.subject)) for f in found] == [("slow_node", "node n1")]
+    assert found[0].evidence["ranks_outlying"] == 4
+
+
+def test_hysteresis_refires_only_after_the_rank_recovers() -> None:
+    det = PeerOutlier(persistence=2, clear=3)
+    first = _run(det, 10, {2: 1.3})
+    again = _run(det, 10, {2: 1.3}, start=10, seed=1)
+    assert len(first) == 1
+    assert not again
+    _run(det, 5, {}, start=20, seed=2)
+    assert len(_run(det, 5, {2: 1.3}, start=25, seed=3)) == 1
+
+
+def test_low_direction_features_fire_on_drops() -> None:
+    rng = np.random.default_rng(0)
+    det = PeerOutlier(persistence=1)
+    clock = noisy(rng, 16, 1980.0, 0.003)
+    clock[9] *= 0.8
+    found = det.process_step(batch(0, {"sm_clock": clock}))
+    assert [(f.kind, f.subject.rank) for f in found] == [("thermal", 9)]
+
+
+def test_frame_path_matches_the_step_path() -> None:
+    det = PeerOutlier(persistence=1)
+    found = []
+    for s in range(3):
+        for r in range(8):
+            value = 150.0 if r == 3 else 100.0 + r % 2
+            found += det.process(
+                Frame(Subject(0, r, f"n{r // 4}"), s, float(s), {"compute_ms": value})
+            )
+    found += det.flush()
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 3, 0)]
+
+
+def test_ranks_joining_later_are_tracked() -> None:
+    det = PeerOutlier(persistence=2)
+    rng = np.random.default_rng(0)
+    det.process_step(batch(0, {"compute_ms": noisy(rng, 8)}))
+    x = noisy(rng, 12)
+    x[10] *= 1.5
+    det.process_step(batch(1, {"compute_ms": x}))
+    found = det.process_step(batch(2, {"compute_ms": x}))
+    assert [f.subject.rank for f in found] == [10]
+
+
+def test_a_whole_replica_across_nodes_gives_one_replica_finding() -> None:
+    rng = np.random.default_rng(0)
+    det = PeerOutlier()
+    found = []
+    for s in range(6):
+        x = noisy(rng, 32)
+        x[:8] *= 1.3  # replica 0 = ranks 0-7 on nodes n0 and n1
+        b = batch(s, {"compute_ms": x})
+        b = type(b)(
+            b.step, b.time, b.ranks, b.nodes, (b.ranks >= 8).astype(int), b.features, b.values
+        )
+        found += det.process_step(b)
+    assert [(f.kind, str(f.subject)) for f in found] == [("slow_replica", "replica 0")]
+    assert found[0].evidence["ranks_outlying"] == 8
+
+
+def test_interleaved_frames_of_neighbouring_steps_are_compared_per_step() -> None:
+    det = PeerOutlier(persistence=2)
+    found = []
+    # Rank r reports step s at time s + r / 5: fast ranks run a step ahead of slow ones.
+    events = sorted((s + r / 5, s, r) for s in range(6) for r in range(8))
+    for t, s, r in events:
+        value = 150.0 if r == 6 else 100.0 + r % 2
+        found += det.process(Frame(Subject(0, r, f"n{r // 4}"), s, t, {"compute_ms": value}))
+    found += det.flush()
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 6, 1)]

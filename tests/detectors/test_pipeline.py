@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from collector.types import JOB, Frame, Subject
+from detectors.fusion import FusionPolicy
+from detectors.peer import PeerOutlier
+from detectors.pipeline import DetectorPipeline, Fuser
+from detectors.types import Finding, Severity
+from tests.detectors._batches import batch, noisy
+
+
+def _f(
+    kind: str, subject: Subject, step: int, severity: Severity = Severity.WARN, **evidence: float
+) -> Finding:
+    return Finding(kind, subject, 1.0, severity, float(step), step, evidence, "test")
+
+
+R3 = Subject(0, 3, "n0")
+
+
+def test_findings_on_one_subject_merge_into_the_root_cause() -> None:
+    fuser = Fuser(FusionPolicy(hold_steps=2))
+    assert fuser.add(_f("slow_rank", R3, 10, compute_ms=4000.0)) == []
+    assert fuser.add(_f("thermal", R3, 11, gpu_temp=90.0)) == []
+    out = fuser.tick(12.0)
+    assert [(f.kind, f.step) for f in out] == [("thermal", 10)]
+    assert out[0].evidence["compute_ms"] == 4000
+    assert out[0].evidence["gpu_temp"] == 90
+    assert fuser.add(_f("slow_rank", R3, 13)) == []  # deduplicated while the incident is open
+
+
+def test_critical_findings_are_released_at_once_and_escalate_a_warning() -> None:
+    fuser = Fuser()
+    fuser.add(_f("slow_rank", R3, 10))
+    fuser.tick(12.0)
+    out = fuser.add(_f("hang", R3, 14, Severity.CRITICAL))
+    assert [f.kind for f in out] == ["hang"]
+
+
+def test_throughput_drop_near_a_specific_fault_is_absorbed() -> None:
+    fuser = Fuser()
+    fuser.add(_f("throughput_drop", JOB, 10))
+    fuser.add(_f("slow_rank", R3, 11))
+    out = fuser.tick(14.0)
+    assert [f.kind for f in out] == ["slow_rank"]
+    assert fuser.add(_f("throughput_drop", JOB, 15)) == []
+    assert fuser.tick(30.0) == []
+
+
+def test_an_unexplained_throughput_drop_is_reported() -> None:
+    fuser = Fuser()
+    fuser.add(_f("throughput_drop", JOB, 10))
+    assert fuser.tick(12.0) == []  # held longer, waiting for a specific cause
+    assert [f.kind for f in fuser.tick(30.0)] == ["throughput_drop"]
+
+
+def test_flapping_subject_is_muted() -> None:
+    fuser = Fuser(FusionPolicy(hold_steps=0, clear_steps=1, flap_max=2, flap_window=100))
+    released = []
+    for step in range(0, 60, 10):
+        fuser.add(_f("thermal", R3, step))
+        released += fuser.tick(float(step))
+    assert len(released) == 2
+    assert fuser.suppressed == 4
+
+
+def test_node_finding_absorbs_its_ranks() -> None:
+    fuser = Fuser()
+    fuser.add(_f("slow_node", Subject(None, None, "n0"), 10))
+    fuser.add(_f("slow_rank", R3, 11))
+    assert [str(f.subject) for f in fuser.tick(13.0)] == ["node n0"]
+
+
+class _Broken:
+    name = "broken"
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        raise ZeroDivisionError("boom")
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        raise ZeroDivisionError("boom")
+
+
+def test_a_failing_detector_is_counted_not_raised() -> None:
+    pipe = DetectorPipeline([_Broken(), PeerOutlier(persistence=1)], FusionPolicy(hold_steps=0))
+    rng = np.random.default_rng(0)
+    x = noisy(rng, 8)
+    x[2] *= 2
+    out = pipe.process_step(batch(1, {"compute_ms": x}))
+    pipe.poll(5.0)
+    assert [f.subject.rank for f in out] == [2]
+    assert pipe.errors == {"broken": 9}  # 8 frames and one poll
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(ValueError, match="clear_steps"):
+        FusionPolicy(clear_steps=0)
+
+
+def test_flush_releases_held_findings() -> None:
+    pipe = DetectorPipeline([PeerOutlier(persistence=1)])
+    rng = np.random.default_rng(0)
+    x = noisy(rng, 8)
+    x[2] *= 2
+    assert pipe.process_step(batch(1, {"compute_ms": x})) == []
+    assert [f.kind for f in pipe.flush()] == ["slow_rank"]
+
+
+def test_a_loss_spike_on_every_rank_is_one_job_finding() -> None:
+    fuser = Fuser()
+    for rank in range(4):
+        fuser.add(_f("loss_spike", Subject(0, rank, "n0"), 10, loss=9.0))
+    out = fuser.tick(12.0)
+    assert [(f.kind, str(f.subject)) for f in out] == [("loss_spike", "job")]
+    assert out[0].evidence["ranks_affected"] == 4
+    assert fuser.add(_f("loss_spike", Subject(0, 7, "n1"), 13)) == []
+    assert fuser.tick(16.0) == []
+
+
+def test_frame_by_frame_pipeline_finds_every_fault_once() -> None:
+    from detectors.config import DetectorsConfig
+    from detectors.eval.generate import TraceSpec, generate
+    from detectors.eval.metrics import score_trace
+    from detectors.eval.runner import Emitted
+
+    trace = generate(TraceSpec(nodes=4, ranks_per_node=4, seed=21))
+    pipe = DetectorsConfig().build()
+    emitted = []
+    for batch in trace.batches():  # as the controller sees them: one frame per rank
+        for frame in batch.frames():
+            emitted += [Emitted(f, batch.step, batch.time) for f in pipe.process(frame)]
+        emitted += [Emitted(f, batch.step, batch.time) for f in pipe.poll(batch.time)]
+    emitted += [Emitted(f, batch.step, batch.time) for f in pipe.flush()]
+    result = score_trace(trace, emitted)
+    assert [m.window.kind for m in result.matches if not m.found] == []
+    assert [e.finding.kind for e in result.false_findings] == []

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from collector.types import Frame, Subject
+from detectors.hang import CollectiveHang
+from detectors.rules import CollectiveTimeout, MemoryFatal, NonFiniteLoss, XidError
+from detectors.stepbatch import StepBatch
+from detectors.types import Severity
+from tests.detectors._batches import batch
+
+
+def _frame(values: dict[str, float], rank: int = 1, step: int = 3) -> Frame:
+    return Frame(Subject(0, rank, "n0"), step, 0.0, values)
+
+
+def test_xid_severity_follows_the_catalogue_and_repeats_are_ignored() -> None:
+    det = XidError()
+    assert det.process(_frame({"xid": 79}))[0].severity == Severity.CRITICAL
+    assert det.process(_frame({"xid": 79})) == ()
+    assert det.process(_frame({"xid": 92}))[0].severity == Severity.WARN
+    assert det.process(_frame({"xid": 13})) == ()  # info is below the default minimum
+    assert XidError("info").process(_frame({"xid": 13}))[0].severity == Severity.INFO
+
+
+def test_double_bit_ecc_rising_and_row_remap_failure_are_fatal() -> None:
+    det = MemoryFatal()
+    assert det.process(_frame({"ecc_dbe": 0.0})) == ()
+    assert det.process(_frame({"ecc_dbe": 2.0}))[0].kind == "ecc"
+    assert det.process(_frame({"ecc_dbe": 2.0})) == ()
+    assert det.process(_frame({"row_remap_failure": 1.0}))[0].evidence["row_remap_failure"] == 1
+
+
+def test_collective_timeout_event() -> None:
+    assert CollectiveTimeout().process(_frame({"collective_timeout": 1.0}))[0].kind == (
+        "collective_timeout"
+    )
+    assert CollectiveTimeout().process(_frame({"loss": 1.0})) == ()
+
+
+def test_non_finite_loss_step_path_tells_nan_from_missing() -> None:
+    values = np.array([[1.0, 1.0], [math.nan, 1.0], [math.nan, math.inf]])
+    present = np.array([[True, True], [True, True], [False, True]])
+    b = StepBatch(
+        5,
+        1.0,
+        np.arange(3),
+        np.array(["n0"] * 3, dtype=object),
+        np.zeros(3, int),
+        ("loss", "grad_norm"),
+        values,
+        present,
+    )
+    found = NonFiniteLoss().process_step(b)
+    assert [(f.subject.rank, sorted(f.evidence)) for f in found] == [
+        (1, ["loss"]),
+        (2, ["grad_norm"]),
+    ]
+
+
+def _steps(det: CollectiveHang, n: int, steps: int) -> float:
+    for s in range(steps):
+        det.process_step(batch(s, {"step_time": np.full(n, 1.0)}, time=float(s)))
+    return float(steps - 1)
+
+
+def _stuck(det: CollectiveHang, joined: np.ndarray, t: float) -> list:
+    return list(det.process_step(batch(99, {"in_collective": joined}, time=t)))
+
+
+def test_hang_names_the_rank_that_never_joined() -> None:
+    det = CollectiveHang(k=2.0)
+    t = _steps(det, 8, 10)
+    joined = np.ones(8)
+    joined[5] = 0
+    assert _stuck(det, joined, t + 1.0) == []
+    found = _stuck(det, joined, t + 2.0)
+    assert [(f.kind, f.subject.rank) for f in found] == [("hang", 5)]
+    assert found[0].evidence["ranks_missing"] == 1
+    assert found[0].evidence["missing_rank_0"] == 5
+    assert _stuck(det, joined, t + 3.0) == []  # one finding per hang
+
+
+def test_hang_localises_to_a_node_or_the_job() -> None:
+    det = CollectiveHang()
+    t = _steps(det, 8, 10)
+    joined = np.ones(8)
+    joined[4:8] = 0
+    assert str(_stuck(det, joined, t + 3.0)[0].subject) == "node n1"
+    det = CollectiveHang()
+    t = _steps(det, 8, 10)
+    assert str(_stuck(det, np.zeros(8), t + 3.0)[0].subject) == "job"
+
+
+def test_no_hang_while_steps_complete_and_rearmed_after_progress() -> None:
+    det = CollectiveHang()
+    _steps(det, 4, 30)
+    assert det.poll(29.5) == ()
+    assert len(det.poll(40.0)) == 1
+    det.process_step(batch(30, {"step_time": np.full(4, 1.0)}, time=41.0))
+    assert len(det.poll(45.0)) == 1

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import numpy as np
+
+from collector.types import JOB, Frame
+from detectors.changepoint import ThroughputChange
+from detectors.numerics import SeriesSpike
+
+
+def _feed(det: object, values: np.ndarray, feature: str) -> list:
+    found = []
+    for s, v in enumerate(values):
+        found += det.process(Frame(JOB, s, float(s), {feature: float(v)}))  # type: ignore[attr-defined]
+    return found
+
+
+def test_loss_spike_fires_once_and_a_decaying_loss_does_not() -> None:
+    rng = np.random.default_rng(0)
+    loss = (2 + 8 * np.exp(-np.arange(300) / 80)) * (1 + 0.01 * rng.standard_normal(300))
+    assert _feed(SeriesSpike(), loss, "loss") == []
+    loss[200:203] *= 3.0
+    found = _feed(SeriesSpike(), loss, "loss")
+    assert [(f.kind, f.step) for f in found] == [("loss_spike", 200)]
+    assert found[0].evidence["ratio"] > 2.5
+
+
+def test_throughput_change_needs_a_lasting_shift_above_the_minimum() -> None:
+    rng = np.random.default_rng(0)
+    base = 1.0 + 0.02 * rng.standard_normal(300)
+    base[::50] *= 2.5  # checkpoint steps
+    assert _feed(ThroughputChange(), base, "step_time") == []
+    small = base.copy()
+    small[150:] *= 1.04
+    assert _feed(ThroughputChange(), small, "step_time") == []
+    big = base.copy()
+    big[150:] *= 1.25
+    found = _feed(ThroughputChange(), big, "step_time")
+    assert len(found) == 1
+    assert 150 <= found[0].step <= 160
+    assert found[0].evidence["relative_shift"] > 0.15
+
+
+def test_scores_are_zero_in_warm_up_and_grow_with_anomaly() -> None:
+    det = SeriesSpike(warmup=10)
+    frame = Frame(JOB, 0, 0.0, {"loss": 5.0})
+    assert det.score_one(frame) == 0.0
+    for s in range(20):
+        det.learn_one(Frame(JOB, s, 0.0, {"loss": 2.0 + 0.01 * (s % 3)}))
+    assert det.score_one(Frame(JOB, 21, 0.0, {"loss": 4.0})) > det.score_one(
+        Frame(JOB, 21, 0.0, {"loss": 2.1})
+    )
+
+
+def test_divergence_needs_a_lasting_climb_not_a_spike() -> None:
+    from detectors.numerics import Divergence
+
+    rng = np.random.default_rng(0)
+    loss = (2 + 8 * np.exp(-np.arange(400) / 80)) * (1 + 0.01 * rng.standard_normal(400))
+    spiky = loss.copy()
+    spiky[200:203] *= 4.0
+    assert _feed(Divergence(), spiky, "loss") == []
+    diverging = loss.copy()
+    diverging[250:] *= np.linspace(1.0, 3.0, 150)
+    found = _feed(Divergence(), diverging, "loss")
+    assert [f.kind for f in found] == ["divergence"]
+    assert 250 < found[0].step < 330
+    assert found[0].evidence["ratio"] > 1.3
