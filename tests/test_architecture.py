@@ -30,6 +30,7 @@ RECORD_MODULES = {
         "eagleeye.store.reader",
         "eagleeye.store.runs",
         "eagleeye.errors",
+        "ft_runtime.planner.plan",  # the planner's public API, for the what-if page
     },
     "detectors": {"collector.types"},
 }

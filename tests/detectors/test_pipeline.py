@@ -130,10 +130,12 @@ def test_frame_by_frame_pipeline_finds_every_fault_once() -> None:
     trace = generate(TraceSpec(nodes=4, ranks_per_node=4, seed=21))
     pipe = DetectorsConfig().build()
     emitted = []
-    for batch in trace.batches():  # as the controller sees them: one frame per rank
-        for frame in batch.frames():
-            emitted += [Emitted(f, batch.step, batch.time) for f in pipe.process(frame)]
-        emitted += [Emitted(f, batch.step, batch.time) for f in pipe.poll(batch.time)]
+    for step_batch in trace.batches():  # as the controller sees them: one frame per rank
+        for frame in step_batch.frames():
+            emitted += [Emitted(f, step_batch.step, step_batch.time) for f in pipe.process(frame)]
+        emitted += [
+            Emitted(f, step_batch.step, step_batch.time) for f in pipe.poll(step_batch.time)
+        ]
     emitted += [Emitted(f, batch.step, batch.time) for f in pipe.flush()]
     result = score_trace(trace, emitted)
     assert [m.window.kind for m in result.matches if not m.found] == []
