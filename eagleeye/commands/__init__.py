@@ -3,8 +3,8 @@ its parser and sets ``func`` to a callable taking the parsed arguments."""
 
 from __future__ import annotations
 
-from eagleeye.commands import collect, dashboard, demo, plan, run
+from eagleeye.commands import alerts, collect, dashboard, demo, grafana, plan, run
 
-COMMANDS = (run, demo, collect, dashboard, plan)
+COMMANDS = (run, demo, collect, dashboard, plan, alerts, grafana)
 
 __all__ = ["COMMANDS"]
