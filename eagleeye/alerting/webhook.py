@@ -1,6 +1,8 @@
 """Alertmanager's webhook receiver: firing alerts become Findings handed to remediation.
 
 It binds to loopback unless told otherwise and requires ``Authorization: Bearer <token>``.
+Given a Remediator, it also serves manual approval: ``GET /pending`` lists the actions
+waiting, ``POST /pending/<id>/approve`` and ``POST /pending/<id>/reject`` decide them.
 Each firing alert becomes one Finding: ``kind`` and ``severity`` from its labels, the
 subject from ``rank``, ``node`` (or dcgm-exporter's ``Hostname``) and ``replica``, the time
 from ``startsAt`` (so a re-sent alert is the same finding and deduplicates), and the
@@ -22,7 +24,8 @@ from typing import Any
 from collector.types import Subject
 from detectors.types import Finding, Severity
 from eagleeye.errors import EagleEyeError
-from remediation.remediator import Decision
+from remediation.errors import RemediationError
+from remediation.remediator import Decision, Remediator
 
 log = logging.getLogger(__name__)
 Handle = Callable[[Finding], Sequence[Decision]]
@@ -88,6 +91,7 @@ class AlertWebhook:
         host: loopback by default.
         port: 0 picks a free port.
         on_decision: called with every decision (the controller stores them).
+        approvals: the Remediator whose pending actions ``/pending`` lists and decides.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class AlertWebhook:
         host: str = "127.0.0.1",
         port: int = 0,
         on_decision: Callable[[Decision], None] = lambda d: None,
+        approvals: Remediator | None = None,
     ) -> None:
         if not token:
             raise EagleEyeError("the alert webhook needs a token (EAGLEEYE_TOKEN)")
@@ -104,6 +109,7 @@ class AlertWebhook:
         self.token = token
         self.on_decision = on_decision
         self.host = host
+        self.approvals = approvals
         self.received: list[Finding] = []
         self._server = ThreadingHTTPServer((host, port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -125,6 +131,37 @@ class AlertWebhook:
         expected = f"Bearer {self.token}".encode()
         return hmac.compare_digest((header or "").encode(), expected)
 
+    def pending(self) -> list[dict[str, Any]]:
+        if self.approvals is None:
+            return []
+        return [
+            {
+                "id": p.id,
+                "action": p.action.to_json(),
+                "finding": p.finding.to_json(),
+                "since": p.since,
+            }
+            for p in self.approvals.pending()
+        ]
+
+    def decide(self, path: str) -> Decision:
+        """Approves or rejects ``/pending/<id>/<approve|reject>``.
+
+        Raises:
+            RemediationError: no approvals, an unknown id or verb.
+        """
+        parts = path.strip("/").split("/")
+        if self.approvals is None or len(parts) != 3 or not parts[1].isdigit():
+            raise RemediationError(f"no such approval path {path}; use /pending/<id>/approve")
+        if parts[2] == "approve":
+            decision = self.approvals.approve(int(parts[1]))
+        elif parts[2] == "reject":
+            decision = self.approvals.reject(int(parts[1]), "rejected through the webhook")
+        else:
+            raise RemediationError(f"unknown verb {parts[2]!r}; use approve or reject")
+        self.on_decision(decision)
+        return decision
+
     def accept(self, payload: Mapping[str, Any]) -> list[Decision]:
         """Turns a webhook payload into findings and hands each to remediation."""
         decisions: list[Decision] = []
@@ -144,11 +181,24 @@ class AlertWebhook:
 
 def _handler(hook: AlertWebhook) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path != "/alerts":
-                return self._reply(404, {"error": f"no such path {self.path}; use /alerts"})
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if not hook.authorised(self.headers.get("Authorization")):
                 return self._reply(401, {"error": "missing or wrong bearer token"})
+            if self.path != "/pending":
+                return self._reply(404, {"error": f"no such path {self.path}; use /pending"})
+            return self._reply(200, {"pending": hook.pending()})
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            if not hook.authorised(self.headers.get("Authorization")):
+                return self._reply(401, {"error": "missing or wrong bearer token"})
+            if self.path.startswith("/pending/"):
+                try:
+                    decision = hook.decide(self.path)
+                except RemediationError as exc:
+                    return self._reply(404, {"error": str(exc)})
+                return self._reply(200, {"outcome": decision.outcome.to_json()})
+            if self.path != "/alerts":
+                return self._reply(404, {"error": f"no such path {self.path}; use /alerts"})
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
                 return self._reply(413, {"error": f"body over {MAX_BODY} bytes"})

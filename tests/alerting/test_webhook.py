@@ -105,3 +105,44 @@ def test_resolved_alerts_are_ignored_and_dcgm_hostnames_name_the_node() -> None:
 def test_a_webhook_without_a_token_is_refused() -> None:
     with pytest.raises(EagleEyeError, match="needs a token"):
         AlertWebhook(lambda f: [], token="")
+
+
+def get(url: str, token: str | None = "s3cret") -> tuple[int, dict]:
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_manual_approval_over_http() -> None:
+    runtime = FakeRuntime()
+    policy = parse_policy(
+        POLICY.replace("dry_run = false", 'dry_run = false\napproval = ["evict"]')
+    )
+    remediator = Remediator(policy, runtime, hooks=Hooks())
+    stored: list = []
+    webhook = AlertWebhook(
+        remediator.handle, token="s3cret", on_decision=stored.append, approvals=remediator
+    ).start()
+    base = webhook.url.removesuffix("/alerts")
+    try:
+        post(webhook.url, {"alerts": [alert(node="n3")]})
+        assert [a.kind for a in runtime.actions] == [ActionKind.CHECKPOINT, ActionKind.RESTART]
+        assert get(f"{base}/pending", token="bad")[0] == 401
+        status, body = get(f"{base}/pending")
+        assert status == 200
+        (item,) = body["pending"]
+        assert item["action"]["target"] == "node:n3"
+        status, body = post(f"{base}/pending/{item['id']}/approve", {})
+        assert status == 200
+        assert body["outcome"]["status"] == "done"
+        assert runtime.actions[-1].target == "node:n3"
+        assert stored[-1].outcome.status.value == "done"
+        assert post(f"{base}/pending/{item['id']}/approve", {})[0] == 404  # already decided
+        assert get(f"{base}/pending")[1] == {"pending": []}
+    finally:
+        webhook.stop()
