@@ -181,3 +181,27 @@ def test_decisions_serialise_with_their_reason(clock) -> None:
     assert data["outcome"]["action"]["kind"] == "skip_batch"
     assert data["finding"]["kind"] == "nan"
     assert "nan on rank 3 seen 1x" in data["reason"]
+
+
+def test_module_level_decorators_reach_remediators_without_their_own_hooks(clock) -> None:
+    from remediation import DEFAULT_HOOKS, on_action, on_finding
+
+    seen: list[str] = []
+    before = (len(DEFAULT_HOOKS.finding_hooks), len(DEFAULT_HOOKS.action_hooks))
+    try:
+
+        @on_finding(kind="nan")
+        def f(finding: Finding) -> None:
+            seen.append("finding")
+
+        @on_action()
+        def a(decision) -> None:
+            seen.append(decision.action.kind.value)
+
+        Remediator(parse_policy(NAN), FakeRuntime(clock=clock), clock=clock).handle(
+            finding("nan", clock(), 1)
+        )
+    finally:
+        del DEFAULT_HOOKS.finding_hooks[before[0] :]
+        del DEFAULT_HOOKS.action_hooks[before[1] :]
+    assert seen == ["finding", "skip_batch"]
