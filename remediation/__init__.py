@@ -1,17 +1,29 @@
-"""Findings in, actions out: policies, dry-run by default, hooks and the audit trail."""
+"""Findings in, actions out: policies, ladders, limits, approval, hooks and the audit trail."""
 
 from __future__ import annotations
 
+from remediation.config import load_policy, parse_policy
 from remediation.errors import PolicyError, RemediationError
-from remediation.policy import Policy, Rule, synchronous_restart_policy
-from remediation.remediator import Decision, Remediator
+from remediation.hooks import DEFAULT_HOOKS, Hooks, on_action, on_finding
+from remediation.policy import Limit, Policy, Rule, Rung, Step, synchronous_restart_policy
+from remediation.remediator import Decision, PendingAction, Remediator
 
 __all__ = [
+    "DEFAULT_HOOKS",
     "Decision",
+    "Hooks",
+    "Limit",
+    "PendingAction",
     "Policy",
     "PolicyError",
     "RemediationError",
     "Remediator",
     "Rule",
+    "Rung",
+    "Step",
+    "load_policy",
+    "on_action",
+    "on_finding",
+    "parse_policy",
     "synchronous_restart_policy",
 ]

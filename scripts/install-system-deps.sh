@@ -7,6 +7,7 @@ REQUIRED=(
     "python3:python3"
     "prometheus:prometheus"
     "chromium:chromium"
+    "prometheus-alertmanager:prometheus-alertmanager"
 )
 
 missing=()

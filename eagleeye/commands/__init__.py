@@ -3,8 +3,18 @@ its parser and sets ``func`` to a callable taking the parsed arguments."""
 
 from __future__ import annotations
 
-from eagleeye.commands import collect, dashboard, demo, detect, eval, plan, run
+from eagleeye.commands import (
+    alerts,
+    collect,
+    dashboard,
+    demo,
+    detect,
+    eval,
+    grafana,
+    plan,
+    run,
+)
 
-COMMANDS = (run, demo, collect, detect, eval, plan, dashboard)
+COMMANDS = (run, demo, collect, detect, eval, plan, dashboard, alerts, grafana)
 
 __all__ = ["COMMANDS"]

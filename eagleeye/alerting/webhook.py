@@ -1,0 +1,224 @@
+"""Alertmanager's webhook receiver: firing alerts become Findings handed to remediation.
+
+It binds to loopback unless told otherwise and requires ``Authorization: Bearer <token>``.
+Given a Remediator, it also serves manual approval: ``GET /pending`` lists the actions
+waiting, ``POST /pending/<id>/approve`` and ``POST /pending/<id>/reject`` decide them.
+Each firing alert becomes one Finding: ``kind`` and ``severity`` from its labels, the
+subject from ``rank``, ``node`` (or dcgm-exporter's ``Hostname``) and ``replica``, the time
+from ``startsAt`` (so a re-sent alert is the same finding and deduplicates), and the
+alert's value as evidence. Resolved alerts are acknowledged and ignored.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from collector.types import Subject
+from detectors.types import Finding, Severity
+from eagleeye.errors import EagleEyeError
+from remediation.errors import RemediationError
+from remediation.remediator import Decision, Remediator
+
+log = logging.getLogger(__name__)
+Handle = Callable[[Finding], Sequence[Decision]]
+MAX_BODY = 1 << 20
+
+
+def alert_to_finding(alert: Mapping[str, Any]) -> Finding | None:
+    """The finding a firing alert stands for, or None for a resolved one.
+
+    Raises:
+        ValueError: the alert lacks a ``kind`` label or has an unknown severity.
+    """
+    if alert.get("status", "firing") != "firing":
+        return None
+    labels = alert.get("labels", {})
+    kind = labels.get("kind")
+    if not kind:
+        raise ValueError(f"alert {labels.get('alertname', '?')} has no 'kind' label")
+    node = labels.get("node") or labels.get("Hostname") or labels.get("hostname")
+    subject = Subject(
+        replica=_int(labels.get("replica")), rank=_int(labels.get("rank")), node=node or None
+    )
+    evidence = {}
+    value = alert.get("annotations", {}).get("value")
+    if value is not None:
+        evidence["value"] = float(value)
+    if labels.get("gpu", "").isdigit():
+        evidence["gpu"] = float(labels["gpu"])
+    return Finding(
+        kind=kind,
+        subject=subject,
+        score=1.0,
+        severity=Severity(labels.get("severity", "warn")),
+        time=_time(alert.get("startsAt")),
+        step=None,
+        evidence=evidence,
+        detector=f"alertmanager:{labels.get('alertname', kind)}",
+    )
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.lstrip("-").isdigit() else None
+
+
+def _time(text: str | None) -> float:
+    if not text:
+        return time.time()
+    # Alertmanager writes nanoseconds; fromisoformat takes at most microseconds.
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = "".join(c for c in rest if c.isdigit())
+        zone = rest[len(digits) :]
+        text = f"{head}.{digits[:6]}{zone}"
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+class AlertWebhook:
+    """An HTTP server for Alertmanager's webhook; ``POST /alerts``.
+
+    Args:
+        handle: called with each finding (``Remediator.handle``); returns decisions.
+        token: the bearer token Alertmanager sends; required.
+        host: loopback by default.
+        port: 0 picks a free port.
+        on_decision: called with every decision (the controller stores them).
+        approvals: the Remediator whose pending actions ``/pending`` lists and decides.
+    """
+
+    def __init__(
+        self,
+        handle: Handle,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_decision: Callable[[Decision], None] = lambda d: None,
+        approvals: Remediator | None = None,
+    ) -> None:
+        if not token:
+            raise EagleEyeError("the alert webhook needs a token (EAGLEEYE_TOKEN)")
+        self.handle = handle
+        self.token = token
+        self.on_decision = on_decision
+        self.host = host
+        self.approvals = approvals
+        self.received: list[Finding] = []
+        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self._server.server_port}/alerts"
+
+    def start(self) -> AlertWebhook:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def authorised(self, header: str | None) -> bool:
+        expected = f"Bearer {self.token}".encode()
+        return hmac.compare_digest((header or "").encode(), expected)
+
+    def pending(self) -> list[dict[str, Any]]:
+        if self.approvals is None:
+            return []
+        return [
+            {
+                "id": p.id,
+                "action": p.action.to_json(),
+                "finding": p.finding.to_json(),
+                "since": p.since,
+            }
+            for p in self.approvals.pending()
+        ]
+
+    def decide(self, path: str) -> Decision:
+        """Approves or rejects ``/pending/<id>/<approve|reject>``.
+
+        Raises:
+            RemediationError: no approvals, an unknown id or verb.
+        """
+        parts = path.strip("/").split("/")
+        if self.approvals is None or len(parts) != 3 or not parts[1].isdigit():
+            raise RemediationError(f"no such approval path {path}; use /pending/<id>/approve")
+        if parts[2] == "approve":
+            decision = self.approvals.approve(int(parts[1]))
+        elif parts[2] == "reject":
+            decision = self.approvals.reject(int(parts[1]), "rejected through the webhook")
+        else:
+            raise RemediationError(f"unknown verb {parts[2]!r}; use approve or reject")
+        self.on_decision(decision)
+        return decision
+
+    def accept(self, payload: Mapping[str, Any]) -> list[Decision]:
+        """Turns a webhook payload into findings and hands each to remediation."""
+        decisions: list[Decision] = []
+        for alert in payload.get("alerts", []):
+            finding = alert_to_finding(alert)
+            if finding is None:
+                continue
+            self.received.append(finding)
+            for decision in self.handle(finding):
+                decisions.append(decision)
+                try:
+                    self.on_decision(decision)
+                except Exception:
+                    log.exception("on_decision raised; the decision stands")
+        return decisions
+
+
+def _handler(hook: AlertWebhook) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if not hook.authorised(self.headers.get("Authorization")):
+                return self._reply(401, {"error": "missing or wrong bearer token"})
+            if self.path != "/pending":
+                return self._reply(404, {"error": f"no such path {self.path}; use /pending"})
+            return self._reply(200, {"pending": hook.pending()})
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            if not hook.authorised(self.headers.get("Authorization")):
+                return self._reply(401, {"error": "missing or wrong bearer token"})
+            if self.path.startswith("/pending/"):
+                try:
+                    decision = hook.decide(self.path)
+                except RemediationError as exc:
+                    return self._reply(404, {"error": str(exc)})
+                return self._reply(200, {"outcome": decision.outcome.to_json()})
+            if self.path != "/alerts":
+                return self._reply(404, {"error": f"no such path {self.path}; use /alerts"})
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                return self._reply(413, {"error": f"body over {MAX_BODY} bytes"})
+            try:
+                payload = json.loads(self.rfile.read(length))
+                decisions = hook.accept(payload)
+            except (ValueError, TypeError, AttributeError) as exc:
+                return self._reply(400, {"error": f"not an Alertmanager payload: {exc}"})
+            actions = [d.outcome.to_json() for d in decisions]
+            return self._reply(200, {"decisions": len(decisions), "outcomes": actions})
+
+        def _reply(self, status: int, body: Mapping[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("webhook: " + format, *args)
+
+    return Handler

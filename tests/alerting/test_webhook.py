@@ -1,0 +1,148 @@
+"""The webhook receiver, over real HTTP on loopback, feeding a real Remediator."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from eagleeye.alerting import AlertWebhook, alert_to_finding
+from eagleeye.errors import EagleEyeError
+from ft_runtime.testing import FakeRuntime
+from ft_runtime.types import ActionKind
+from remediation import Hooks, Remediator, parse_policy
+
+POLICY = """
+[policy]
+dry_run = false
+[[rule]]
+kind = "xid"
+min_severity = "critical"
+do = ["checkpoint:replica", "evict:node", "restart:replica"]
+"""
+
+
+def alert(status: str = "firing", **labels: str) -> dict:
+    base = {"alertname": "GpuXidFatal", "kind": "xid", "severity": "critical", "gpu": "0"}
+    return {
+        "status": status,
+        "labels": {**base, **labels},
+        "annotations": {"value": "79"},
+        "startsAt": "2026-11-22T00:10:00.123456789Z",
+        "fingerprint": "abc",
+    }
+
+
+@pytest.fixture
+def hook() -> Iterator[tuple[AlertWebhook, FakeRuntime]]:
+    runtime = FakeRuntime()
+    remediator = Remediator(parse_policy(POLICY), runtime, hooks=Hooks())
+    stored: list = []
+    webhook = AlertWebhook(remediator.handle, token="s3cret", on_decision=stored.append).start()
+    yield webhook, runtime
+    webhook.stop()
+
+
+def post(url: str, body: object, token: str | None = "s3cret") -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_a_fatal_xid_alert_evicts_its_node(hook) -> None:
+    webhook, runtime = hook
+    assert webhook.url.startswith("http://127.0.0.1:")
+    status, body = post(webhook.url, {"alerts": [alert(node="n7")]})
+    assert status == 200
+    assert body["decisions"] == 3
+    assert [(a.kind, a.target) for a in runtime.actions] == [
+        (ActionKind.CHECKPOINT, "job"),
+        (ActionKind.EVICT, "node:n7"),
+        (ActionKind.RESTART, "job"),
+    ]
+    (finding,) = webhook.received
+    assert finding.evidence == {"value": 79.0, "gpu": 0.0}
+    assert finding.detector == "alertmanager:GpuXidFatal"
+    # Alertmanager re-sends the same alert: the same finding, no second eviction.
+    post(webhook.url, {"alerts": [alert(node="n7")]})
+    assert len(runtime.actions) == 3
+
+
+def test_token_path_and_payload_are_checked(hook) -> None:
+    webhook, runtime = hook
+    assert post(webhook.url, {"alerts": [alert()]}, token=None)[0] == 401
+    assert post(webhook.url, {"alerts": [alert()]}, token="wrong")[0] == 401
+    assert post(webhook.url.replace("/alerts", "/x"), {})[0] == 404
+    status, body = post(webhook.url, b"{not json")
+    assert status == 400
+    assert "not an Alertmanager payload" in body["error"]
+    status, body = post(webhook.url, {"alerts": [{"labels": {"alertname": "Other"}}]})
+    assert status == 400
+    assert "no 'kind' label" in body["error"]
+    assert runtime.actions == []
+
+
+def test_resolved_alerts_are_ignored_and_dcgm_hostnames_name_the_node() -> None:
+    assert alert_to_finding(alert("resolved")) is None
+    finding = alert_to_finding(alert(Hostname="gpu-node-07", rank="5"))
+    assert finding is not None
+    assert finding.subject.node == "gpu-node-07"
+    assert finding.subject.rank == 5
+    expected = datetime(2026, 11, 22, 0, 10, 0, 123456, tzinfo=UTC).timestamp()
+    assert finding.time == pytest.approx(expected)
+
+
+def test_a_webhook_without_a_token_is_refused() -> None:
+    with pytest.raises(EagleEyeError, match="needs a token"):
+        AlertWebhook(lambda f: [], token="")
+
+
+def get(url: str, token: str | None = "s3cret") -> tuple[int, dict]:
+    request = urllib.request.Request(url)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_manual_approval_over_http() -> None:
+    runtime = FakeRuntime()
+    policy = parse_policy(
+        POLICY.replace("dry_run = false", 'dry_run = false\napproval = ["evict"]')
+    )
+    remediator = Remediator(policy, runtime, hooks=Hooks())
+    stored: list = []
+    webhook = AlertWebhook(
+        remediator.handle, token="s3cret", on_decision=stored.append, approvals=remediator
+    ).start()
+    base = webhook.url.removesuffix("/alerts")
+    try:
+        post(webhook.url, {"alerts": [alert(node="n3")]})
+        assert [a.kind for a in runtime.actions] == [ActionKind.CHECKPOINT, ActionKind.RESTART]
+        assert get(f"{base}/pending", token="bad")[0] == 401
+        status, body = get(f"{base}/pending")
+        assert status == 200
+        (item,) = body["pending"]
+        assert item["action"]["target"] == "node:n3"
+        status, body = post(f"{base}/pending/{item['id']}/approve", {})
+        assert status == 200
+        assert body["outcome"]["status"] == "done"
+        assert runtime.actions[-1].target == "node:n3"
+        assert stored[-1].outcome.status.value == "done"
+        assert post(f"{base}/pending/{item['id']}/approve", {})[0] == 404  # already decided
+        assert get(f"{base}/pending")[1] == {"pending": []}
+    finally:
+        webhook.stop()
