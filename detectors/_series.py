@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 
 from collector.types import JOB, Frame
 from detectors.stepbatch import StepBatch
+from detectors.types import Finding
 
 
 class RobustWindow:
@@ -44,6 +46,26 @@ def job_frame(batch: StepBatch, features: tuple[str, ...]) -> Frame | None:
     if not values:
         return None
     return Frame(JOB, batch.step, batch.time, values)
+
+
+class JobSeries:
+    """Base of detectors that read one feature as a job-wide series.
+
+    A subclass sets ``feature`` and implements ``process``; the step-batch form and the
+    (empty) time poll come from here.
+    """
+
+    feature: str
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        raise NotImplementedError
+
+    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
+        frame = job_frame(batch, (self.feature,))
+        return self.process(frame) if frame is not None else ()
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return ()
 
 
 def finite(frame: Frame, feature: str) -> float | None:

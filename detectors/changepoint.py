@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from collector.types import Frame, Subject
-from detectors._series import RobustWindow, finite, job_frame
-from detectors.stepbatch import StepBatch
+from detectors._series import JobSeries, RobustWindow, finite
 from detectors.types import Finding, Severity
 
 
@@ -24,7 +23,7 @@ class _State:
     run: int = 0
 
 
-class ThroughputChange:
+class ThroughputChange(JobSeries):
     """Fires ``throughput_drop`` when the step time shifts up by ``min_shift`` or more.
 
     Args:
@@ -112,13 +111,6 @@ class ThroughputChange:
                 self.name,
             ),
         )
-
-    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
-        frame = job_frame(batch, (self.feature,))
-        return self.process(frame) if frame is not None else ()
-
-    def poll(self, now: float) -> Sequence[Finding]:
-        return ()
 
     def _state(self, subject: Subject) -> _State:
         state = self._states.get(subject)

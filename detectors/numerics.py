@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from collector.types import Frame, Subject
-from detectors._series import RobustWindow, finite, job_frame
-from detectors.stepbatch import StepBatch
+from detectors._series import JobSeries, RobustWindow, finite
 from detectors.types import Finding, Severity
 
 
@@ -19,7 +18,7 @@ class _State:
     fired: bool = False
 
 
-class SeriesSpike:
+class SeriesSpike(JobSeries):
     """Fires when a series jumps above its recent level: loss spikes, grad-norm spikes.
 
     A value is a spike when it exceeds the median of the last ``window`` values by ``z``
@@ -102,13 +101,6 @@ class SeriesSpike:
             ),
         )
 
-    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
-        frame = job_frame(batch, (self.feature,))
-        return self.process(frame) if frame is not None else ()
-
-    def poll(self, now: float) -> Sequence[Finding]:
-        return ()
-
     def _state(self, subject: Subject) -> _State:
         state = self._states.get(subject)
         if state is None:
@@ -126,7 +118,7 @@ def grad_norm_spike(**params: float) -> SeriesSpike:
     return SeriesSpike("grad_norm", "grad_spike", **params)  # type: ignore[arg-type]
 
 
-class Divergence:
+class Divergence(JobSeries):
     """Fires ``divergence`` when the smoothed loss climbs well above its best and stays there.
 
     An EMA of the loss (``alpha``) is compared with the lowest EMA seen; ``persistence``
@@ -193,10 +185,3 @@ class Divergence:
                 self.name,
             ),
         )
-
-    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
-        frame = job_frame(batch, (self.feature,))
-        return self.process(frame) if frame is not None else ()
-
-    def poll(self, now: float) -> Sequence[Finding]:
-        return ()
