@@ -38,8 +38,12 @@ def drain(receiver: TelemetryReceiver, stop: threading.Event) -> None:
 
 def per_call_costs(hook: TrainingHook, rounds: int = 20000) -> dict[str, float]:
     """Median µs of each kind of hook call."""
-    costs: dict[str, list[float]] = {"step_start": [], "section": [], "collective": [],
-                                     "step_end(5 metrics)": []}
+    costs: dict[str, list[float]] = {
+        "step_start": [],
+        "section": [],
+        "collective": [],
+        "step_end(5 metrics)": [],
+    }
     clock = time.perf_counter_ns
     for step in range(rounds):
         t0 = clock()
@@ -90,8 +94,9 @@ def step_overhead(hook: TrainingHook, steps: int, preset: str) -> tuple[float, f
         with section("optimizer"):
             opt.step()
         if instrumented:
-            hook.step_end(step, loss=loss.item(), grad_norm=1.0, lr=1e-3, tokens=512.0,
-                          skipped_step=0.0)
+            hook.step_end(
+                step, loss=loss.item(), grad_norm=1.0, lr=1e-3, tokens=512.0, skipped_step=0.0
+            )
         else:
             loss.item()
         if step >= 10:  # warm-up steps are not measured
@@ -110,11 +115,13 @@ def main() -> None:
     stop = threading.Event()
     threading.Thread(target=drain, args=(receiver, stop), daemon=True).start()
     publisher = TelemetryPublisher(receiver.address, high_water_mark=100_000)
-    hook = TrainingHook(publisher.send, {"rank": "0", "replica": "0", "node": "node0"},
-                        queue_size=100_000)
+    hook = TrainingHook(
+        publisher.send, {"rank": "0", "replica": "0", "node": "node0"}, queue_size=100_000
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0,
-                                world_size=1)
+        dist.init_process_group(
+            "gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1
+        )
         costs = per_call_costs(hook)
         bare, full, calls = step_overhead(hook, args.steps, args.preset)
         dist.destroy_process_group()
@@ -126,11 +133,15 @@ def main() -> None:
     worst = max(costs.values())
     print(f"  worst median           {worst:7.2f} µs (budget 20 µs)")
     print(f"step time, {args.preset} preset, {args.steps} interleaved pairs:")
-    print(f"  bare {bare * 1e3:.2f} ms, instrumented {full * 1e3:.2f} ms, "
-          f"measured overhead {100 * (full / bare - 1):+.2f} %")
+    print(
+        f"  bare {bare * 1e3:.2f} ms, instrumented {full * 1e3:.2f} ms, "
+        f"measured overhead {100 * (full / bare - 1):+.2f} %"
+    )
     estimate = calls * statistics.mean(costs.values()) * 1e-6 / bare
-    print(f"  hook calls per step {calls}: {100 * estimate:.3f} % of the step by call cost "
-          f"(budget 0.5 %)")
+    print(
+        f"  hook calls per step {calls}: {100 * estimate:.3f} % of the step by call cost "
+        f"(budget 0.5 %)"
+    )
     print(f"  telemetry dropped: {hook.dropped + publisher.dropped}")
 
 

@@ -34,7 +34,10 @@ def test_real_collectives_are_timed_with_op_bytes_and_sequence(process_group) ->
     hook.close()
     rows = [row for batch in batches for row in batch if row[0] == "collective"]
     assert [(r[4]["op"], r[4]["bytes"], r[4]["seq"]) for r in rows] == [
-        ("all_reduce", "1024", "0"), ("all_reduce", "1024", "1"), ("barrier", "0", "2")]
+        ("all_reduce", "1024", "0"),
+        ("all_reduce", "1024", "1"),
+        ("barrier", "0", "2"),
+    ]
     assert all(r[1] >= 0 for r in rows)
     assert torch.equal(tensor, torch.ones(256))  # the collective itself is unchanged
 
@@ -52,8 +55,14 @@ def test_a_missing_rank_shows_in_its_node_frame_and_never_blocks_it() -> None:
         agg.expect(Subject(replica=rank // 2, rank=rank, node=f"node{rank // 2}"))
     out = []
     for rank in (0, 1, 2):  # rank 3 never reports step 7
-        out += agg.add(Frame(Subject(replica=rank // 2, rank=rank, node=f"node{rank // 2}"),
-                             7, 100.0, {"step_time": 0.1 * (rank + 1)}))
+        out += agg.add(
+            Frame(
+                Subject(replica=rank // 2, rank=rank, node=f"node{rank // 2}"),
+                7,
+                100.0,
+                {"step_time": 0.1 * (rank + 1)},
+            )
+        )
     complete = {f.subject: f for f in out}
     node0 = complete[Subject(node="node0")]
     assert node0.values["step_time.max"] == pytest.approx(0.2)

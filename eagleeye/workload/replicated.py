@@ -1,0 +1,164 @@
+"""The reference workload's loop under replica recovery (`eagleeye run --recovery replica`).
+
+Inside a replica the ranks are data-parallel over a gloo (or NCCL) group of their own;
+across replicas the gradient goes through ``ft_runtime.ftar``'s fault-tolerant all-reduce.
+A relaunched replica first catches up from a healthy peer and sends a zero gradient in its
+first exchange. Each replica reads its own stream of batches, and which batches it trained
+is recorded in the quorum's store, so a restart neither repeats nor skips one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch.nn.utils import clip_grad_norm_
+
+import eagleeye
+from eagleeye.workload.data import ShardedSampler
+from eagleeye.workload.model import GPT
+from ft_runtime import _dist as dist
+from ft_runtime.ftar import ExchangeResult, ReplicaComm
+from ft_runtime.quorum import ENV_QUORUM
+
+
+def connect(ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimizer) -> ReplicaComm:
+    """The rank's replica communicator, from the environment the supervisor set."""
+    address = os.environ[ENV_QUORUM]
+    host, _, port = address.rpartition(":")
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+    env = os.environ
+    return ReplicaComm(
+        store,
+        address,
+        replica=ee.replica,
+        replica_rank=int(env.get("EAGLEEYE_REPLICA_RANK", 0)),
+        replica_size=int(env.get("EAGLEEYE_REPLICA_SIZE", 1)),
+        num_replicas=int(env.get("EAGLEEYE_NUM_REPLICAS", 1)),
+        incarnation=ee.attempt,
+        state_fn=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        cross_timeout_s=float(env.get("EAGLEEYE_CROSS_TIMEOUT_S", 30.0)),
+    )
+
+
+def seek(sampler: ShardedSampler, batch: int) -> None:
+    """Moves the sampler to this replica's ``batch``-th global batch."""
+    global_batch = sampler.batch_size * sampler.world_size
+    per_epoch = sampler.num_windows // global_batch
+    state = {
+        "epoch": batch // per_epoch,
+        "position": (batch % per_epoch) * global_batch,
+        "seed": sampler.seed,
+    }
+    sampler.load_state_dict(state)
+
+
+def train(
+    ee: eagleeye.RankSession,
+    args: argparse.Namespace,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    sampler: ShardedSampler,
+    current: dict[str, int],
+    learning_rate: object,
+) -> float:
+    """Trains to ``args.steps`` as one replica among others; returns the last local loss."""
+    params = list(model.parameters())
+    comm = connect(ee, model, optimizer)
+    start, joining = 0, comm.incarnation > 0
+    if joining:
+        start, state = comm.join()
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        ee.hook.event("event.restore", float(start), tier="peer")
+    batch = comm.next_batch()
+    seek(sampler, batch)
+    loss_value = math.nan
+    for step in range(start, args.steps):
+        current["step"] = step
+        ee.step_start(step)
+        ee.faults.fire(step)
+        loss = _local_gradient(ee, model, optimizer, sampler, step, joining)
+        ee.faults.fire(step, "collective")
+        result = _exchange(ee, comm, params, step, batch)
+        with ee.section("optimizer"):
+            lr = learning_rate(step, args) * result.lr_scale  # type: ignore[operator]
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            grad_norm = float(clip_grad_norm_(params, 1.0))
+            if math.isfinite(grad_norm):
+                optimizer.step()
+        comm.after_step(step)
+        metrics = {
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "replicas": float(result.contributors),
+            "epoch": float(result.epoch),
+            "exchange_retries": float(result.retries),
+            "catch_up": float(joining),
+        }
+        if loss is not None:
+            loss_value = loss
+            metrics |= {"loss": loss, "tokens": float(sampler.batch_size * sampler.block_size)}
+            metrics["batch"] = float(batch)
+            batch += 1
+        joining = False
+        ee.step_end(step, **metrics)
+    _save_params(args, ee, model)
+    comm.close()
+    return loss_value
+
+
+def _local_gradient(
+    ee: eagleeye.RankSession,
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    sampler: ShardedSampler,
+    step: int,
+    joining: bool,
+) -> float | None:
+    """Forward and backward on this replica's next batch; a joiner has none (zeros)."""
+    optimizer.zero_grad(set_to_none=False)
+    if joining:
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        return None
+    with ee.section("data"):
+        x, y = sampler.next_batch()
+    with ee.section("forward"):
+        _, loss = model(x, y)
+        assert loss is not None
+        loss = loss * ee.faults.loss_multiplier(step)
+    with ee.section("backward"):
+        loss.backward()
+    return float(loss.item())
+
+
+def _exchange(
+    ee: eagleeye.RankSession,
+    comm: ReplicaComm,
+    params: list[torch.nn.Parameter],
+    step: int,
+    batch: int,
+) -> ExchangeResult:
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    with ee.section("allreduce"), ee.collective("ft_all_reduce", flat.numel() * 4, "replicas"):
+        result = comm.exchange(flat, step, batch)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+    return result
+
+
+def _save_params(args: argparse.Namespace, ee: eagleeye.RankSession, model: GPT) -> None:
+    """Writes the final parameters (tests compare them across replicas bit for bit)."""
+    if getattr(args, "params_out", None):
+        folder = Path(args.params_out)
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), folder / f"rank-{ee.rank}.pt")
