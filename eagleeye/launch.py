@@ -47,8 +47,8 @@ class JobConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     hang_k: float = 10.0
     hang_min_silence_s: float = 5.0
-    stall_factor: float = 2.0
-    stall_floor_s: float = 0.3
+    stall_factor: float = 1.5
+    stall_floor_s: float = 0.15
     min_replicas: int = 1
 
     def __post_init__(self) -> None:

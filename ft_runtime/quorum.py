@@ -91,8 +91,8 @@ class QuorumService:
         replica_size: int,
         host: str = "127.0.0.1",
         min_replicas: int = 1,
-        stall_factor: float = 2.0,
-        stall_floor_s: float = 0.3,
+        stall_factor: float = 1.5,
+        stall_floor_s: float = 0.15,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.replicas = replicas
