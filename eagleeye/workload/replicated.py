@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def train(
     loss_value = math.nan
     for step in range(start, args.steps):
         current["step"] = step
+        began = time.perf_counter()
         ee.step_start(step)
         ee.faults.fire(step)
         loss = _local_gradient(ee, model, optimizer, sampler, step, joining)
@@ -107,6 +109,7 @@ def train(
             metrics["batch"] = float(batch)
             batch += 1
         joining = False
+        time.sleep(max(0.0, args.step_floor_s - (time.perf_counter() - began)))
         ee.step_end(step, **metrics)
     _save_params(args, ee, model)
     comm.close()

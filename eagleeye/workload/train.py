@@ -44,6 +44,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--params-out", default=None, help="save each rank's final parameters in this folder"
     )
+    p.add_argument(
+        "--step-floor-s",
+        type=float,
+        default=0.0,
+        help="pad every step to at least this long (stands in for a bigger model's compute "
+        "in tests and benchmarks; replica recovery only)",
+    )
     return p.parse_args(argv)
 
 

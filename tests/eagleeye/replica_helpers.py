@@ -13,7 +13,10 @@ from ft_runtime.layout import JobLayout
 
 
 def workload(steps: int, params_out: Path, preset: str = "small") -> list[str]:
+    """The test workload; steps padded to 0.1 s so survivors cannot outrun a restart."""
     return [
+        "--step-floor-s",
+        "0.1",
         "--preset",
         preset,
         "--steps",

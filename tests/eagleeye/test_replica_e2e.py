@@ -20,7 +20,7 @@ from tests.eagleeye.replica_helpers import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420)]
-STEPS = 160
+STEPS = 240
 
 
 def _committed_batches(steps: pd.DataFrame, rank: int) -> list[int]:
@@ -30,7 +30,7 @@ def _committed_batches(steps: pd.DataFrame, rank: int) -> list[int]:
 
 def test_killed_ranks_cost_only_their_replica_which_catches_up_bit_for_bit(tmp_path) -> None:
     # One kill between steps (rank 1), one in the middle of backward (rank 2).
-    faults = ("kill:rank=1@step=10", "kill:rank=2@step=70,phase=backward")
+    faults = ("kill:rank=1@step=10", "kill:rank=2@step=40,phase=backward")
     result = run_replicas(tmp_path, "faulted", STEPS, faults)
     assert result.succeeded
     steps = steps_table(result.run_dir)
