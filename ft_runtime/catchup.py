@@ -10,6 +10,9 @@ Endpoints (loopback by default; a bearer token when one is set)::
 
     GET /snapshot/<tag>/meta        {"tag", "step", "bytes", "chunk_bytes", "sha256": [...]}
     GET /snapshot/<tag>/chunk/<i>   the i-th chunk
+    GET /log/<step>                 the update the sender applied at that step (its SHA-256
+                                    in the X-SHA256 header), so a receiver can replay the
+                                    steps trained since the snapshot
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class SnapshotServer:
         self.token = token
         self.chunk_bytes = chunk_bytes
         self.snapshots: dict[str, _Snapshot] = {}
+        self.log: dict[int, bytes] = {}
         self.bytes_sent = 0
         self._lock = threading.Lock()
         self._next_send = 0.0
@@ -134,6 +138,14 @@ def _handler(server: SnapshotServer) -> type[BaseHTTPRequestHandler]:
                 self.send_error(401, "missing or wrong bearer token")
                 return
             parts = self.path.strip("/").split("/")
+            if len(parts) == 2 and parts[0] == "log" and parts[1].isdigit():
+                entry = server.log.get(int(parts[1]))
+                if entry is None:
+                    self.send_error(404, f"no update logged for step {parts[1]}")
+                else:
+                    server.throttle(len(entry))
+                    self._send(entry, hashlib.sha256(entry).hexdigest())
+                return
             if len(parts) < 3 or parts[0] != "snapshot" or parts[1] not in server.snapshots:
                 self.send_error(404, f"no snapshot at {self.path}")
                 return
@@ -153,9 +165,11 @@ def _handler(server: SnapshotServer) -> type[BaseHTTPRequestHandler]:
             server.throttle(len(chunk))
             self._send(chunk)
 
-        def _send(self, body: bytes) -> None:
+        def _send(self, body: bytes, digest: str = "") -> None:
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
+            if digest:
+                self.send_header("X-SHA256", digest)
             self.end_headers()
             self.wfile.write(body)
 
@@ -188,6 +202,36 @@ def fetch_snapshot(
         raise CatchUpError(f"snapshot {tag}: got {len(payload)} bytes, expected {meta['bytes']}")
     state = torch.load(io.BytesIO(bytes(payload)), weights_only=True, map_location="cpu")
     return int(meta["step"]), state
+
+
+def fetch_update(address: str, step: int, token: str = "") -> dict[str, Any] | None:
+    """The update a peer applied at ``step``, or None while it has not logged it yet.
+
+    Raises:
+        CatchUpError: the peer is unreachable or the entry fails its checksum.
+    """
+    request = urllib.request.Request(f"http://{address}/log/{step}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body, digest = bytes(response.read()), response.headers.get("X-SHA256", "")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise CatchUpError(f"cannot fetch update {step} from {address}: {exc}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise CatchUpError(f"cannot fetch update {step} from {address}: {exc}") from exc
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise CatchUpError(f"update {step} from {address} fails its checksum")
+    entry = torch.load(io.BytesIO(body), weights_only=True)
+    return dict(entry)
+
+
+def encode_update(update: Mapping[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(dict(update), buffer)
+    return buffer.getvalue()
 
 
 def _get(url: str, token: str, timeout_s: float) -> bytes:

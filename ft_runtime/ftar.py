@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from ft_runtime import _dist as dist
-from ft_runtime.catchup import SnapshotServer, fetch_snapshot
-from ft_runtime.errors import CatchUpError, LeftQuorum
+from ft_runtime.catchup import SnapshotServer
+from ft_runtime.errors import LeftQuorum
 from ft_runtime.quorum import Membership, key_broken, key_members, key_start
+from ft_runtime.rejoin import Apply, CatchUpClient, CatchUpSource
 
 _FIELDS = 5  # contributed, batch, epoch seen, step, present
 
@@ -98,39 +99,48 @@ class ReplicaComm:
         self._published = -1
         self._zero_next = False
         self._abandoned: list[object] = []
+        self._catching_up: CatchUpClient | None = None
+        self.replayed = 0
+        self.source = CatchUpSource(store, self.server, replica, state_fn)
 
     # ---- joining -------------------------------------------------------------------------------
-    def join(self, timeout_s: float = 300.0) -> tuple[int, dict[str, Any]]:
-        """Asks to rejoin, waits for the epoch that admits this replica, fetches a healthy
-        peer's state; returns (first step to train, state). The first exchange after it
-        sends a zero gradient."""
+    def join(
+        self,
+        load: Callable[[dict[str, Any]], None],
+        apply: Apply,
+        timeout_s: float = 300.0,
+    ) -> int:
+        """Catches up with a healthy peer without stalling it, then asks to be admitted.
+
+        ``load`` receives the peer's snapshot; ``apply(update, lr)`` replays one logged step.
+        Returns the first step this replica trains with the others; the first exchange
+        from there sends a zero gradient.
+        """
+        deadline = time.monotonic() + timeout_s
+        source = self._latest().source
+        client = CatchUpClient(self.store, self.replica, self.replica_rank, self.token)
+        client.request(source, source * self.replica_size + self.replica_rank, self.incarnation)
+        step, state = client.snapshot(deadline)
+        load(state)
+        step = client.replay(step, None, apply, deadline)
         if self.replica_rank == 0:
             self.store.set(f"q/join/{self.replica}", str(self.incarnation))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:  # keep up with the source until the quorum admits this replica
             membership = self._latest()
-            started = self.store.check([key_start(membership.epoch)])
-            if self.replica in membership.joining and started:
+            if self.replica in membership.joining and self.store.check(
+                [key_start(membership.epoch)]
+            ):
                 break
-            time.sleep(0.01)
-        else:
-            raise LeftQuorum(f"replica {self.replica} was not admitted within {timeout_s:.0f} s")
+            if time.monotonic() > deadline:
+                raise LeftQuorum(f"replica {self.replica} was not admitted in {timeout_s:.0f} s")
+            step = client.replay(step, None, apply, deadline)
+            time.sleep(0.005)
         start = int(self.store.get(key_start(membership.epoch)))
-        source = membership.source * self.replica_size + self.replica_rank
-        address = self.store.get(f"addr/{source}").decode()
-        state = self._fetch(address, f"e{membership.epoch}", deadline)
+        self.replayed = client.replay(step, start, apply, deadline) - step
         self.membership = membership
         self._zero_next = True
-        return start, state
-
-    def _fetch(self, address: str, tag: str, deadline: float) -> dict[str, Any]:
-        while True:  # the source publishes right after it commits: retry until it has
-            try:
-                return fetch_snapshot(address, tag, self.token)[1]
-            except CatchUpError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+        self._catching_up = client
+        return start
 
     def next_batch(self, start: int = 0) -> int:
         """This replica's first batch not yet trained (exactly-once accounting)."""
@@ -208,23 +218,25 @@ class ReplicaComm:
                     self.store.set(f"data/{replica}/{int(result[1, replica])}", "1")
         if agreed > self.membership.epoch:
             self._pending = self._read(agreed)
+        if self._zero_next and self._catching_up is not None:
+            self._catching_up.done()
         self._zero_next = False
         members = int(result[4].sum().item())
         scale = math.sqrt(contributors / self.num_replicas) if self.lr_scaling else 1.0
         return ExchangeResult(self.membership.epoch, members, contributors, retries, scale)
 
-    def after_step(self, step: int) -> None:
-        """Call after the optimizer step: serves the state if a joiner needs it from us."""
+    def after_step(self, step: int, update: torch.Tensor, lr: float) -> None:
+        """Call after the optimizer step with the averaged gradient and the lr it applied:
+        serves catch-up requests, and tells an admitted joiner where it starts."""
+        self.source.after_step(step, update, lr)
         pending = self._pending
         if pending is not None and pending.joining and self.replica == pending.source:
-            self._publish(pending, step + 1)
+            self._announce_start(pending, step + 1)
 
-    def _publish(self, membership: Membership, start: int) -> None:
-        if self._published == membership.epoch:
-            return
-        self._published = membership.epoch
-        self.server.publish(f"e{membership.epoch}", start, self.state_fn())
-        self.store.set(key_start(membership.epoch), str(start))
+    def _announce_start(self, membership: Membership, start: int) -> None:
+        if self._published != membership.epoch:
+            self._published = membership.epoch
+            self.store.set(key_start(membership.epoch), str(start))
 
     # ---- membership ---------------------------------------------------------------------------
     def _latest(self) -> Membership:
@@ -256,7 +268,7 @@ class ReplicaComm:
         self._switch(membership)
         if membership.joining and self.replica == membership.source:
             step = int(self.store.get(f"hb/{self.rank}").decode().split()[0])
-            self._publish(membership, step)
+            self._announce_start(membership, step)
 
     def _vote(self, ok: bool, agreed: int, behind: bool) -> tuple[bool, int, bool]:
         """Phase one of the commit: every rank of the replica says whether it succeeded."""

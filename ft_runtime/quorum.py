@@ -139,6 +139,9 @@ class QuorumService:
         if replica not in self.current.members or self.store is None:
             return None
         self.store.set(key_broken(self.current.epoch), reason)
+        # A dropped replica is admitted again only as the incarnation restarted after this.
+        self._incarnation.pop(replica, None)
+        self.store.delete_key(f"q/join/{replica}")
         members = tuple(r for r in self.current.members if r != replica)
         joining = tuple(r for r in self.current.joining if r != replica)
         self._publish(Membership(self.current.epoch + 1, members, joining))

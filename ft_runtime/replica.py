@@ -271,6 +271,12 @@ class ReplicaSupervisor(JobSupervisor):
             status = OutcomeStatus.DONE if done else OutcomeStatus.SKIPPED
             return self._outcome(action, status, f"replica {replica} isolated" if done else "")
         if kind is ActionKind.RESTART:
+            if self.quorum.healthy == (replica,):
+                return self._outcome(
+                    action,
+                    OutcomeStatus.SKIPPED,
+                    f"replica {replica} is the only healthy one: nobody to catch up from",
+                )
             if not self.restart_replica(replica, action.reason):
                 return self._outcome(
                     action, OutcomeStatus.FAILED, f"replica {replica} evicted: budget spent"

@@ -15,6 +15,7 @@ import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn.utils import clip_grad_norm_
@@ -72,9 +73,12 @@ def train(
     comm = connect(ee, model, optimizer)
     start, joining = 0, comm.incarnation > 0
     if joining:
-        start, state = comm.join()
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+
+        def load(state: dict[str, Any]) -> None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+
+        start = comm.join(load, lambda update, lr: _apply(params, optimizer, update, lr))
         ee.hook.event("event.restore", float(start), tier="peer")
     batch = comm.next_batch()
     seek(sampler, batch)
@@ -86,15 +90,11 @@ def train(
         ee.faults.fire(step)
         loss = _local_gradient(ee, model, optimizer, sampler, step, joining)
         ee.faults.fire(step, "collective")
-        result = _exchange(ee, comm, params, step, batch)
+        flat, result = _exchange(ee, comm, params, step, batch)
         with ee.section("optimizer"):
             lr = learning_rate(step, args) * result.lr_scale  # type: ignore[operator]
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            grad_norm = float(clip_grad_norm_(params, 1.0))
-            if math.isfinite(grad_norm):
-                optimizer.step()
-        comm.after_step(step)
+            grad_norm = _apply(params, optimizer, flat, lr)
+        comm.after_step(step, flat, lr)
         metrics = {
             "grad_norm": grad_norm,
             "lr": lr,
@@ -103,6 +103,8 @@ def train(
             "exchange_retries": float(result.retries),
             "catch_up": float(joining),
         }
+        if joining:
+            metrics["replayed_steps"] = float(comm.replayed)
         if loss is not None:
             loss_value = loss
             metrics |= {"loss": loss, "tokens": float(sampler.batch_size * sampler.block_size)}
@@ -147,16 +149,34 @@ def _exchange(
     params: list[torch.nn.Parameter],
     step: int,
     batch: int,
-) -> ExchangeResult:
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
+) -> tuple[torch.Tensor, ExchangeResult]:
+    """The averaged flat gradient of this step and how the exchange went."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
     with ee.section("allreduce"), ee.collective("ft_all_reduce", flat.numel() * 4, "replicas"):
         result = comm.exchange(flat, step, batch)
+    return flat, result
+
+
+def _apply(
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    flat: torch.Tensor,
+    lr: float,
+) -> float:
+    """One optimizer step from an averaged flat gradient; the same code trains and replays,
+    so a replayed step gives bitwise the parameters of the trained one."""
     offset = 0
-    for grad in grads:
-        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
-    return result
+    for p in params:
+        if p.grad is None:  # a replica that replays before its first backward
+            p.grad = torch.zeros_like(p)
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    grad_norm = float(clip_grad_norm_(params, 1.0))
+    if math.isfinite(grad_norm):  # a non-finite gradient is dropped by every replica alike
+        optimizer.step()
+    return grad_norm
 
 
 def _save_params(args: argparse.Namespace, ee: eagleeye.RankSession, model: GPT) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TypeVar
 
 import pytest
 
@@ -16,6 +19,17 @@ def quorum(clock):
     service.start()
     yield service
     service.close()
+
+
+T = TypeVar("T")
+
+
+def eventually(poll: Callable[[], T | None], timeout_s: float = 5.0) -> T | None:
+    """Polls until a result comes: SETs from another connection arrive asynchronously."""
+    deadline = time.monotonic() + timeout_s
+    while (result := poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return result
 
 
 def client(service: QuorumService) -> dist.TCPStore:
@@ -47,12 +61,16 @@ def test_a_relaunched_replica_is_admitted_as_joining_then_healthy(quorum) -> Non
     store.set("q/join/2", "0")  # a stale incarnation does not count
     assert quorum.poll_joins() is None
     store.set("q/join/2", "1")
-    joined = quorum.poll_joins()
+    joined = eventually(quorum.poll_joins)
     assert joined == Membership(2, (0, 1, 2), (2,))
     assert joined.source == 0
     assert quorum.healthy == (0, 1)
     store.set(key_start(2), "40")  # the source published its state: the join is done
-    quorum.settle_joins()
+    # A SET on another connection is not acknowledged: the service sees it on a later poll.
+    deadline = time.monotonic() + 5
+    while quorum.healthy != (0, 1, 2) and time.monotonic() < deadline:
+        quorum.settle_joins()
+        time.sleep(0.01)
     assert quorum.healthy == (0, 1, 2)
 
 
