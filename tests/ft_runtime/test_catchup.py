@@ -70,3 +70,14 @@ def test_the_rate_limit_schedules_chunks_no_faster_than_asked() -> None:
         assert srv._next_send - before == pytest.approx(1.0, abs=0.05)
     finally:
         srv.close()
+
+
+def test_logged_updates_are_served_by_step_and_verified(server) -> None:
+    from ft_runtime.catchup import encode_update, fetch_update
+
+    server.log[7] = encode_update({"update": torch.arange(4.0), "lr": 0.5})
+    entry = fetch_update(server.address, 7, token="secret")
+    assert entry is not None
+    assert torch.equal(entry["update"], torch.arange(4.0))
+    assert entry["lr"] == 0.5
+    assert fetch_update(server.address, 8, token="secret") is None  # not trained yet
