@@ -53,7 +53,7 @@ def run(root: Path, name: str, args: argparse.Namespace, recovery: str, fault: s
 def samples(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     reader = RunReader(run_dir)
     try:
-        steps = reader.samples(names=["step_time", "replicas", "catch_up"])
+        steps = reader.samples(names=["step_time", "replicas", "catch_up", "serving_catch_up"])
         return steps, reader.events(), reader.faults()
     finally:
         reader.close()
@@ -73,13 +73,17 @@ def survivors(run_dir: Path, kill_step: int) -> dict[str, float]:
     during = mine.loc[outage[1:], "value"] if len(outage) > 1 else mine.loc[outage, "value"]
     caught = steps[(steps["name"] == "catch_up") & (steps["value"] > 0)]["step"]
     join = int(caught.min()) if not caught.empty else -1
-    sending = mine.loc[join - 1 : join + 1, "value"] if join >= 0 else pd.Series([float("nan")])
+    joining = mine.loc[join - 1 : join + 1, "value"] if join >= 0 else pd.Series([float("nan")])
+    serving = steps[(steps["rank"] == 0) & (steps["name"] == "serving_catch_up")]
+    sending = mine.loc[[s for s in serving[serving["value"] > 0]["step"] if s < join]]
     return {
         "steady_step_s": steady,
         "outage_steps": float(len(outage)),
         "rate_during_outage": steady / statistics.median(during),
         "stall_s": float(mine.loc[kill_step : kill_step + 1, "value"].max() - steady),
-        "sender_step_ratio": float(sending.max() / steady),
+        "sender_steps_while_sending": float(len(sending)),
+        "sender_step_ratio_while_sending": float(sending["value"].median() / steady),
+        "sender_step_ratio_at_join": float(joining.max() / steady),
     }
 
 

@@ -60,6 +60,11 @@ class CatchUpSource:
                 self.server.publish(f"w{want}", step + 1, self.state_fn())
         self._seen = count
 
+    @property
+    def serving(self) -> bool:
+        """Whether a joiner is catching up from this rank right now."""
+        return bool(self._open)
+
     def _close_done(self) -> None:
         done = {w for w in self._open if self.store.check([f"q/want/{w}/done"])}
         self._open -= done

@@ -27,6 +27,11 @@ from ft_runtime import _dist as dist
 from ft_runtime.ftar import ExchangeResult, ReplicaComm
 from ft_runtime.quorum import ENV_QUORUM
 
+ENV_LR_SCALING = "EAGLEEYE_LR_SCALING"
+"""``sqrt`` (default): lr × √(contributing/total replicas) while some are missing; ``none``."""
+ENV_CROSS_TIMEOUT = "EAGLEEYE_CROSS_TIMEOUT_S"
+"""Last-resort timeout of one cross-replica exchange, seconds (default 30)."""
+
 
 def connect(ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimizer) -> ReplicaComm:
     """The rank's replica communicator, from the environment the supervisor set."""
@@ -43,7 +48,8 @@ def connect(ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimiz
         num_replicas=int(env.get("EAGLEEYE_NUM_REPLICAS", 1)),
         incarnation=ee.attempt,
         state_fn=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-        cross_timeout_s=float(env.get("EAGLEEYE_CROSS_TIMEOUT_S", 30.0)),
+        cross_timeout_s=float(env.get(ENV_CROSS_TIMEOUT, 30.0)),
+        lr_scaling=env.get(ENV_LR_SCALING, "sqrt") != "none",
     )
 
 
@@ -102,6 +108,7 @@ def train(
             "epoch": float(result.epoch),
             "exchange_retries": float(result.retries),
             "catch_up": float(joining),
+            "serving_catch_up": float(comm.source.serving),
         }
         if joining:
             metrics["replayed_steps"] = float(comm.replayed)
