@@ -17,7 +17,7 @@ from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
 from eagleeye.controller import Controller, ControllerReport
 from eagleeye.errors import EagleEyeError
 from eagleeye.store import RunStore, create_run_dir, new_run_id
-from ft_runtime.faults import ENV_INJECT, parse_specs
+from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
@@ -102,7 +102,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         max_restarts=args.max_restarts,
         recovery=args.recovery,
         remediate=args.remediate,
-        inject=args.inject,
+        inject=[*args.inject, *(load_scenario(args.scenario) if args.scenario else [])],
         runs_dir=args.runs_dir,
         run_id=args.run_id,
     )

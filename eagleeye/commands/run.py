@@ -99,6 +99,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="inject a fault, e.g. kill:rank=3@step=40 (repeatable)",
     )
+    g.add_argument(
+        "--scenario",
+        default=None,
+        metavar="FILE",
+        help="inject the faults listed in FILE (one spec per line, # comments)",
+    )
     g = p.add_argument_group("store")
     g.add_argument(
         "--runs-dir", default="runs", help="directory holding one folder per run (default: ./runs)"
