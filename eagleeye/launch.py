@@ -19,8 +19,6 @@ from eagleeye.errors import EagleEyeError
 from eagleeye.store import RunStore, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
 from ft_runtime.layout import JobLayout
-from ft_runtime.quorum import QuorumService
-from ft_runtime.replica import ReplicaSupervisor
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
 from remediation.remediator import Remediator
@@ -120,6 +118,10 @@ def supervisor_for(config: JobConfig, launch: LaunchSpec) -> JobSupervisor:
     """The synchronous baseline, or replicas as the unit of failure."""
     if config.recovery != "replica":
         return JobSupervisor(launch, max_restarts=config.max_restarts)
+    # The quorum hosts a torch TCPStore: torch is imported only when replicas need it.
+    from ft_runtime.quorum import QuorumService
+    from ft_runtime.replica import ReplicaSupervisor
+
     quorum = QuorumService(
         config.layout.replicas,
         config.layout.replica_size,
