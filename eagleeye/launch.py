@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from eagleeye.controller import Controller, ControllerReport
 from eagleeye.errors import EagleEyeError
 from eagleeye.store import RunStore, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
-from ft_runtime.layout import JobLayout
+from ft_runtime.layout import ENV_CATCHUP_TOKEN, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
 from remediation.remediator import Remediator
@@ -148,6 +149,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         ENV_INJECT: ";".join(config.inject),
     }
     env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    # Peers serve their state to each other only with this run's token.
+    env.setdefault(ENV_CATCHUP_TOKEN, secrets.token_hex(16))
     launch = LaunchSpec(
         command,
         config.layout,

@@ -25,6 +25,7 @@ from eagleeye.workload.data import ShardedSampler
 from eagleeye.workload.model import GPT
 from ft_runtime import _dist as dist
 from ft_runtime.ftar import ExchangeResult, ReplicaComm
+from ft_runtime.layout import ENV_CATCHUP_TOKEN
 from ft_runtime.quorum import ENV_QUORUM
 
 ENV_LR_SCALING = "EAGLEEYE_LR_SCALING"
@@ -50,6 +51,7 @@ def connect(ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimiz
         state_fn=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
         cross_timeout_s=float(env.get(ENV_CROSS_TIMEOUT, 30.0)),
         lr_scaling=env.get(ENV_LR_SCALING, "sqrt") != "none",
+        token=env.get(ENV_CATCHUP_TOKEN, ""),
     )
 
 
