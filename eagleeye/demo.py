@@ -1,9 +1,11 @@
 """`eagleeye demo`: the product's first impression, end to end on this machine.
 
 Trains the reference GPT on 2 replicas of 2 ranks (two virtual nodes), SIGKILLs one rank
-mid-run, and lets the controller detect the death and restart the job from its last
-checkpoint. A fault-free run with the same seed is the reference for the final loss: since
-training is deterministic and resumes bit for bit, the two should agree.
+mid-run and lets the controller detect the death. With replica recovery (the default) only
+the killed rank's replica stops: the other trains on, the replica restarts, catches up from
+its healthy peer and rejoins, and at the end every rank holds bitwise the same parameters.
+The summary reports the effective training time ratio (ETTR). A fault-free run with the
+same seed is the reference for the final loss.
 """
 
 from __future__ import annotations
@@ -36,13 +38,16 @@ class DemoConfig:
     preset: str = "base"
     batch_size: int = 4
     checkpoint_every: int = 20
+    recovery: str = "replica"
 
     def fault(self) -> str:
         step = self.kill_step if self.kill_step is not None else int(self.steps * 0.45)
         return f"kill:rank={self.kill_rank}@step={step}"
 
-    def workload_args(self) -> list[str]:
+    def workload_args(self, params_out: str | None = None) -> list[str]:
+        extra = ["--params-out", params_out] if params_out else []
         return [
+            *extra,
             "--steps",
             str(self.steps),
             "--seed",
@@ -60,6 +65,7 @@ class DemoConfig:
 class DemoReport:
     faulted: RunSummary
     reference: RunSummary | None
+    identical_ranks: tuple[int, bool] = (0, False)
 
     @property
     def succeeded(self) -> bool:
@@ -78,15 +84,17 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
             f"Training the reference GPT ({config.preset}) for {config.steps} steps on "
             f"{layout.world_size} ranks: {layout.replicas} replicas of {layout.replica_size}, "
             f"2 virtual nodes.\nFault to inject: [bold]{config.fault()}[/bold] (SIGKILL). "
-            "Recovery: synchronous restart from the last checkpoint; remediation enabled.",
+            f"Recovery: {_RECOVERY[config.recovery]}; remediation enabled.",
             title="Eagle Eye demo",
         )
     )
+    params = Path(config.runs_dir) / run_id / "params"
     job = JobConfig(
         script=WORKLOAD,
         module=True,
-        script_args=config.workload_args(),
+        script_args=config.workload_args(str(params)),
         layout=layout,
+        recovery=config.recovery,
         remediate=True,
         inject=(config.fault(),),
         runs_dir=config.runs_dir,
@@ -101,11 +109,12 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
                 module=True,
                 script_args=config.workload_args(),
                 layout=layout,
+                recovery=config.recovery,
                 runs_dir=config.runs_dir,
                 run_id=f"{run_id}-reference",
             )
             reference = summarize(str(run_job(clean).run_dir))
-    report = DemoReport(faulted, reference)
+    report = DemoReport(faulted, reference, params_identical(params))
     render(report, console)
     return report
 
@@ -119,7 +128,10 @@ def render(report: DemoReport, console: Console) -> None:
         f"{run.attempts} attempt(s); last step {run.last_step}; {run.wall_s:.1f} s wall.",
         f"Throughput: {run.steps_per_s:.2f} steps/s, {run.tokens_per_s:,.0f} tokens/s "
         f"(restart included).",
+        f"Effective training time ratio (ETTR): [bold]{run.ettr:.1%}[/bold]; "
+        f"{run.lost_s:.1f} s of training lost to the fault.",
         _loss_line(report),
+        _params_line(report),
         f"Run store: [bold]{Path(run.run_dir) / 'run.db'}[/bold] "
         f"(read it with eagleeye.store.RunReader).",
     ]
@@ -171,7 +183,33 @@ def _loss_line(report: DemoReport) -> str:
     ref = report.reference.final_loss
     delta = abs(final - ref)
     same = "identical" if delta == 0 else f"differs by {delta:.2e}"
+    if delta and report.faulted.lost_s > 0:
+        same += ": the restarted replica's batches came later, at a scaled learning rate"
     return f"Final loss: {final:.4f}; fault-free reference: {ref:.4f} ({same})."
+
+
+_RECOVERY = {
+    "replica": "only the killed rank's replica restarts and catches up from a healthy peer "
+    "while the other trains on",
+    "job": "synchronous restart of every rank from the last checkpoint",
+}
+
+
+def params_identical(folder: Path) -> tuple[int, bool]:
+    """How many ranks saved final parameters, and whether all are bitwise equal."""
+    import torch
+
+    states = [torch.load(p, weights_only=True) for p in sorted(folder.glob("rank-*.pt"))]
+    same = all(all(torch.equal(states[0][k], s[k]) for k in states[0]) for s in states[1:])
+    return len(states), bool(states) and same
+
+
+def _params_line(report: DemoReport) -> str:
+    count, same = report.identical_ranks
+    if count == 0:
+        return "Final parameters: not saved."
+    verdict = "[bold]bitwise identical[/bold]" if same else "[red]DIFFERENT[/red]"
+    return f"Final parameters of the {count} ranks that finished: {verdict}."
 
 
 def _seconds(value: float | None) -> str:

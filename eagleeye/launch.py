@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,13 @@ from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
 from eagleeye.controller import Controller, ControllerReport
 from eagleeye.errors import EagleEyeError
 from eagleeye.store import RunStore, create_run_dir, new_run_id
-from ft_runtime.faults import ENV_INJECT, parse_specs
-from ft_runtime.layout import JobLayout
+from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
+from ft_runtime.layout import ENV_CATCHUP_TOKEN, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
-from remediation.policy import Policy, synchronous_restart_policy
+from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
 from remediation.remediator import Remediator
+
+RECOVERIES = ("job", "replica", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +46,15 @@ class JobConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     hang_k: float = 10.0
     hang_min_silence_s: float = 5.0
+    stall_factor: float = 1.5
+    stall_floor_s: float = 0.15
+    min_replicas: int = 1
 
     def __post_init__(self) -> None:
-        if self.recovery not in ("job", "none"):
-            raise EagleEyeError(f"unknown recovery {self.recovery!r}; use 'job' or 'none'")
+        if self.recovery not in RECOVERIES:
+            raise EagleEyeError(
+                f"unknown recovery {self.recovery!r}; use one of {', '.join(RECOVERIES)}"
+            )
         parse_specs(self.inject)  # a bad spec fails here, before anything is launched
         for spec in parse_specs(self.inject):
             if spec.rank >= self.layout.world_size:
@@ -93,7 +101,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         max_restarts=args.max_restarts,
         recovery=args.recovery,
         remediate=args.remediate,
-        inject=args.inject,
+        inject=[*args.inject, *(load_scenario(args.scenario) if args.scenario else [])],
         runs_dir=args.runs_dir,
         run_id=args.run_id,
     )
@@ -102,7 +110,28 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
 def policy_for(config: JobConfig) -> Policy:
     if config.recovery == "none":
         return Policy(rules=(), name="none (failures stop the job)")
+    if config.recovery == "replica":
+        return replica_restart_policy()
     return synchronous_restart_policy()
+
+
+def supervisor_for(config: JobConfig, launch: LaunchSpec) -> JobSupervisor:
+    """The synchronous baseline, or replicas as the unit of failure."""
+    if config.recovery != "replica":
+        return JobSupervisor(launch, max_restarts=config.max_restarts)
+    # The quorum hosts a torch TCPStore: torch is imported only when replicas need it.
+    from ft_runtime.quorum import QuorumService
+    from ft_runtime.replica import ReplicaSupervisor
+
+    quorum = QuorumService(
+        config.layout.replicas,
+        config.layout.replica_size,
+        host=config.master_addr,
+        min_replicas=config.min_replicas,
+        stall_factor=config.stall_factor,
+        stall_floor_s=config.stall_floor_s,
+    )
+    return ReplicaSupervisor(launch, quorum, max_restarts=config.max_restarts)
 
 
 def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None) -> JobResult:
@@ -120,18 +149,18 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         ENV_INJECT: ";".join(config.inject),
     }
     env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    supervisor = JobSupervisor(
-        LaunchSpec(
-            command,
-            config.layout,
-            run_id,
-            str(run_dir / "logs"),
-            config.master_addr,
-            config.master_port,
-            env,
-        ),
-        max_restarts=config.max_restarts,
+    # Peers serve their state to each other only with this run's token.
+    env.setdefault(ENV_CATCHUP_TOKEN, secrets.token_hex(16))
+    launch = LaunchSpec(
+        command,
+        config.layout,
+        run_id,
+        str(run_dir / "logs"),
+        config.master_addr,
+        config.master_port,
+        env,
     )
+    supervisor = supervisor_for(config, launch)
     policy = policy_for(config)
     store.set_meta("run_id", run_id)
     store.set_meta(

@@ -39,6 +39,8 @@ class RunSummary:
     steps_per_s: float
     tokens_per_s: float
     final_loss: float
+    ettr: float
+    lost_s: float
     faults: list[FaultOutcome]
     actions: pd.DataFrame
     findings: pd.DataFrame
@@ -49,7 +51,7 @@ def summarize(run_dir: str) -> RunSummary:
     try:
         meta = reader.meta()
         result = meta.get("result", {})
-        steps = reader.samples(names=["step_time", "tokens", "loss"])
+        steps = reader.samples(names=["step_time", "tokens", "loss", "replicas"])
         findings = reader.findings()
         actions = reader.actions()
         faults = reader.faults()
@@ -59,6 +61,8 @@ def summarize(run_dir: str) -> RunSummary:
     last_step = int(steps["step"].max()) if not steps.empty else -1
     tokens = steps.loc[steps["name"] == "tokens", "value"].sum()
     step_times = steps[steps["name"] == "step_time"]
+    replicas = int(meta.get("config", {}).get("replicas", 1))
+    ettr, lost = effective_training(steps, replicas)
     distinct_steps = step_times.drop_duplicates(["attempt", "step"]).shape[0]
     return RunSummary(
         run_dir=run_dir,
@@ -69,6 +73,8 @@ def summarize(run_dir: str) -> RunSummary:
         steps_per_s=distinct_steps / wall if wall > 0 else math.nan,
         tokens_per_s=tokens / wall if wall > 0 else math.nan,
         final_loss=final_loss(steps),
+        ettr=ettr,
+        lost_s=lost,
         faults=[_match(fault, findings, actions, steps) for fault in faults.to_dict("records")],
         actions=actions,
         findings=findings,
@@ -76,13 +82,33 @@ def summarize(run_dir: str) -> RunSummary:
 
 
 def final_loss(steps: pd.DataFrame) -> float:
-    """Mean over ranks of the loss at the last step of the newest attempt."""
+    """Mean over ranks of the loss at the last step (each rank's newest attempt)."""
     loss = steps[steps["name"] == "loss"]
     if loss.empty:
         return math.nan
-    newest = loss[loss["attempt"] == loss["attempt"].max()]
-    last = newest[newest["step"] == newest["step"].max()]
-    return float(last["value"].mean())
+    last = loss[loss["step"] == loss["step"].max()].sort_values(["attempt", "time"])
+    return float(last.drop_duplicates("rank", keep="last")["value"].mean())
+
+
+def effective_training(steps: pd.DataFrame, replicas: int) -> tuple[float, float]:
+    """Effective training time ratio (ETTR) and the seconds lost, over the training window.
+
+    Each distinct step is worth the median step time, scaled by the share of replicas that
+    contributed a gradient to it (all of them unless ``replicas`` samples say otherwise). A
+    step redone after a restart counts once. The window runs from the end of the first step
+    to the end of the last, so start-up is not counted against either recovery.
+    """
+    times = steps[steps["name"] == "step_time"]
+    if times["step"].nunique() < 2:
+        return math.nan, math.nan
+    first = times.loc[times["step"] == times["step"].min(), "time"].min()
+    window = float(times["time"].max() - first)
+    share = pd.Series(1.0, index=sorted(times["step"].unique()))
+    counts = steps[steps["name"] == "replicas"]
+    if not counts.empty and replicas > 0:
+        share.update(counts.groupby("step")["value"].max() / replicas)
+    useful = float(share.iloc[1:].sum()) * float(times["value"].median())
+    return (useful / window if window > 0 else math.nan), window - useful
 
 
 def _match(

@@ -1,16 +1,21 @@
-"""The fault-tolerant training runtime: launcher, supervisor, checkpoints, fault injection.
+"""The fault-tolerant training runtime: launcher, supervisors, quorum, fault-tolerant
+all-reduce, catch-up, checkpoints, fault injection.
 
-Depends on nothing else of Eagle Eye and can be used alone.
+Depends on nothing else of Eagle Eye and can be used alone. The modules that need torch
+(``ftar``, ``quorum``, ``catchup``, ``rejoin``, ``replica``, ``checkpoint``) are imported by
+name, so that importing the records here stays cheap.
 """
 
 from __future__ import annotations
 
 from ft_runtime.base import Runtime
 from ft_runtime.errors import (
+    CatchUpError,
     CheckpointError,
     FaultSpecError,
     FTRuntimeError,
     LaunchError,
+    LeftQuorum,
     RestartBudgetExceeded,
 )
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -18,10 +23,12 @@ from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, Outcom
 __all__ = [
     "Action",
     "ActionKind",
+    "CatchUpError",
     "CheckpointError",
     "FTRuntimeError",
     "FaultSpecError",
     "LaunchError",
+    "LeftQuorum",
     "LifecycleEvent",
     "Outcome",
     "OutcomeStatus",

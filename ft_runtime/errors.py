@@ -25,3 +25,11 @@ class CheckpointError(FTRuntimeError):
 
 class FaultSpecError(FTRuntimeError):
     """A fault injection spec that cannot be parsed; the message shows the expected form."""
+
+
+class CatchUpError(FTRuntimeError):
+    """A recovering replica could not fetch a healthy peer's state: retryable."""
+
+
+class LeftQuorum(FTRuntimeError):
+    """This replica is no longer a member (isolated, or behind the others): it must restart."""

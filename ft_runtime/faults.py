@@ -25,6 +25,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ft_runtime.errors import FaultSpecError
 
@@ -97,6 +98,29 @@ class FaultSpec:
 
 def parse_specs(texts: Iterable[str]) -> list[FaultSpec]:
     return [FaultSpec.parse(t) for text in texts for t in text.split(";") if t.strip()]
+
+
+def load_scenario(path: str | os.PathLike[str]) -> list[str]:
+    """Fault specs from a scenario file: one per line; blank lines and ``#`` comments skipped.
+
+    Raises:
+        FaultSpecError: the file cannot be read, or a line is not a spec (its number given).
+    """
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise FaultSpecError(f"cannot read fault scenario {path}: {exc}") from None
+    specs = []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            FaultSpec.parse(text)
+        except FaultSpecError as exc:
+            raise FaultSpecError(f"{path}, line {number}: {exc}") from None
+        specs.append(text)
+    return specs
 
 
 class FaultInjector:

@@ -23,6 +23,8 @@ ENV_REPLICA_RANK = "EAGLEEYE_REPLICA_RANK"
 ENV_REPLICA_SIZE = "EAGLEEYE_REPLICA_SIZE"
 ENV_NODE = "EAGLEEYE_NODE"
 """Id of the (possibly virtual) node the rank runs on."""
+ENV_CATCHUP_TOKEN = "EAGLEEYE_CATCHUP_TOKEN"
+"""Bearer token the ranks of a run require from each other for catch-up transfers."""
 ENV_ATTEMPT = "TORCHELASTIC_RESTART_COUNT"
 """Restart attempt, as torchrun names it; scripts use it to prefix store keys."""
 

@@ -177,3 +177,16 @@ def synchronous_restart_policy() -> Policy:
         ),
         name="built-in synchronous-restart",
     )
+
+
+def replica_restart_policy() -> Policy:
+    """The built-in policy of replica recovery: a dead or hung rank costs only its replica,
+    which is restarted and catches up from a healthy peer while the others train on."""
+    return Policy(
+        rules=(
+            Rule("process_exit", ActionKind.RESTART, "replica", Severity.CRITICAL),
+            Rule("hang", ActionKind.RESTART, "replica", Severity.CRITICAL),
+            Rule("nan", ActionKind.NOTIFY, "subject"),
+        ),
+        name="built-in replica-restart",
+    )

@@ -80,10 +80,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--recovery",
-        choices=("job", "none"),
+        choices=("job", "replica", "none"),
         default="job",
         help="what a failed rank costs: 'job' restarts every rank from the last "
-        "checkpoint (synchronous baseline); 'none' stops the job (default: job)",
+        "checkpoint (synchronous baseline); 'replica' drops only the failed rank's replica, "
+        "the others train on, and the restarted replica catches up from a healthy peer; "
+        "'none' stops the job (default: job)",
     )
     g.add_argument(
         "--remediate",
@@ -96,6 +98,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SPEC",
         help="inject a fault, e.g. kill:rank=3@step=40 (repeatable)",
+    )
+    g.add_argument(
+        "--scenario",
+        default=None,
+        metavar="FILE",
+        help="inject the faults listed in FILE (one spec per line, # comments)",
     )
     g = p.add_argument_group("store")
     g.add_argument(

@@ -21,6 +21,7 @@ from torch.nn.utils import clip_grad_norm_
 import eagleeye
 from eagleeye.workload.data import CharTokenizer, ShardedSampler, load_corpus
 from eagleeye.workload.model import GPT, PRESETS, GPTConfig
+from ft_runtime.quorum import ENV_QUORUM
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -40,6 +41,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="collective timeout; a hung peer fails the step after this long",
     )
     p.add_argument("--result", default=None, help="write final metrics as JSON here (rank 0)")
+    p.add_argument(
+        "--params-out", default=None, help="save each rank's final parameters in this folder"
+    )
+    p.add_argument(
+        "--step-floor-s",
+        type=float,
+        default=0.0,
+        help="pad every step to at least this long (stands in for a bigger model's compute "
+        "in tests and benchmarks; replica recovery only)",
+    )
     return p.parse_args(argv)
 
 
@@ -56,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     ee = eagleeye.init()
+    if os.environ.get(ENV_QUORUM):
+        _main_replicated(ee, args)
+        return
     device = _init_distributed(ee, args.timeout_s)
     torch.manual_seed(args.seed)
     tokenizer = CharTokenizer(load_corpus())
@@ -78,6 +92,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     with ee.instrument_collectives():
         loss_value = _train(ee, args, model, optimizer, sampler, params, start, current, device)
     _finish(ee, args, loss_value)
+
+
+def _main_replicated(ee: eagleeye.RankSession, args: argparse.Namespace) -> None:
+    """Replica recovery: no world group; replicas exchange through the quorum."""
+    from eagleeye.workload import replicated
+
+    torch.manual_seed(args.seed)
+    tokenizer = CharTokenizer(load_corpus())
+    data = tokenizer.encode(load_corpus())
+    cfg = GPTConfig(
+        vocab_size=tokenizer.vocab_size, block_size=args.block_size, **PRESETS[args.preset]
+    )
+    model = GPT(cfg)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01
+    )
+    sampler = ShardedSampler(
+        data, args.block_size, args.batch_size, ee.rank, ee.world_size, args.seed
+    )
+    current = {"step": 0}
+    middle = model.blocks[len(model.blocks) // 2]
+    middle.register_full_backward_hook(lambda *_: ee.faults.fire(current["step"], "backward"))
+    loss_value = replicated.train(ee, args, model, optimizer, sampler, current, learning_rate)
+    if args.result and ee.rank == 0:
+        with open(args.result, "w") as handle:
+            json.dump({"final_loss": loss_value, "steps": args.steps}, handle)
+    ee.close()
 
 
 def _train(

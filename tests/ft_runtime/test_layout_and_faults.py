@@ -73,3 +73,18 @@ def test_injector_keeps_its_rank_and_attempt_and_scales_the_loss() -> None:
     assert injector.loss_multiplier(6) == 20.0
     assert injector.loss_multiplier(7) == 1.0
     assert [s.kind for s in announced] == ["nan", "loss_spike"]
+
+
+def test_a_scenario_file_lists_specs_and_names_the_bad_line(tmp_path) -> None:
+    from ft_runtime.errors import FaultSpecError
+    from ft_runtime.faults import load_scenario
+
+    good = tmp_path / "faults.txt"
+    good.write_text("# two faults\nkill:rank=1@step=10\n\nstop:rank=2@step=30  # a hang\n")
+    assert load_scenario(good) == ["kill:rank=1@step=10", "stop:rank=2@step=30"]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("kill:rank=1@step=10\nexplode:rank=1@step=3\n")
+    with pytest.raises(FaultSpecError, match="bad.txt, line 2: unknown fault kind 'explode'"):
+        load_scenario(bad)
+    with pytest.raises(FaultSpecError, match="cannot read fault scenario"):
+        load_scenario(tmp_path / "missing.txt")

@@ -1,0 +1,132 @@
+"""Training time lost per failure: replica isolation against the synchronous full restart.
+
+One process runs, back to back, the same workload (the reference GPT on 3 replicas of one
+rank, 3 virtual nodes) three or four times: fault-free, with one rank SIGKILLed under
+``--recovery job`` (every rank restarts from the last checkpoint), with the same kill
+under ``--recovery replica`` (only its replica restarts and catches up), and with a SIGSTOP
+under replica recovery. From each run's store it reports the effective training time ratio
+(ETTR: useful replica-steps × median step time / training window) and the seconds lost;
+for replica recovery also the survivors' step rate during the outage against steady state,
+their longest stall, the sender's step time while it serves the catch-up, and how many
+median step times it took to find the stopped rank.
+
+Run: python benchmarks/bench_recovery.py [--steps 240] [--kill-step 40] [--preset small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from eagleeye.launch import JobConfig, run_job
+from eagleeye.store import RunReader
+from eagleeye.summary import effective_training
+from ft_runtime.layout import JobLayout
+
+LAYOUT = JobLayout(3, 1, 3)
+
+
+def run(root: Path, name: str, args: argparse.Namespace, recovery: str, fault: str) -> Path:
+    workload = ["--preset", args.preset, "--steps", str(args.steps), "--batch-size", "2"]
+    workload += ["--block-size", "32", "--checkpoint-every", str(args.checkpoint_every)]
+    config = JobConfig(
+        script="eagleeye.workload.train",
+        module=True,
+        script_args=workload,
+        layout=LAYOUT,
+        recovery=recovery,
+        remediate=True,
+        inject=(fault,) if fault else (),
+        runs_dir=str(root),
+        run_id=name,
+    )
+    result = run_job(config)
+    if not result.succeeded:
+        raise SystemExit(f"run {name} failed; see {result.run_dir}")
+    return result.run_dir
+
+
+def samples(run_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    reader = RunReader(run_dir)
+    try:
+        steps = reader.samples(names=["step_time", "replicas", "catch_up", "serving_catch_up"])
+        return steps, reader.events(), reader.faults()
+    finally:
+        reader.close()
+
+
+def ettr(run_dir: Path) -> tuple[float, float]:
+    return effective_training(samples(run_dir)[0], LAYOUT.replicas)
+
+
+def survivors(run_dir: Path, kill_step: int) -> dict[str, float]:
+    """Replica recovery figures from replica 0's point of view (it never failed)."""
+    steps, events, _ = samples(run_dir)
+    mine = steps[(steps["rank"] == 0) & (steps["name"] == "step_time")].set_index("step")
+    count = steps[(steps["rank"] == 0) & (steps["name"] == "replicas")].set_index("step")
+    steady = statistics.median(mine.loc[5 : kill_step - 1, "value"])
+    outage = count[count["value"] < LAYOUT.replicas].index
+    during = mine.loc[outage[1:], "value"] if len(outage) > 1 else mine.loc[outage, "value"]
+    caught = steps[(steps["name"] == "catch_up") & (steps["value"] > 0)]["step"]
+    join = int(caught.min()) if not caught.empty else -1
+    joining = mine.loc[join - 1 : join + 1, "value"] if join >= 0 else pd.Series([float("nan")])
+    serving = steps[(steps["rank"] == 0) & (steps["name"] == "serving_catch_up")]
+    sending = mine.loc[[s for s in serving[serving["value"] > 0]["step"] if s < join]]
+    return {
+        "steady_step_s": steady,
+        "outage_steps": float(len(outage)),
+        "rate_during_outage": steady / statistics.median(during),
+        "stall_s": float(mine.loc[kill_step : kill_step + 1, "value"].max() - steady),
+        "sender_steps_while_sending": float(len(sending)),
+        "sender_step_ratio_while_sending": float(sending["value"].median() / steady),
+        "sender_step_ratio_at_join": float(joining.max() / steady),
+    }
+
+
+def detection(run_dir: Path) -> tuple[float, float]:
+    """Seconds from a SIGSTOP to the quorum dropping the replica, and in median steps."""
+    steps, events, faults = samples(run_dir)
+    stop = float(faults.iloc[0]["time"])
+    drops = events[(events["subject"] == "quorum") & events["detail"].map(lambda d: "removed" in d)]
+    delay = float(drops["time"].iloc[0]) - stop
+    before = steps[(steps["name"] == "step_time") & (steps["time"] < stop)]
+    return delay, delay / float(before["value"].median())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=240)
+    p.add_argument("--kill-step", type=int, default=40)
+    p.add_argument("--preset", default="small")
+    p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--no-stop", action="store_true", help="skip the SIGSTOP run")
+    args = p.parse_args()
+    kill = f"kill:rank=1@step={args.kill_step}"
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        clean = ettr(run(root, "clean", args, "replica", ""))
+        job = ettr(run(root, "job", args, "job", kill))
+        replica_dir = run(root, "replica", args, "replica", kill)
+        replica = ettr(replica_dir)
+        figures = survivors(replica_dir, args.kill_step)
+        stop_spec = kill.replace("kill", "stop")
+        stop = None if args.no_stop else detection(run(root, "stop", args, "replica", stop_spec))
+    lost_clean = clean[1]
+    print(f"fault-free: ETTR {clean[0]:.1%}, {clean[1]:.2f} s below the median pace")
+    for name, (ratio, lost) in (("job restart", job), ("replica isolation", replica)):
+        extra = lost - lost_clean
+        print(f"{name}: ETTR {ratio:.1%}, lost {lost:.2f} s ({extra:.2f} s over fault-free)")
+    ratio = (job[1] - lost_clean) / max(1e-9, replica[1] - lost_clean)
+    print(f"time lost per failure, job restart / replica isolation: {ratio:.1f}x")
+    for key, value in figures.items():
+        print(f"replica recovery, {key}: {value:.3f}")
+    if stop is not None:
+        print(f"SIGSTOP found after {stop[0]:.3f} s = {stop[1]:.2f} median step times")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""Peer-to-peer catch-up: a healthy rank serves its state, a restarted one fetches it.
+
+The sending rank copies its tensors at a step boundary (a memory copy: the only time its
+training loop waits), then a background thread serialises the copy and an HTTP server
+thread serves it in fixed-size chunks, each with its SHA-256, at a bounded rate so the
+sender's own step time barely moves. The receiver verifies every chunk (and retries a bad
+one), then loads the whole with ``torch.load(weights_only=True)``.
+
+Endpoints (loopback by default; a bearer token when one is set)::
+
+    GET /snapshot/<tag>/meta        {"tag", "step", "bytes", "chunk_bytes", "sha256": [...]}
+    GET /snapshot/<tag>/chunk/<i>   the i-th chunk
+    GET /log/<step>                 the update the sender applied at that step (its SHA-256
+                                    in the X-SHA256 header), so a receiver can replay the
+                                    steps trained since the snapshot
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+
+from ft_runtime.errors import CatchUpError
+
+CHUNK_BYTES = 4 << 20
+
+
+class _Snapshot:
+    def __init__(self, tag: str, step: int, state: Mapping[str, Any], chunk_bytes: int) -> None:
+        self.tag, self.step, self.chunk_bytes = tag, step, chunk_bytes
+        self.ready = threading.Event()
+        self.payload = b""
+        self.digests: list[str] = []
+        self._state = state
+
+    def serialise(self) -> None:
+        buffer = io.BytesIO()
+        torch.save(dict(self._state), buffer)
+        self.payload = buffer.getvalue()
+        self._state = {}
+        size = self.chunk_bytes
+        self.digests = [
+            hashlib.sha256(self.payload[i : i + size]).hexdigest()
+            for i in range(0, max(1, len(self.payload)), size)
+        ]
+        self.ready.set()
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "tag": self.tag,
+            "step": self.step,
+            "bytes": len(self.payload),
+            "chunk_bytes": self.chunk_bytes,
+            "sha256": self.digests,
+        }
+
+
+class SnapshotServer:
+    """Serves this rank's snapshots to recovering peers. Never raises into training.
+
+    Args:
+        host: address to bind (loopback unless told otherwise).
+        rate_bytes_s: upper bound of the bytes per second sent (all requests together).
+        token: required as ``Authorization: Bearer <token>`` when not empty.
+        chunk_bytes: size of one chunk.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        rate_bytes_s: float = 200e6,
+        token: str = "",
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self.rate_bytes_s = rate_bytes_s
+        self.token = token
+        self.chunk_bytes = chunk_bytes
+        self.snapshots: dict[str, _Snapshot] = {}
+        self.log: dict[int, bytes] = {}
+        self.bytes_sent = 0
+        self._lock = threading.Lock()
+        self._next_send = 0.0
+        self._server = ThreadingHTTPServer((host, 0), _handler(self))
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="snapshots").start()
+
+    @property
+    def address(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"{host!s}:{port}"
+
+    def publish(self, tag: str, step: int, state: Mapping[str, Any]) -> None:
+        """Copies ``state`` now (tensors cloned) and serves it as ``tag`` once serialised."""
+        copied = {k: _copy(v) for k, v in state.items()}
+        snapshot = _Snapshot(tag, step, copied, self.chunk_bytes)
+        self.snapshots = {tag: snapshot}  # only the newest is kept: memory stays bounded
+        threading.Thread(target=snapshot.serialise, daemon=True, name="serialise").start()
+
+    def throttle(self, nbytes: int) -> None:
+        """Blocks the sending thread so that the rate stays under ``rate_bytes_s``."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_send)
+            self._next_send = start + nbytes / self.rate_bytes_s
+            self.bytes_sent += nbytes
+        if start > now:
+            time.sleep(start - now)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy(v) for v in value)
+    return value
+
+
+def _handler(server: SnapshotServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
+                self.send_error(401, "missing or wrong bearer token")
+                return
+            parts = self.path.strip("/").split("/")
+            if len(parts) == 2 and parts[0] == "log" and parts[1].isdigit():
+                entry = server.log.get(int(parts[1]))
+                if entry is None:
+                    self.send_error(404, f"no update logged for step {parts[1]}")
+                else:
+                    server.throttle(len(entry))
+                    self._send(entry, hashlib.sha256(entry).hexdigest())
+                return
+            if len(parts) < 3 or parts[0] != "snapshot" or parts[1] not in server.snapshots:
+                self.send_error(404, f"no snapshot at {self.path}")
+                return
+            snapshot = server.snapshots[parts[1]]
+            if not snapshot.ready.wait(timeout=60):
+                self.send_error(503, "snapshot not serialised yet")
+                return
+            if parts[2] == "meta":
+                self._send(json.dumps(snapshot.meta()).encode())
+                return
+            index = int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else -1
+            if not 0 <= index < len(snapshot.digests):
+                self.send_error(404, f"no chunk {parts[3:]}")
+                return
+            size = snapshot.chunk_bytes
+            chunk = snapshot.payload[index * size : (index + 1) * size]
+            server.throttle(len(chunk))
+            self._send(chunk)
+
+        def _send(self, body: bytes, digest: str = "") -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            if digest:
+                self.send_header("X-SHA256", digest)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return  # one line per chunk would flood the rank's log
+
+    return Handler
+
+
+def fetch_snapshot(
+    address: str, tag: str, token: str = "", timeout_s: float = 60.0, retries: int = 3
+) -> tuple[int, dict[str, Any]]:
+    """Fetches and verifies a peer's snapshot; returns (step, state).
+
+    Raises:
+        CatchUpError: the peer is unreachable, or a chunk stays corrupt after ``retries``.
+    """
+    base = f"http://{address}/snapshot/{tag}"
+    meta = json.loads(_get(f"{base}/meta", token, timeout_s))
+    payload = bytearray()
+    for index, digest in enumerate(meta["sha256"]):
+        for _attempt in range(retries):
+            chunk = _get(f"{base}/chunk/{index}", token, timeout_s)
+            if hashlib.sha256(chunk).hexdigest() == digest:
+                payload += chunk
+                break
+        else:
+            raise CatchUpError(f"chunk {index} of snapshot {tag} from {address} stays corrupt")
+    if len(payload) != meta["bytes"]:
+        raise CatchUpError(f"snapshot {tag}: got {len(payload)} bytes, expected {meta['bytes']}")
+    state = torch.load(io.BytesIO(bytes(payload)), weights_only=True, map_location="cpu")
+    return int(meta["step"]), state
+
+
+def fetch_update(address: str, step: int, token: str = "") -> dict[str, Any] | None:
+    """The update a peer applied at ``step``, or None while it has not logged it yet.
+
+    Raises:
+        CatchUpError: the peer is unreachable or the entry fails its checksum.
+    """
+    request = urllib.request.Request(f"http://{address}/log/{step}")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body, digest = bytes(response.read()), response.headers.get("X-SHA256", "")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise CatchUpError(f"cannot fetch update {step} from {address}: {exc}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise CatchUpError(f"cannot fetch update {step} from {address}: {exc}") from exc
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise CatchUpError(f"update {step} from {address} fails its checksum")
+    entry = torch.load(io.BytesIO(body), weights_only=True)
+    return dict(entry)
+
+
+def encode_update(update: Mapping[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(dict(update), buffer)
+    return buffer.getvalue()
+
+
+def _get(url: str, token: str, timeout_s: float) -> bytes:
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return bytes(response.read())
+    except (urllib.error.URLError, OSError) as exc:
+        raise CatchUpError(f"cannot fetch {url}: {exc}") from exc

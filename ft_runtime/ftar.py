@@ -1,0 +1,366 @@
+"""The fault-tolerant all-reduce across replicas, with a replica-internal two-phase commit.
+
+Each rank of replica r exchanges its slice of the replica's gradient with the ranks of the
+same replica rank in the other member replicas, over a gloo group built per membership
+epoch on a fresh ``PrefixStore`` of the quorum's store (the controller hosts it, so it
+survives any rank). One all-reduce per step carries the gradient slice plus a small
+control vector, one slot per replica: whether it contributed a gradient, which of its
+batches, the newest epoch it has seen, its step and its presence. After the sum every
+member knows all of these, so the average is over actual contributors and the next epoch
+is agreed without another round trip.
+
+A failure of that all-reduce (a peer's "connection reset", the quorum marking the epoch
+broken, or a timeout as the last resort) fails the step for this rank; the replica's ranks
+then vote (phase one) and apply the update only when all of them completed the exchange
+(phase two). Otherwise they discard it, wait for the next epoch and redo the exchange with
+the gradient they kept, so replicas may legitimately be at different steps for a moment.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from ft_runtime import _dist as dist
+from ft_runtime.catchup import SnapshotServer
+from ft_runtime.errors import LeftQuorum
+from ft_runtime.quorum import Membership, key_broken, key_members, key_start
+from ft_runtime.rejoin import Apply, CatchUpClient, CatchUpSource
+
+_FIELDS = 5  # contributed, batch, epoch seen, step, present
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeResult:
+    """What one committed exchange was: who contributed and under which epoch."""
+
+    epoch: int
+    members: int
+    contributors: int
+    retries: int
+    lr_scale: float
+
+
+class ReplicaComm:
+    """One rank's side of replica-level fault tolerance.
+
+    Args:
+        store: a client of the quorum's TCPStore.
+        store_address: ``host:port`` of that store (new clients are made for group set-up).
+        replica, replica_rank, replica_size, num_replicas: where this rank sits.
+        incarnation: how often this replica was relaunched; above 0 it must catch up.
+        state_fn: returns the state a joiner needs (model, optimizer), called at a step
+            boundary when this rank is the source of a catch-up.
+        cross_timeout_s: last-resort timeout of a cross-replica exchange.
+        lr_scaling: scale the lr by sqrt(contributors / replicas) while some are missing.
+    """
+
+    def __init__(
+        self,
+        store: dist.Store,
+        store_address: str,
+        replica: int,
+        replica_rank: int,
+        replica_size: int,
+        num_replicas: int,
+        incarnation: int = 0,
+        state_fn: Callable[[], Mapping[str, Any]] = dict,
+        cross_timeout_s: float = 30.0,
+        intra_timeout_s: float = 120.0,
+        lr_scaling: bool = True,
+        token: str = "",
+    ) -> None:
+        self.store, self.store_address = store, store_address
+        self.replica, self.replica_rank = replica, replica_rank
+        self.replica_size, self.num_replicas = replica_size, num_replicas
+        self.rank = replica * replica_size + replica_rank
+        self.incarnation = incarnation
+        self.state_fn = state_fn
+        self.cross_timeout_s = cross_timeout_s
+        self.lr_scaling = lr_scaling
+        self.token = token
+        self.intra: dist.Group | None = None
+        if replica_size > 1:
+            prefix = dist.PrefixStore(f"intra/{replica}/{incarnation}", self._client())
+            self.intra = dist.gloo_group(prefix, replica_rank, replica_size, intra_timeout_s)
+        self.server = SnapshotServer(token=token)
+        store.set(f"addr/{self.rank}", self.server.address)
+        self.membership = Membership.from_json(0, store.get(key_members(0)))
+        self._cross: dist.Group | None = None
+        self._cross_epoch = -1
+        self._pending: Membership | None = None
+        self._published = -1
+        self._zero_next = False
+        self._abandoned: list[object] = []
+        self._catching_up: CatchUpClient | None = None
+        self.replayed = 0
+        self.source = CatchUpSource(store, self.server, replica, state_fn)
+
+    # ---- joining -------------------------------------------------------------------------------
+    def join(
+        self,
+        load: Callable[[dict[str, Any]], None],
+        apply: Apply,
+        timeout_s: float = 300.0,
+    ) -> int:
+        """Catches up with a healthy peer without stalling it, then asks to be admitted.
+
+        ``load`` receives the peer's snapshot; ``apply(update, lr)`` replays one logged step.
+        Returns the first step this replica trains with the others; the first exchange
+        from there sends a zero gradient.
+        """
+        deadline = time.monotonic() + timeout_s
+        source = self._latest().source
+        client = CatchUpClient(self.store, self.replica, self.replica_rank, self.token)
+        client.request(source, source * self.replica_size + self.replica_rank, self.incarnation)
+        step, state = client.snapshot(deadline)
+        load(state)
+        step = client.replay(step, None, apply, deadline)
+        if self.replica_rank == 0:
+            self.store.set(f"q/join/{self.replica}", str(self.incarnation))
+        while True:  # keep up with the source until the quorum admits this replica
+            membership = self._latest()
+            if self.replica in membership.joining and self.store.check(
+                [key_start(membership.epoch)]
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise LeftQuorum(f"replica {self.replica} was not admitted in {timeout_s:.0f} s")
+            step = client.replay(step, None, apply, deadline)
+            time.sleep(0.005)
+        start = int(self.store.get(key_start(membership.epoch)))
+        self.replayed = client.replay(step, start, apply, deadline) - step
+        self.membership = membership
+        self._zero_next = True
+        self._catching_up = client
+        return start
+
+    def next_batch(self, start: int = 0) -> int:
+        """This replica's first batch not yet trained (exactly-once accounting)."""
+        batch = start
+        while self.store.check([f"data/{self.replica}/{batch}"]):
+            batch += 1
+        return batch
+
+    # ---- the exchange --------------------------------------------------------------------------
+    def exchange(self, flat: torch.Tensor, step: int, batch: int) -> ExchangeResult:
+        """Averages ``flat`` (this rank's gradient) over the contributing replicas, in place.
+
+        Returns only once the replica committed; raises LeftQuorum when this replica must
+        restart (isolated, or behind the others).
+        """
+        self.store.set(f"hb/{self.rank}", f"{step} {time.time()}")
+        contributing = not self._zero_next
+        if not contributing:
+            flat.zero_()
+        if self.intra is not None:
+            self.intra.allreduce([flat]).wait()
+            flat /= self.replica_size
+        chunk = flat.tensor_split(self.replica_size)[self.replica_rank]
+        kept = chunk.clone()
+        retries = 0
+        while True:
+            if self._pending is not None:
+                self._switch(self._pending)
+            control = self._control(contributing, batch, step)
+            buffer = torch.cat([kept, control])
+            ok = self._cross_allreduce(buffer)
+            result = buffer[kept.numel() :].view(_FIELDS, self.num_replicas)
+            # A member at another step missed or made a commit the others did not: nobody
+            # applies this sum, and the one behind restarts and catches up.
+            behind = ok and _steps(result, step) == "behind"
+            aligned = ok and _steps(result, step) == "aligned"
+            agreed = int(result[2].max().item()) if ok else 0
+            ok, agreed, behind = self._vote(aligned, agreed, behind)
+            if behind:
+                raise LeftQuorum(f"replica {self.replica} is behind the others at step {step}")
+            if ok:
+                break
+            retries += 1
+            self._await_next_epoch()
+        return self._commit(flat, chunk, buffer[: kept.numel()], result, agreed, retries)
+
+    def _control(self, contributing: bool, batch: int, step: int) -> torch.Tensor:
+        control = torch.zeros(_FIELDS, self.num_replicas)
+        seen = int(self.store.get("q/epoch"))
+        values = (float(contributing), float(batch), float(seen), float(step), 1.0)
+        for field, value in enumerate(values):
+            control[field, self.replica] = value
+        return control.reshape(-1)
+
+    def _commit(
+        self,
+        flat: torch.Tensor,
+        chunk: torch.Tensor,
+        summed: torch.Tensor,
+        result: torch.Tensor,
+        agreed: int,
+        retries: int,
+    ) -> ExchangeResult:
+        contributors = int(result[0].sum().item())
+        chunk.copy_(summed / max(1, contributors))
+        if self.intra is not None:
+            parts = list(flat.tensor_split(self.replica_size))
+            gathered = [torch.empty_like(p) for p in parts]
+            self.intra.allgather([gathered], [chunk.clone()]).wait()
+            for part, got in zip(parts, gathered, strict=True):
+                part.copy_(got)
+        if self.replica_rank == 0:
+            for replica in range(self.num_replicas):
+                if result[0, replica] > 0:
+                    self.store.set(f"data/{replica}/{int(result[1, replica])}", "1")
+        if agreed > self.membership.epoch:
+            self._pending = self._read(agreed)
+        if self._zero_next and self._catching_up is not None:
+            self._catching_up.done()
+        self._zero_next = False
+        members = int(result[4].sum().item())
+        scale = math.sqrt(contributors / self.num_replicas) if self.lr_scaling else 1.0
+        return ExchangeResult(self.membership.epoch, members, contributors, retries, scale)
+
+    def after_step(self, step: int, update: torch.Tensor, lr: float) -> None:
+        """Call after the optimizer step with the averaged gradient and the lr it applied:
+        serves catch-up requests, and tells an admitted joiner where it starts."""
+        self.source.after_step(step, update, lr)
+        pending = self._pending
+        if pending is not None and pending.joining and self.replica == pending.source:
+            self._announce_start(pending, step + 1)
+
+    def _announce_start(self, membership: Membership, start: int) -> None:
+        if self._published != membership.epoch:
+            self._published = membership.epoch
+            self.store.set(key_start(membership.epoch), str(start))
+
+    # ---- membership ---------------------------------------------------------------------------
+    def _latest(self) -> Membership:
+        return self._read(int(self.store.get("q/epoch")))
+
+    def _read(self, epoch: int) -> Membership:
+        return Membership.from_json(epoch, self.store.get(key_members(epoch)))
+
+    def _switch(self, membership: Membership) -> None:
+        self._pending = None
+        if self.replica not in membership.members:
+            raise LeftQuorum(f"replica {self.replica} is not in epoch {membership.epoch}")
+        self.membership = membership
+
+    def _await_next_epoch(self, timeout_s: float = 300.0) -> None:
+        current = self.membership.epoch
+        deadline = time.monotonic() + timeout_s
+        latest = int(self.store.get("q/epoch"))
+        while latest <= current:
+            if time.monotonic() > deadline:
+                raise LeftQuorum(f"no epoch after {current} within {timeout_s:.0f} s")
+            time.sleep(0.005)
+            latest = int(self.store.get("q/epoch"))
+        if self.intra is not None:  # every rank of the replica moves to the same epoch
+            agreed = torch.tensor([float(latest)])
+            self.intra.allreduce([agreed], _op(dist.ReduceOp.MAX)).wait()
+            latest = int(agreed.item())
+        membership = self._read(latest)
+        self._switch(membership)
+        if membership.joining and self.replica == membership.source:
+            step = int(self.store.get(f"hb/{self.rank}").decode().split()[0])
+            self._announce_start(membership, step)
+
+    def _vote(self, ok: bool, agreed: int, behind: bool) -> tuple[bool, int, bool]:
+        """Phase one of the commit: every rank of the replica says whether it succeeded."""
+        if self.intra is None:
+            return ok, agreed, behind
+        ballot = torch.tensor([float(ok), -float(agreed), -float(behind)])
+        self.intra.allreduce([ballot], _op(dist.ReduceOp.MIN)).wait()
+        return bool(ballot[0] > 0), int(-ballot[1]), bool(ballot[2] < 0)
+
+    def _cross_allreduce(self, buffer: torch.Tensor) -> bool:
+        """Sums ``buffer`` over the epoch's members; False if the exchange failed."""
+        membership = self.membership
+        if len(membership.members) == 1:
+            return True
+        group = self._group(membership)
+        if group is None:
+            return False
+        work = group.allreduce([buffer])
+        deadline = time.monotonic() + self.cross_timeout_s
+        next_check = 0.0
+        while not work.is_completed():
+            now = time.monotonic()
+            if now > next_check:
+                if self.store.check([key_broken(membership.epoch)]) or now > deadline:
+                    self._abandon()
+                    return False
+                next_check = now + 0.005
+            time.sleep(0.0002)
+        try:
+            work.wait()
+        except RuntimeError:  # a peer died: "connection reset", or gloo's own timeout
+            self._abandon()
+            return False
+        return True
+
+    def _group(self, membership: Membership) -> dist.Group | None:
+        if self._cross is not None and self._cross_epoch == membership.epoch:
+            return self._cross
+        self._abandon()
+        prefix = f"x/{membership.epoch}/{self.replica_rank}"
+        index = membership.members.index(self.replica)
+        built: dict[str, Any] = {}
+
+        def build() -> None:
+            try:
+                built["pg"] = dist.gloo_group(
+                    dist.PrefixStore(prefix, self._client()),
+                    index,
+                    len(membership.members),
+                    self.cross_timeout_s,
+                )
+            except RuntimeError as exc:
+                built["error"] = exc
+
+        # Built on a thread so that a member dying during set-up aborts it at once.
+        thread = threading.Thread(target=build, daemon=True, name="cross-group")
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.005)
+            if thread.is_alive() and self.store.check([key_broken(membership.epoch)]):
+                return None
+        if "pg" not in built:
+            return None
+        self._cross, self._cross_epoch = built["pg"], membership.epoch
+        return self._cross
+
+    def _abandon(self) -> None:
+        # A group with a failed collective may still have threads waiting in it: keep it
+        # referenced so that it is never destroyed under them.
+        if self._cross is not None:
+            self._abandoned.append(self._cross)
+        self._cross, self._cross_epoch = None, -1
+
+    def _client(self) -> dist.TCPStore:
+        host, _, port = self.store_address.rpartition(":")
+        return dist.TCPStore(
+            host, int(port), is_master=False, timeout=timedelta(seconds=self.cross_timeout_s)
+        )
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def _steps(result: torch.Tensor, step: int) -> str:
+    """ "aligned" when every member is at this step, "behind" when one is past it."""
+    steps = result[3][result[4] > 0]
+    if bool((steps > step).any()):
+        return "behind"
+    return "aligned" if bool((steps == step).all()) else "ahead"
+
+
+def _op(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:
+    options = dist.AllreduceOptions()
+    options.reduceOp = op  # type: ignore[assignment]  # the stub's enum is the nested type
+    return options

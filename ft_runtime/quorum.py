@@ -1,0 +1,240 @@
+"""The quorum service: who takes part in the cross-replica all-reduce, epoch by epoch.
+
+It runs in the controller and keeps its state in a ``TCPStore`` that the controller hosts,
+so the store outlives any rank. Ranks read it (``ft_runtime.ftar``); only the service
+writes the membership. Keys, all under ``q/``::
+
+    q/epoch              newest epoch number
+    q/<e>/members        JSON {"members": [...], "joining": [...]}: replicas of epoch e
+    q/<e>/broken         set when a member of e died or was isolated: abort e's collectives
+    q/<e>/start          step of e's first exchange (written by the source of a catch-up)
+    q/join/<r>           incarnation of replica r, written when its ranks are ready to join
+    hb/<rank>            "<step> <time>": the rank entered the exchange of that step
+    addr/<rank>          "<host>:<port>" of the rank's snapshot server
+    data/<r>/<b>         batch b of replica r was trained (exactly-once accounting)
+
+Membership changes at step boundaries: a failure breaks the current epoch (survivors abort
+and retry in the next one); a join is proposed in a new epoch that the members adopt at
+the next step boundary they agree on. A hung member is found from the heartbeats: the
+others have waited in the exchange for ``stall_factor`` times the median step time while
+it never entered.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from ft_runtime import _dist as dist
+
+ENV_QUORUM = "EAGLEEYE_QUORUM"
+"""``host:port`` of the quorum's TCPStore; set for ranks of a replica-recovery job."""
+
+
+def key_members(epoch: int) -> str:
+    return f"q/{epoch}/members"
+
+
+def key_broken(epoch: int) -> str:
+    return f"q/{epoch}/broken"
+
+
+def key_start(epoch: int) -> str:
+    return f"q/{epoch}/start"
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """One epoch: the replicas that exchange gradients, and those joining with zeros."""
+
+    epoch: int
+    members: tuple[int, ...]
+    joining: tuple[int, ...] = ()
+
+    def to_json(self) -> str:
+        return json.dumps({"members": list(self.members), "joining": list(self.joining)})
+
+    @classmethod
+    def from_json(cls, epoch: int, text: str | bytes) -> Membership:
+        data = json.loads(text)
+        return cls(epoch, tuple(data["members"]), tuple(data.get("joining", ())))
+
+    @property
+    def source(self) -> int:
+        """The replica a joiner fetches its state from: the lowest healthy member."""
+        healthy = [r for r in self.members if r not in self.joining]
+        return min(healthy) if healthy else -1
+
+
+class QuorumService:
+    """Membership epochs for ``replicas`` replicas of ``replica_size`` ranks.
+
+    Args:
+        replicas: replica count; replica r holds ranks ``r*size .. r*size+size-1``.
+        replica_size: ranks per replica.
+        host: address the store listens on (loopback unless told otherwise).
+        min_replicas: fewer healthy members than this and ``degraded_below_min`` is True.
+        stall_factor: a member that has not entered the exchange while the others waited
+            this many median step times is hung.
+        stall_floor_s: least waiting time that counts as a stall (noise guard).
+        clock: wall-clock time, seconds.
+    """
+
+    def __init__(
+        self,
+        replicas: int,
+        replica_size: int,
+        host: str = "127.0.0.1",
+        min_replicas: int = 1,
+        stall_factor: float = 1.5,
+        stall_floor_s: float = 0.15,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.replicas = replicas
+        self.replica_size = replica_size
+        self.host = host
+        self.min_replicas = min_replicas
+        self.stall_factor = stall_factor
+        self.stall_floor_s = stall_floor_s
+        self.clock = clock
+        self.store: dist.TCPStore | None = None
+        self.current = Membership(0, tuple(range(replicas)))
+        self.history: list[Membership] = []
+        self._step_times: deque[float] = deque(maxlen=64)
+        self._last_hb: dict[int, tuple[int, float]] = {}
+        self._incarnation: dict[int, int] = {}
+
+    # ---- set-up ------------------------------------------------------------------------
+    def start(self) -> str:
+        """Starts the store and publishes epoch 0 (every replica); returns ``host:port``."""
+        self.store = dist.TCPStore(
+            self.host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+        )
+        self._publish(self.current)
+        return self.address
+
+    @property
+    def address(self) -> str:
+        assert self.store is not None, "start() the quorum service first"
+        return f"{self.host}:{self.store.port}"
+
+    def _publish(self, membership: Membership) -> None:
+        assert self.store is not None
+        self.store.set(key_members(membership.epoch), membership.to_json())
+        self.store.set("q/epoch", str(membership.epoch))
+        self.current = membership
+        self.history.append(membership)
+
+    # ---- membership changes ------------------------------------------------------------------
+    def remove(self, replica: int, reason: str) -> Membership | None:
+        """Takes a replica out: breaks the current epoch and publishes the next one.
+
+        Returns the new membership, or None when the replica was not a member.
+        """
+        if replica not in self.current.members or self.store is None:
+            return None
+        self.store.set(key_broken(self.current.epoch), reason)
+        # A dropped replica is admitted again only as the incarnation restarted after this.
+        self._incarnation.pop(replica, None)
+        self.store.delete_key(f"q/join/{replica}")
+        members = tuple(r for r in self.current.members if r != replica)
+        joining = tuple(r for r in self.current.joining if r != replica)
+        self._publish(Membership(self.current.epoch + 1, members, joining))
+        return self.current
+
+    def expect(self, replica: int, incarnation: int) -> None:
+        """A relaunched replica will ask to join as this incarnation."""
+        self._incarnation[replica] = incarnation
+
+    def poll_joins(self) -> Membership | None:
+        """Admits replicas whose ranks said they are ready; returns the new epoch, if any."""
+        if self.store is None:
+            return None
+        ready = []
+        for replica, incarnation in self._incarnation.items():
+            if replica in self.current.members:
+                continue
+            key = f"q/join/{replica}"
+            if self.store.check([key]) and int(self.store.get(key)) == incarnation:
+                ready.append(replica)
+        if not ready or not self.current.members:
+            return None
+        members = tuple(sorted((*self.current.members, *ready)))
+        joining = tuple(sorted((*self.current.joining, *ready)))
+        self._publish(Membership(self.current.epoch + 1, members, joining))
+        return self.current
+
+    def settle_joins(self) -> None:
+        """Joiners whose first exchange happened (``q/<e>/start`` set) count as healthy."""
+        cur = self.current
+        if cur.joining and self.store is not None and self.store.check([key_start(cur.epoch)]):
+            self.current = Membership(cur.epoch, cur.members, ())
+
+    @property
+    def degraded_below_min(self) -> bool:
+        return len(self.healthy) < self.min_replicas
+
+    @property
+    def healthy(self) -> tuple[int, ...]:
+        return tuple(r for r in self.current.members if r not in self.current.joining)
+
+    # ---- heartbeats --------------------------------------------------------------------------
+    def stalled(self) -> list[int]:
+        """Members that never entered an exchange the others have waited in too long."""
+        if self.store is None or len(self.current.members) < 2:
+            return []
+        beats = self._heartbeats()
+        if not beats:
+            return []
+        now = self.clock()
+        front = max(step for step, _ in beats.values())
+        waiting = [t for step, t in beats.values() if step == front]
+        limit = self.stall_limit()
+        if limit is None or now - min(waiting) < limit:
+            return []
+        late = {rank // self.replica_size for rank, (step, _) in beats.items() if step < front}
+        return sorted(r for r in late if r in self.current.members)
+
+    def stall_limit(self) -> float | None:
+        """Seconds of waiting that mark a stall; None before any step time is known."""
+        if not self._step_times:
+            return None
+        return max(self.stall_factor * statistics.median(self._step_times), self.stall_floor_s)
+
+    def _heartbeats(self) -> dict[int, tuple[int, float]]:
+        assert self.store is not None
+        ranks = [
+            r * self.replica_size + i
+            for r in self.current.members
+            if r not in self.current.joining
+            for i in range(self.replica_size)
+        ]
+        keys = [f"hb/{rank}" for rank in ranks]
+        if not self.store.check(keys):
+            return {}
+        beats = {}
+        for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True):
+            step_text, _, time_text = raw.decode().partition(" ")
+            beat = (int(step_text), float(time_text))
+            previous = self._last_hb.get(rank)
+            if previous is not None and beat[0] == previous[0] + 1:
+                self._step_times.append(beat[1] - previous[1])
+            self._last_hb[rank] = beat
+            beats[rank] = beat
+        return beats
+
+    def forget_heartbeats(self, ranks: Sequence[int]) -> None:
+        """A relaunched rank starts a fresh heartbeat history."""
+        if self.store is None:
+            return
+        for rank in ranks:
+            self._last_hb.pop(rank, None)
+            self.store.delete_key(f"hb/{rank}")
+
+    def close(self) -> None:
+        self.store = None

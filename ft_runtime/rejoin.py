@@ -1,0 +1,126 @@
+"""Non-blocking catch-up: a restarted replica gets up to date before anyone waits for it.
+
+The joiner asks a healthy source replica for its state (``q/wants`` counts requests,
+``q/want/<n>`` names the joiner and the source). Each source rank, at its next step
+boundary, copies its state into its snapshot server (a memory copy), and from then on logs
+the update it applies at every step (the averaged gradient and the learning rate). The
+joiner fetches the snapshot, replays the logged updates, which gives it exactly the
+source's parameters, and only when it has reached the head of the log does it ask the
+quorum to admit it. The healthy replicas wait for it at most for the last step or two of
+replay and the set-up of the new group, instead of the whole state transfer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ft_runtime import _dist as dist
+from ft_runtime.catchup import (
+    SnapshotServer,
+    encode_update,
+    fetch_snapshot,
+    fetch_update,
+)
+from ft_runtime.errors import CatchUpError, LeftQuorum
+
+Apply = Callable[[torch.Tensor, float], object]
+MAX_LOG = 1024  # updates kept for one joiner; beyond it the joiner restarts its catch-up
+
+
+class CatchUpSource:
+    """The healthy side: answers catch-up requests addressed to its replica."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        server: SnapshotServer,
+        replica: int,
+        state_fn: Callable[[], Mapping[str, Any]],
+    ) -> None:
+        self.store, self.server, self.replica = store, server, replica
+        self.state_fn = state_fn
+        self._seen = 0
+        self._open: set[int] = set()
+
+    def after_step(self, step: int, update: torch.Tensor, lr: float) -> None:
+        """Logs this step's update for open requests, then takes new requests."""
+        if self._open:
+            self.server.log[step] = encode_update({"update": update, "lr": lr})
+            self._close_done()
+        count = int(self.store.add("q/wants", 0))
+        for want in range(self._seen + 1, count + 1):
+            request = json.loads(self.store.get(f"q/want/{want}"))
+            if request["source"] == self.replica:
+                self._open.add(want)
+                self.server.publish(f"w{want}", step + 1, self.state_fn())
+        self._seen = count
+
+    @property
+    def serving(self) -> bool:
+        """Whether a joiner is catching up from this rank right now."""
+        return bool(self._open)
+
+    def _close_done(self) -> None:
+        done = {w for w in self._open if self.store.check([f"q/want/{w}/done"])}
+        self._open -= done
+        if not self._open or len(self.server.log) > MAX_LOG:
+            self.server.log = {}
+
+
+class CatchUpClient:
+    """The restarted side: snapshot, replay, then ready to be admitted."""
+
+    def __init__(self, store: dist.Store, replica: int, replica_rank: int, token: str = "") -> None:
+        self.store, self.replica, self.replica_rank = store, replica, replica_rank
+        self.token = token
+        self.want = 0
+        self.address = ""
+
+    def request(self, source: int, source_rank: int, incarnation: int) -> None:
+        """Asks ``source`` for its state (rank 0 of the replica asks; all ranks read)."""
+        if self.replica_rank == 0:
+            want = int(self.store.add("q/wants", 1))
+            self.store.set(
+                f"q/want/{want}",
+                json.dumps({"replica": self.replica, "incarnation": incarnation, "source": source}),
+            )
+            self.store.set(f"q/want/{self.replica}/{incarnation}", str(want))
+        key = f"q/want/{self.replica}/{incarnation}"
+        self.store.wait([key])
+        self.want = int(self.store.get(key))
+        self.address = self.store.get(f"addr/{source_rank}").decode()
+
+    def snapshot(self, deadline: float) -> tuple[int, dict[str, Any]]:
+        """The source's state and the step it is the start of."""
+        while True:  # the source publishes at its next step boundary: retry until then
+            try:
+                return fetch_snapshot(self.address, f"w{self.want}", self.token)
+            except CatchUpError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    def replay(self, step: int, until: int | None, apply: Apply, deadline: float) -> int:
+        """Applies the logged updates from ``step``: up to ``until`` (exclusive), or while
+        they are there when ``until`` is None. Returns the next step to apply."""
+        while until is None or step < until:
+            entry = fetch_update(self.address, step, self.token)
+            if entry is None:
+                if until is None:
+                    return step
+                if time.monotonic() > deadline:
+                    raise LeftQuorum(f"update {step} never appeared at {self.address}")
+                time.sleep(0.002)
+                continue
+            apply(entry["update"], float(entry["lr"]))
+            step += 1
+        return step
+
+    def done(self) -> None:
+        if self.replica_rank == 0:
+            self.store.set(f"q/want/{self.want}/done", "1")

@@ -1,0 +1,309 @@
+"""Replicas as the unit of failure: the supervisor of a replica-recovery job (TRANSOM's TOL).
+
+A failed or hung rank costs only its replica: the quorum drops the replica (its epoch
+breaks, so the survivors abort that exchange and carry on without it), the replica's other
+ranks are stopped, and a restart (asked for through the control protocol) relaunches only
+that replica, which catches up from a healthy peer. Each replica goes through
+launch → pre_check → running → recovering → evicted, recorded as lifecycle events; a
+restart budget per replica ends restart loops on a deterministic bug, and an evicted node
+gets no more ranks (its replicas move to spare nodes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ft_runtime.layout import RankSpec
+from ft_runtime.quorum import ENV_QUORUM, QuorumService
+from ft_runtime.supervisor import JobSupervisor, LaunchSpec, _Rank, _signal
+from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaSupervisor(JobSupervisor):
+    """Owns the ranks of a job whose replicas fail, restart and rejoin independently.
+
+    Args:
+        launch: what to start.
+        quorum: the membership service (started here).
+        max_restarts: restart budget of each replica.
+        clock: wall-clock time, seconds.
+    """
+
+    def __init__(
+        self,
+        launch: LaunchSpec,
+        quorum: QuorumService,
+        max_restarts: int = 3,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(launch, max_restarts, clock)
+        self.quorum = quorum
+        replicas = launch.layout.replicas
+        self.incarnation = dict.fromkeys(range(replicas), 0)
+        self.replica_restarts = dict.fromkeys(range(replicas), 0)
+        self.replica_phase = dict.fromkeys(range(replicas), Phase.LAUNCH)
+        self.evicted_nodes: set[str] = set()
+        self._spares = 0
+        self._failed_at: dict[int, float] = {}
+        self._culprits: set[int] = set()
+        self._clean: set[int] = set()
+        self._lost: set[int] = set()
+
+    # ---- launching ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.attempt += 1
+        self.quorum.start()
+        self._emit("job", Phase.LAUNCH, world_size=self.launch.layout.world_size)
+        self._emit("quorum", Phase.RUNNING, epoch=0, members=list(self.quorum.current.members))
+        for replica in range(self.launch.layout.replicas):
+            self._launch_replica(replica)
+        self.phase = Phase.RUNNING
+
+    def _launch_replica(self, replica: int) -> None:
+        incarnation = self.incarnation[replica]
+        log_dir = Path(self.launch.log_dir) / f"replica-{replica}-{incarnation}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        specs = [self._placed(s) for s in self.launch.layout.ranks() if s.replica == replica]
+        self._emit(f"replica:{replica}", Phase.LAUNCH, incarnation=incarnation)
+        self.replica_phase[replica] = Phase.PRE_CHECK
+        for spec in specs:
+            env = {
+                **os.environ,
+                **self.launch.env,
+                **self.launch.layout.environment(
+                    spec, self.launch.master_addr, 0, incarnation, self.launch.run_id
+                ),
+                "EAGLEEYE_NODE": spec.node,
+                ENV_QUORUM: self.quorum.address,
+            }
+            rank = self._spawn(spec, env, log_dir / f"rank-{spec.rank}.log")
+            rank.attempt = incarnation
+            self._ranks[spec.rank] = rank
+            self._clean.discard(spec.rank)
+            self._emit(
+                f"rank:{spec.rank}",
+                Phase.LAUNCH,
+                node=spec.node,
+                replica=replica,
+                pid=rank.process.pid,
+            )
+        # Pre-check: the processes started on nodes that are not evicted.
+        alive = all(self._ranks[s.rank].process.poll() is None for s in specs)
+        self._emit(f"replica:{replica}", Phase.PRE_CHECK, passed=alive, nodes=_nodes(specs))
+        if incarnation == 0:  # a relaunched replica runs once the quorum admits it
+            self.replica_phase[replica] = Phase.RUNNING
+            self._emit(f"replica:{replica}", Phase.RUNNING, incarnation=incarnation)
+
+    def _placed(self, spec: RankSpec) -> RankSpec:
+        if spec.node not in self.evicted_nodes:
+            return spec
+        return dataclasses.replace(spec, node=f"spare{spec.node_rank}")
+
+    # ---- watching ----------------------------------------------------------------------
+    def poll(self) -> list[LifecycleEvent]:
+        """Collects exits, drops dead and hung replicas from the quorum, admits joiners."""
+        while True:
+            try:
+                rank_id, attempt, code, when = self._exits.get_nowait()
+            except queue.Empty:
+                break
+            rank = self._ranks.get(rank_id)
+            if rank is None or attempt != rank.attempt or rank.expected_stop:
+                continue
+            self._on_exit(rank, code, when)
+        for replica in self.quorum.stalled():
+            self.isolate(replica, "hung: never entered the exchange the others wait in")
+        joined = self.quorum.poll_joins()
+        if joined is not None:
+            self._emit("quorum", Phase.RUNNING, epoch=joined.epoch, members=list(joined.members))
+            for replica in joined.joining:
+                self.replica_phase[replica] = Phase.RUNNING
+                self._emit(f"replica:{replica}", Phase.RUNNING, joined_epoch=joined.epoch)
+        self.quorum.settle_joins()
+        self._check_finished()
+        return self._take_events()
+
+    def _on_exit(self, rank: _Rank, code: int, when: float) -> None:
+        replica = rank.spec.replica
+        if code == 0:
+            self._clean.add(rank.spec.rank)
+        collateral = code != 0 and replica in self._failed_at
+        if code != 0 and not collateral:
+            self._fail(replica, when, f"rank {rank.spec.rank} exited with {code}")
+            self._culprits.add(rank.spec.rank)
+        collateral = collateral and rank.spec.rank not in self._culprits
+        self._emit(
+            f"rank:{rank.spec.rank}",
+            Phase.EXITED,
+            time=when,
+            exit_code=code,
+            collateral=collateral,
+            node=rank.spec.node,
+            replica=replica,
+        )
+
+    def _fail(self, replica: int, when: float, reason: str) -> None:
+        """Takes the replica out of the quorum and stops its other ranks."""
+        self._failed_at[replica] = when
+        self._lost.add(replica)
+        membership = self.quorum.remove(replica, reason)
+        if membership is not None:
+            self._emit(
+                "quorum",
+                Phase.RUNNING,
+                epoch=membership.epoch,
+                members=list(membership.members),
+                removed=replica,
+                reason=reason,
+            )
+        self._emit(f"replica:{replica}", Phase.EXITED, reason=reason)
+        for rank in self._replica_ranks(replica):
+            _signal(rank.process, signal.SIGKILL)  # fencing: a dropped replica must not go on
+
+    def isolate(self, replica: int, reason: str) -> bool:
+        """Drops a live replica (hung, or asked to): its ranks are killed; their exits follow."""
+        if replica in self._failed_at or replica not in self.quorum.current.members:
+            return False
+        late = [r.spec.rank for r in self._replica_ranks(replica)]
+        self._culprits.update(late)
+        self._fail(replica, self.clock(), reason)
+        return True
+
+    def _check_finished(self) -> None:
+        if self.phase is not Phase.RUNNING:
+            return
+        live = [r for r in self._ranks.values() if r.process.poll() is None]
+        healthy_done = [r for r in self.quorum.healthy if self._replica_clean(r)]
+        if live and healthy_done and all(r.spec.replica not in self.quorum.healthy for r in live):
+            for rank in live:  # joiners the job finished without: nobody left to catch up from
+                rank.expected_stop = True
+                _signal(rank.process, signal.SIGKILL)
+            live = []
+        if live:
+            return
+        if len(healthy_done) >= max(1, self.quorum.min_replicas):
+            self.phase = Phase.SUCCEEDED
+            self._emit("job", Phase.SUCCEEDED, replicas=healthy_done, lost=sorted(self._lost))
+        else:
+            self.phase = Phase.FAILED
+            self._emit("job", Phase.FAILED, reason="no replica finished training")
+
+    def _replica_clean(self, replica: int) -> bool:
+        return all(r.spec.rank in self._clean for r in self._replica_ranks(replica))
+
+    def _replica_ranks(self, replica: int) -> list[_Rank]:
+        return [r for r in self._ranks.values() if r.spec.replica == replica]
+
+    def settle(self) -> list[LifecycleEvent]:
+        """Replica recovery never fails the job for one replica; ``poll`` decides the end."""
+        return self._take_events()
+
+    # ---- recovery ----------------------------------------------------------------------
+    def restart_replica(self, replica: int, reason: str) -> bool:
+        """Relaunches one replica to catch up; False once its budget is spent (evicted)."""
+        if self.replica_restarts[replica] >= self.max_restarts:
+            self.replica_phase[replica] = Phase.EVICTED
+            self._emit(
+                f"replica:{replica}",
+                Phase.EVICTED,
+                reason=f"restart budget of {self.max_restarts} spent",
+            )
+            return False
+        if replica in self.quorum.current.members:
+            self.isolate(replica, reason)
+        for rank in self._replica_ranks(replica):
+            rank.expected_stop = True
+            _signal(rank.process, signal.SIGKILL)
+            rank.process.wait()
+        self.replica_restarts[replica] += 1
+        self.restarts += 1
+        self.incarnation[replica] += 1
+        self.replica_phase[replica] = Phase.RECOVERING
+        self._emit(f"replica:{replica}", Phase.RECOVERING, reason=reason)
+        self._failed_at.pop(replica, None)
+        ranks = [s.rank for s in self.launch.layout.ranks() if s.replica == replica]
+        self._culprits.difference_update(ranks)
+        self.quorum.forget_heartbeats(ranks)
+        self.quorum.expect(replica, self.incarnation[replica])
+        self._launch_replica(replica)
+        return True
+
+    def evict(self, node: str, reason: str) -> list[int]:
+        """Excludes a node from later launches; its replicas restart on spare nodes."""
+        self.evicted_nodes.add(node)
+        self._emit(f"node:{node}", Phase.EVICTED, reason=reason)
+        hit = sorted({r.spec.replica for r in self._ranks.values() if r.spec.node == node})
+        return [r for r in hit if self.restart_replica(r, f"node {node} evicted: {reason}")]
+
+    # ---- the control protocol ------------------------------------------------------------
+    def execute(self, action: Action) -> Outcome:
+        """Runtime protocol: restart(replica|rank), isolate(replica), evict(node), notify."""
+        if action.key in self._done_keys:
+            return self._outcome(action, OutcomeStatus.SKIPPED, "duplicate of an executed action")
+        if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
+            return self._outcome(action, OutcomeStatus.SKIPPED, f"job already {self.phase.value}")
+        kind, (scope, _, name) = action.kind, action.target.partition(":")
+        self._done_keys.add(action.key)
+        if kind is ActionKind.NOTIFY:
+            log.warning("eagleeye notice: %s", action.reason)
+            return self._outcome(action, OutcomeStatus.DONE, "logged")
+        if kind is ActionKind.EVICT and scope == "node":
+            moved = self.evict(name, action.reason)
+            return self._outcome(action, OutcomeStatus.DONE, f"node {name} evicted; moved {moved}")
+        replica = self._replica_of(scope, name)
+        if replica is None:
+            return self._outcome(
+                action,
+                OutcomeStatus.SKIPPED,
+                f"{kind.value} {action.target} is not supported by replica recovery",
+            )
+        if kind is ActionKind.ISOLATE:
+            done = self.isolate(replica, action.reason)
+            status = OutcomeStatus.DONE if done else OutcomeStatus.SKIPPED
+            return self._outcome(action, status, f"replica {replica} isolated" if done else "")
+        if kind is ActionKind.RESTART:
+            if self.quorum.healthy == (replica,):
+                return self._outcome(
+                    action,
+                    OutcomeStatus.SKIPPED,
+                    f"replica {replica} is the only healthy one: nobody to catch up from",
+                )
+            if not self.restart_replica(replica, action.reason):
+                return self._outcome(
+                    action, OutcomeStatus.FAILED, f"replica {replica} evicted: budget spent"
+                )
+            return self._outcome(
+                action,
+                OutcomeStatus.DONE,
+                f"restarted replica {replica} as incarnation {self.incarnation[replica]}; "
+                f"it catches up from replica {self.quorum.current.source}",
+            )
+        return self._outcome(action, OutcomeStatus.SKIPPED, f"{kind.value} not supported")
+
+    def _replica_of(self, scope: str, name: str) -> int | None:
+        try:
+            index = int(name)
+        except ValueError:
+            return None
+        if scope == "replica" and index in self.incarnation:
+            return index
+        if scope == "rank" and 0 <= index < self.launch.layout.world_size:
+            return self.launch.layout.rank(index).replica
+        return None
+
+    def stop_all(self) -> None:
+        super().stop_all()
+        self.quorum.close()
+
+
+def _nodes(specs: list[RankSpec]) -> list[str]:
+    return sorted({s.node for s in specs})

@@ -1,0 +1,79 @@
+"""Helpers for the replica-recovery end-to-end tests: run a job, read what it did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from eagleeye.launch import JobConfig, JobResult, run_job
+from eagleeye.store import RunReader
+from ft_runtime.layout import JobLayout
+
+
+def workload(steps: int, params_out: Path, preset: str = "small") -> list[str]:
+    """The test workload; steps padded to 0.1 s so survivors cannot outrun a restart."""
+    return [
+        "--step-floor-s",
+        "0.1",
+        "--preset",
+        preset,
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "2",
+        "--block-size",
+        "32",
+        "--params-out",
+        str(params_out),
+    ]
+
+
+def run_replicas(
+    tmp_path: Path,
+    name: str,
+    steps: int,
+    inject: tuple[str, ...] = (),
+    layout: JobLayout | None = None,
+    **extra: object,
+) -> JobResult:
+    config = JobConfig(
+        script="eagleeye.workload.train",
+        module=True,
+        script_args=workload(steps, tmp_path / name / "params"),
+        layout=layout or JobLayout(3, 1, 3),
+        recovery="replica",
+        remediate=True,
+        inject=inject,
+        runs_dir=str(tmp_path / name),
+        run_id=name,
+        **extra,  # type: ignore[arg-type]
+    )
+    return run_job(config)
+
+
+def final_params_identical(folder: Path) -> tuple[int, bool]:
+    """How many ranks saved final parameters, and whether all are bitwise equal."""
+    states = [torch.load(p, weights_only=True) for p in sorted(folder.glob("rank-*.pt"))]
+    same = all(all(torch.equal(states[0][k], s[k]) for k in states[0]) for s in states[1:])
+    return len(states), same
+
+
+def steps_table(run_dir: Path) -> pd.DataFrame:
+    """Long table of the per-step metrics of a run."""
+    reader = RunReader(run_dir)
+    try:
+        return reader.samples(
+            names=["step_time", "batch", "replicas", "catch_up", "loss", "exchange_retries"]
+        )
+    finally:
+        reader.close()
+
+
+def events(run_dir: Path) -> pd.DataFrame:
+    reader = RunReader(run_dir)
+    try:
+        return reader.events()
+    finally:
+        reader.close()

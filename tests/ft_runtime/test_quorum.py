@@ -1,0 +1,100 @@
+"""The quorum service against a real TCPStore: epochs, breaks, joins and heartbeats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TypeVar
+
+import pytest
+
+from ft_runtime import _dist as dist
+from ft_runtime.quorum import Membership, QuorumService, key_broken, key_members, key_start
+
+
+@pytest.fixture
+def quorum(clock):
+    service = QuorumService(replicas=3, replica_size=2, clock=clock, stall_floor_s=0.1)
+    service.start()
+    yield service
+    service.close()
+
+
+T = TypeVar("T")
+
+
+def eventually(poll: Callable[[], T | None], timeout_s: float = 5.0) -> T | None:
+    """Polls until a result comes: SETs from another connection arrive asynchronously."""
+    deadline = time.monotonic() + timeout_s
+    while (result := poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return result
+
+
+def client(service: QuorumService) -> dist.TCPStore:
+    host, _, port = service.address.rpartition(":")
+    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+
+
+def test_epoch_zero_holds_every_replica_and_ranks_can_read_it(quorum) -> None:
+    store = client(quorum)
+    assert store.get("q/epoch") == b"0"
+    assert Membership.from_json(0, store.get(key_members(0))).members == (0, 1, 2)
+
+
+def test_removing_a_replica_breaks_the_epoch_and_publishes_the_next(quorum) -> None:
+    store = client(quorum)
+    new = quorum.remove(1, "rank 3 exited")
+    assert new == Membership(1, (0, 2))
+    assert store.get(key_broken(0)) == b"rank 3 exited"
+    assert eventually(lambda: store.get("q/epoch") == b"1" or None)
+    assert not store.check([key_broken(1)])
+    assert quorum.remove(1, "again") is None  # not a member any more
+
+
+def test_a_relaunched_replica_is_admitted_as_joining_then_healthy(quorum) -> None:
+    store = client(quorum)
+    quorum.remove(2, "died")
+    quorum.expect(2, incarnation=1)
+    assert quorum.poll_joins() is None  # its ranks have not said they are ready
+    store.set("q/join/2", "0")  # a stale incarnation does not count
+    assert quorum.poll_joins() is None
+    store.set("q/join/2", "1")
+    joined = eventually(quorum.poll_joins)
+    assert joined == Membership(2, (0, 1, 2), (2,))
+    assert joined.source == 0
+    assert quorum.healthy == (0, 1)
+    store.set(key_start(2), "40")  # the source published its state: the join is done
+    # A SET on another connection is not acknowledged: the service sees it on a later poll.
+    deadline = time.monotonic() + 5
+    while quorum.healthy != (0, 1, 2) and time.monotonic() < deadline:
+        quorum.settle_joins()
+        time.sleep(0.01)
+    assert quorum.healthy == (0, 1, 2)
+
+
+def test_a_replica_that_never_enters_the_exchange_is_found_stalled(quorum, clock) -> None:
+    store = quorum.store  # the service's own connection: the beats arrive in order
+
+    def beat(step: int, ranks: range) -> None:
+        for rank in ranks:
+            store.set(f"hb/{rank}", f"{step} {clock()}")
+
+    for step in range(5):  # steady state: 0.1 s per step for everyone
+        beat(step, range(6))
+        assert quorum.stalled() == []
+        clock.advance(0.1)
+    beat(5, range(4))  # replicas 0 and 1 wait at step 5; replica 2 (ranks 4, 5) is stuck
+    clock.advance(0.1)
+    assert quorum.stalled() == []  # within the limit of 1.5 median steps
+    clock.advance(0.1)
+    assert quorum.stall_limit() == pytest.approx(0.15)
+    assert quorum.stalled() == [2]
+
+
+def test_membership_round_trips_through_json() -> None:
+    m = Membership(4, (0, 2, 3), (3,))
+    assert Membership.from_json(4, m.to_json()) == m
+    assert m.source == 0
+    assert Membership(1, (2,), (2,)).source == -1
