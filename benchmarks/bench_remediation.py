@@ -16,7 +16,7 @@ from detectors.types import Finding, Severity
 from ft_runtime.testing import FakeRuntime
 from remediation import Hooks, Remediator, load_policy, synchronous_restart_policy
 
-POLICY = Path(__file__).resolve().parents[1] / "policies" / "default.toml"
+POLICY = Path(__file__).resolve().parents[1] / "remediation" / "policies" / "default.toml"
 KINDS = ("slow_rank", "nan", "process_exit", "loss_spike", "xid", "slow_node")
 
 

@@ -23,6 +23,7 @@ from eagleeye.launch import JobConfig, run_job
 from eagleeye.store import new_run_id
 from eagleeye.summary import RunSummary, summarize
 from ft_runtime.layout import JobLayout
+from remediation.config import builtin_policy
 
 WORKLOAD = "eagleeye.workload.train"
 
@@ -39,6 +40,14 @@ class DemoConfig:
     batch_size: int = 4
     checkpoint_every: int = 20
     recovery: str = "replica"
+    policy: str | None = None
+
+    def policy_file(self) -> str:
+        """The policy the demo's actions come from: the one given, else the built-in file
+        of its recovery mode."""
+        if self.policy is not None:
+            return self.policy
+        return str(builtin_policy("replica" if self.recovery == "replica" else "default"))
 
     def fault(self) -> str:
         step = self.kill_step if self.kill_step is not None else int(self.steps * 0.45)
@@ -66,6 +75,7 @@ class DemoReport:
     faulted: RunSummary
     reference: RunSummary | None
     identical_ranks: tuple[int, bool] = (0, False)
+    policy_file: str = ""
 
     @property
     def succeeded(self) -> bool:
@@ -84,7 +94,8 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
             f"Training the reference GPT ({config.preset}) for {config.steps} steps on "
             f"{layout.world_size} ranks: {layout.replicas} replicas of {layout.replica_size}, "
             f"2 virtual nodes.\nFault to inject: [bold]{config.fault()}[/bold] (SIGKILL). "
-            f"Recovery: {_RECOVERY[config.recovery]}; remediation enabled.",
+            f"Recovery: {_RECOVERY[config.recovery]}; remediation enabled, actions from "
+            f"the policy file {config.policy_file()}.",
             title="Eagle Eye demo",
         )
     )
@@ -99,6 +110,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
         inject=(config.fault(),),
         runs_dir=config.runs_dir,
         run_id=run_id,
+        policy=config.policy_file(),
     )
     faulted = summarize(str(run_job(job, on_update=LiveLog(console)).run_dir))
     reference = None
@@ -114,7 +126,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
                 run_id=f"{run_id}-reference",
             )
             reference = summarize(str(run_job(clean).run_dir))
-    report = DemoReport(faulted, reference, params_identical(params))
+    report = DemoReport(faulted, reference, params_identical(params), config.policy_file())
     render(report, console)
     return report
 
@@ -132,6 +144,7 @@ def render(report: DemoReport, console: Console) -> None:
         f"{run.lost_s:.1f} s of training lost to the fault.",
         _loss_line(report),
         _params_line(report),
+        f"Actions came from the policy file [bold]{report.policy_file}[/bold].",
         f"Run store: [bold]{Path(run.run_dir) / 'run.db'}[/bold] "
         f"(read it with eagleeye.store.RunReader).",
     ]

@@ -21,6 +21,7 @@ from eagleeye.store import RunStore, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
+from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
 from remediation.remediator import Remediator
 
@@ -49,14 +50,14 @@ class JobConfig:
     stall_factor: float = 1.5
     stall_floor_s: float = 0.15
     min_replicas: int = 1
+    policy: str | None = None
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERIES:
             raise EagleEyeError(
                 f"unknown recovery {self.recovery!r}; use one of {', '.join(RECOVERIES)}"
             )
-        parse_specs(self.inject)  # a bad spec fails here, before anything is launched
-        for spec in parse_specs(self.inject):
+        for spec in parse_specs(self.inject):  # a bad spec fails here, before any launch
             if spec.rank >= self.layout.world_size:
                 raise EagleEyeError(
                     f"fault {spec} names rank {spec.rank}, but the job has "
@@ -104,10 +105,14 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         inject=[*args.inject, *(load_scenario(args.scenario) if args.scenario else [])],
         runs_dir=args.runs_dir,
         run_id=args.run_id,
+        policy=args.policy,
     )
 
 
 def policy_for(config: JobConfig) -> Policy:
+    """The policy file given, else the built-in policy of the recovery mode."""
+    if config.policy is not None:
+        return load_policy(config.policy)
     if config.recovery == "none":
         return Policy(rules=(), name="none (failures stop the job)")
     if config.recovery == "replica":
@@ -175,6 +180,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
             "inject": list(config.inject),
             "max_restarts": config.max_restarts,
             "policy": policy.name,
+            "policy_file": config.policy,
         },
     )
     detectors: list[Detector] = [
@@ -182,7 +188,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         NonFiniteLoss(),
         ProgressStall(k=config.hang_k, min_silence_s=config.hang_min_silence_s),
     ]
-    remediator = Remediator(policy, supervisor, dry_run=not config.remediate)
+    # --remediate enables actions; without it the policy decides (files default to dry-run).
+    remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)
     controller = Controller(
         supervisor,
         receiver,

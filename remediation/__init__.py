@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from remediation.config import load_policy, parse_policy
+from remediation.config import builtin_policy, load_policy, parse_policy
 from remediation.errors import PolicyError, RemediationError
 from remediation.hooks import DEFAULT_HOOKS, Hooks, on_action, on_finding
-from remediation.policy import Limit, Policy, Rule, Rung, Step, synchronous_restart_policy
+from remediation.policy import (
+    Limit,
+    Policy,
+    Rule,
+    Rung,
+    Step,
+    replica_restart_policy,
+    synchronous_restart_policy,
+)
 from remediation.remediator import Decision, PendingAction, Remediator
 
 __all__ = [
@@ -21,9 +29,11 @@ __all__ = [
     "Rule",
     "Rung",
     "Step",
+    "builtin_policy",
     "load_policy",
     "on_action",
     "on_finding",
     "parse_policy",
+    "replica_restart_policy",
     "synchronous_restart_policy",
 ]

@@ -1,6 +1,6 @@
 """Policy files: TOML in, a validated Policy out, or an error naming the line and the key.
 
-The format (policies/default.toml is the reference)::
+The format (remediation/policies/default.toml is the reference)::
 
     [policy]
     name = "default"
@@ -67,6 +67,15 @@ class _Where:
             line = start
         at = f"line {line + 1}, " if line is not None else ""
         return PolicyError(f"{self.source}: {at}key {key!r}: {message}")
+
+
+def builtin_policy(name: str) -> Path:
+    """Path of a policy file shipped with Eagle Eye (``default``, ``replica``)."""
+    path = Path(__file__).resolve().parent / "policies" / f"{name}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.toml"))
+        raise PolicyError(f"no built-in policy {name!r}; known: {', '.join(known)}")
+    return path
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -31,6 +31,18 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--runs-dir", default="runs", help="directory of run folders (default: runs)")
     p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+    p.add_argument(
+        "--recovery",
+        choices=("replica", "job"),
+        default="replica",
+        help="replica isolation (default) or the synchronous full restart, for comparison",
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        metavar="FILE",
+        help="remediation policy (TOML); default: the built-in file of the recovery mode",
+    )
     p.set_defaults(func=_demo)
 
 
@@ -45,6 +57,8 @@ def _demo(args: argparse.Namespace) -> int:
             reference=not args.no_reference,
             runs_dir=args.runs_dir,
             seed=args.seed,
+            policy=args.policy,
+            recovery=args.recovery,
         )
     )
     return 0 if report.succeeded else 1

@@ -93,6 +93,13 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="execute remediation actions; without it they are recorded as dry-run",
     )
     g.add_argument(
+        "--policy",
+        default=None,
+        metavar="FILE",
+        help="remediation policy (TOML; see remediation/policies/); default: the built-in "
+        "policy of --recovery",
+    )
+    g.add_argument(
         "--inject",
         action="append",
         default=[],

@@ -26,7 +26,7 @@ from tests.alerting.conftest import ALERTMANAGER, PROMETHEUS, need
 from tests.collector.conftest import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.toml"
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "remediation" / "policies" / "default.toml"
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:

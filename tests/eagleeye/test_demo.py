@@ -37,6 +37,11 @@ def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path
     assert (action["kind"], action["target"], action["status"]) == ("restart", "replica:1", "done")
     assert reader.samples(names=["step_time"])["step"].max() == 89
     assert f"{run}/run.db" in output
+    # The actions came from the shipped policy file, and the summary says which.
+    policy = reader.meta()["config"]["policy_file"]
+    assert policy.endswith("remediation/policies/replica.toml")
+    assert f"Actions came from the policy file {policy}" in output
+    assert "replica" in action["reason"]
 
 
 def _env() -> dict[str, str]:

@@ -117,4 +117,8 @@ def test_a_stopped_rank_is_found_hung_and_the_job_recovers(tmp_path) -> None:
     assert 1 in set(hung["rank"])
     assert hung.iloc[0]["evidence"]["silence_s"] >= 3.0
     actions = RunReader(result.run_dir).actions()
-    assert list(actions["status"]) == ["done"]  # one restart, however many ranks went silent
+    assert actions.iloc[0]["status"] == "done"
+    # One restart answers the incident, however many ranks went silent with it: findings
+    # made before that restart finished get no restart of their own.
+    incident = findings[findings["time"] <= actions.iloc[0]["outcome_time"]]
+    assert len(actions[actions["finding_id"].isin(incident["id"])]) == 1

@@ -9,7 +9,7 @@ import pytest
 from ft_runtime.types import ActionKind
 from remediation import PolicyError, load_policy, parse_policy
 
-DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "default.toml"
+DEFAULT = Path(__file__).resolve().parents[2] / "remediation" / "policies" / "default.toml"
 
 GOOD = """
 [policy]
