@@ -15,7 +15,7 @@ from typing import Any
 
 from collector.aggregate import StepAggregator
 from collector.transport import TelemetryReceiver
-from collector.types import Frame
+from collector.types import Frame, Sample
 from detectors.base import Detector
 from detectors.types import Finding
 from eagleeye.ingest import ingest_samples, lifecycle_frames
@@ -55,6 +55,7 @@ class Controller:
         detectors: Sequence[Detector],
         remediator: Remediator,
         on_update: Callable[[object], None] = lambda item: None,
+        on_samples: Callable[[list[Sample]], None] = lambda samples: None,
         tick_s: float = 0.05,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -64,6 +65,7 @@ class Controller:
         self.detectors = list(detectors)
         self.remediator = remediator
         self.on_update = on_update
+        self.on_samples = on_samples
         self.tick_s = tick_s
         self.clock = clock
         self.report = ControllerReport()
@@ -86,6 +88,8 @@ class Controller:
     def tick(self) -> None:
         samples = self.receiver.receive(timeout_s=self.tick_s)
         frames = ingest_samples(self.store, samples)
+        if samples:
+            self.on_samples(samples)
         frames += self._lifecycle(self.supervisor.poll())
         frames += self._aggregate(frames)
         for finding in self._detect(frames, poll=True):

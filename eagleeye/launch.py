@@ -9,21 +9,24 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from collector.transport import TelemetryReceiver
 from detectors.base import Detector
 from detectors.progress import ProgressStall
 from detectors.rules import NonFiniteLoss, ProcessExit
+from detectors.types import Finding
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
 from eagleeye.controller import Controller, ControllerReport
 from eagleeye.errors import EagleEyeError
+from eagleeye.exporter import EagleEyeExporter
 from eagleeye.store import RunStore, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
-from remediation.remediator import Remediator
+from remediation.remediator import Decision, Remediator
 
 RECOVERIES = ("job", "replica", "none")
 
@@ -51,6 +54,7 @@ class JobConfig:
     stall_floor_s: float = 0.15
     min_replicas: int = 1
     policy: str | None = None
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERIES:
@@ -106,6 +110,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         runs_dir=args.runs_dir,
         run_id=args.run_id,
         policy=args.policy,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -190,13 +195,16 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     ]
     # --remediate enables actions; without it the policy decides (files default to dry-run).
     remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)
+    show = on_update or (lambda item: None)
+    exporter, server = _exporter(config.metrics_port)
     controller = Controller(
         supervisor,
         receiver,
         store,
         detectors,
         remediator,
-        on_update=on_update or (lambda item: None),
+        on_update=show if exporter is None else _also_export(exporter, show),
+        on_samples=(lambda samples: None) if exporter is None else exporter.observe_samples,
     )
     try:
         report = controller.run()
@@ -212,4 +220,28 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     finally:
         receiver.close()
         store.close()
+        if server is not None:
+            server.shutdown()
     return JobResult(run_dir, report)
+
+
+def _exporter(port: int | None) -> tuple[EagleEyeExporter | None, Any]:
+    """The Prometheus exporter on loopback when a port is asked for (0 picks one)."""
+    if port is None:
+        return None, None
+    exporter = EagleEyeExporter()
+    server, _ = exporter.serve(port)
+    return exporter, server
+
+
+def _also_export(
+    exporter: EagleEyeExporter, show: Callable[[object], None]
+) -> Callable[[object], None]:
+    def update(item: object) -> None:
+        if isinstance(item, Finding):
+            exporter.observe_finding(item)
+        elif isinstance(item, Decision):
+            exporter.observe_decision(item)
+        show(item)
+
+    return update

@@ -93,6 +93,13 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="execute remediation actions; without it they are recorded as dry-run",
     )
     g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics of the run on 127.0.0.1:PORT while it runs",
+    )
+    g.add_argument(
         "--policy",
         default=None,
         metavar="FILE",

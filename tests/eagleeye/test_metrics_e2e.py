@@ -1,0 +1,71 @@
+"""`eagleeye run --metrics-port`: a running job's metrics, scraped over HTTP while it trains."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from eagleeye.launch import JobConfig, run_job
+from ft_runtime.layout import JobLayout
+from ft_runtime.ports import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+        return reply.read().decode()
+
+
+def test_a_running_job_exports_its_training_metrics_and_findings(tmp_path) -> None:
+    port = free_port()
+    config = JobConfig(
+        script="eagleeye.workload.train",
+        module=True,
+        script_args=[
+            "--preset",
+            "tiny",
+            "--steps",
+            "60",
+            "--batch-size",
+            "2",
+            "--block-size",
+            "32",
+            "--checkpoint-every",
+            "10",
+        ],
+        layout=JobLayout(1, 2, 2),
+        remediate=True,
+        inject=("kill:rank=1@step=20",),
+        runs_dir=str(tmp_path),
+        metrics_port=port,
+    )
+    results = []
+    job = threading.Thread(target=lambda: results.append(run_job(config)))
+    job.start()
+    seen_steps = set()
+    text = ""
+    while job.is_alive():
+        try:
+            text = scrape(port)
+        except OSError:
+            time.sleep(0.2)
+            continue
+        seen_steps.update(
+            int(float(v))
+            for v in re.findall(r'^eagleeye_training_step\{replica="0"\} (\S+)$', text, re.M)
+        )
+        if "process_exit" in text and len(seen_steps) > 3:
+            break
+        time.sleep(0.2)
+    job.join(200)
+    assert results[0].succeeded
+    assert len(seen_steps) > 3, "the step gauge did not move while the job trained"
+    assert re.search(r'eagleeye_findings_total\{[^}]*kind="process_exit"[^}]*\} 1\.0', text)
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)  # the exporter stops with the run
