@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from collector.types import Frame
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
+
+
+def certain(kind: str, frame: Frame, evidence: Mapping[str, float], detector: str) -> Finding:
+    """A hard rule's finding: a fact, so score 1.0 and critical, about the frame's subject."""
+    return Finding(
+        kind, frame.subject, 1.0, Severity.CRITICAL, frame.time, frame.step, evidence, detector
+    )
 
 
 class ProcessExit:
@@ -37,18 +44,7 @@ class ProcessExit:
             evidence["attempt"] = frame.values["attempt"]
         if code < 0:
             evidence["signal"] = -code
-        return (
-            Finding(
-                "process_exit",
-                frame.subject,
-                1.0,
-                Severity.CRITICAL,
-                frame.time,
-                frame.step,
-                evidence,
-                self.name,
-            ),
-        )
+        return (certain("process_exit", frame, evidence, self.name),)
 
     def poll(self, now: float) -> Sequence[Finding]:
         return ()
@@ -68,11 +64,7 @@ class NonFiniteLoss:
         }
         if not bad:
             return ()
-        return (
-            Finding(
-                "nan", frame.subject, 1.0, Severity.CRITICAL, frame.time, frame.step, bad, self.name
-            ),
-        )
+        return (certain("nan", frame, bad, self.name),)
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         """The vectorised form of ``process``: only rows with a non-finite value cost Python."""
@@ -188,18 +180,7 @@ class MemoryFatal:
             evidence["row_remap_failure"] = 1.0
         if not evidence:
             return ()
-        return (
-            Finding(
-                "ecc",
-                frame.subject,
-                1.0,
-                Severity.CRITICAL,
-                frame.time,
-                frame.step,
-                evidence,
-                self.name,
-            ),
-        )
+        return (certain("ecc", frame, evidence, self.name),)
 
     def poll(self, now: float) -> Sequence[Finding]:
         return ()
@@ -215,18 +196,7 @@ class CollectiveTimeout:
         value = frame.values.get("collective_timeout", 0.0)
         if not value > 0:
             return ()
-        return (
-            Finding(
-                "collective_timeout",
-                frame.subject,
-                1.0,
-                Severity.CRITICAL,
-                frame.time,
-                frame.step,
-                {"collective_timeout": value},
-                self.name,
-            ),
-        )
+        return (certain("collective_timeout", frame, {"collective_timeout": value}, self.name),)
 
     def poll(self, now: float) -> Sequence[Finding]:
         return ()
