@@ -19,6 +19,7 @@ the batch is dropped and counted, so a slow or absent controller never slows tra
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import queue
@@ -26,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,9 @@ class TrainingHook:
         labels: labels of every sample of this rank (rank, replica, node, attempt).
         queue_size: batches held before new ones are dropped.
         clock: wall-clock time source, seconds.
+        wait_report_s: a collective still open after this long is reported at once as
+            ``in_collective`` (seconds waited, with op, group and sequence number), and
+            again as 0 when it closes: the hang detector's "joined and waits".
     """
 
     def __init__(
@@ -51,6 +56,7 @@ class TrainingHook:
         labels: Mapping[str, str],
         queue_size: int = 1024,
         clock: Callable[[], float] = time.time,
+        wait_report_s: float = 1.0,
     ) -> None:
         self._send = send
         self.labels = dict(labels)
@@ -62,6 +68,9 @@ class TrainingHook:
         self._sequence: dict[str, int] = {}
         self._errors_seen: set[str] = set()
         self.dropped = 0
+        self.wait_report_s = wait_report_s
+        self._open: dict[int, _OpenCollective] = {}
+        self._tokens = itertools.count()
         self._thread = threading.Thread(target=self._drain, name="eagleeye-hook", daemon=True)
         self._thread.start()
 
@@ -103,11 +112,32 @@ class TrainingHook:
     @contextmanager
     def collective(self, op: str, nbytes: int = 0, group: str = "world") -> Iterator[None]:
         """Times one collective; records enter/exit, op, bytes, group and sequence number."""
-        started = time.perf_counter()
+        token = self.collective_enter(op, group)
         try:
             yield
         finally:
-            self.record_collective(op, nbytes, group, time.perf_counter() - started)
+            self.collective_exit(token, nbytes)
+
+    def collective_enter(self, op: str, group: str = "world") -> int:
+        """Opens a collective; returns the token that :meth:`collective_exit` closes."""
+        token = next(self._tokens)
+        seq = self._sequence.get(group, 0)
+        self._sequence[group] = seq + 1
+        self._open[token] = _OpenCollective(op, group, seq, time.perf_counter(), self._step)
+        return token
+
+    def collective_exit(self, token: int, nbytes: int = 0) -> None:
+        """Closes an open collective and records it with its duration."""
+        try:
+            entry = self._open.pop(token)
+            duration = time.perf_counter() - entry.started
+            extra = {"op": entry.op, "group": entry.group, "seq": str(entry.seq)}
+            if entry.reported:  # the wait that was reported is over
+                self._enqueue([["in_collective", 0.0, self._clock(), entry.step, extra]])
+            extra["bytes"] = str(nbytes)
+            self._rows.append(["collective", duration, self._clock(), self._step, extra])
+        except Exception as exc:
+            self._note_error(exc)
 
     def record_collective(self, op: str, nbytes: int, group: str, duration: float) -> None:
         """Records one collective that took ``duration`` seconds and ended now."""
@@ -148,8 +178,13 @@ class TrainingHook:
             self.dropped += len(rows)
 
     def _drain(self) -> None:
+        poll_s = max(self.wait_report_s / 4, 0.01)
         while True:
-            batch = self._queue.get()
+            try:
+                batch = self._queue.get(timeout=poll_s)
+            except queue.Empty:
+                self._report_waits()
+                continue
             try:
                 if batch is _STOP:
                     return
@@ -160,12 +195,40 @@ class TrainingHook:
                 self._note_error(exc)
             finally:
                 self._queue.task_done()
+            self._report_waits()
+
+    def _report_waits(self) -> None:
+        """Sends, once each, the collectives open for longer than ``wait_report_s``."""
+        now = time.perf_counter()
+        for entry in list(self._open.values()):
+            waited = now - entry.started
+            if entry.reported or waited < self.wait_report_s:
+                continue
+            entry.reported = True
+            extra = {"op": entry.op, "group": entry.group, "seq": str(entry.seq)}
+            row = ["in_collective", waited, self._clock(), entry.step, extra]
+            try:
+                if not self._send(self.labels, [row]):
+                    self.dropped += 1
+            except Exception as exc:
+                self.dropped += 1
+                self._note_error(exc)
 
     def _note_error(self, exc: Exception) -> None:
         key = f"{type(exc).__name__}: {exc}"
         if key not in self._errors_seen:  # log each distinct error once
             self._errors_seen.add(key)
             log.warning("eagleeye hook error (telemetry dropped, training unaffected): %s", key)
+
+
+@dataclass
+class _OpenCollective:
+    op: str
+    group: str
+    seq: int
+    started: float
+    step: int | None
+    reported: bool = False
 
 
 def _number(value: Any) -> float:

@@ -18,7 +18,6 @@ True
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -82,16 +81,16 @@ class _TimedWork:
 def _wrap(name: str, original: Callable[..., Any], hook: TrainingHook) -> Callable[..., Any]:
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        group = _group_name(kwargs)
-        enter = time.perf_counter()
-        result = original(*args, **kwargs)
+        token = hook.collective_enter(name, _group_name(kwargs))
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            hook.collective_exit(token, _nbytes(args, kwargs))
+            raise
         nbytes = _nbytes(args, kwargs)
         if kwargs.get("async_op") and result is not None:
-            return _TimedWork(
-                result,
-                lambda: hook.record_collective(name, nbytes, group, time.perf_counter() - enter),
-            )
-        hook.record_collective(name, nbytes, group, time.perf_counter() - enter)
+            return _TimedWork(result, lambda: hook.collective_exit(token, nbytes))
+        hook.collective_exit(token, nbytes)
         return result
 
     return timed

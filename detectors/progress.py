@@ -1,4 +1,12 @@
-"""Progress: a rank that stops completing steps is hung, whatever its process says."""
+"""Progress: a rank that stops completing steps is hung, whatever its process says.
+
+When one rank stops, its peers stop too: they wait for it inside the next collective. The
+hook reports such a wait (``in_collective``, seconds waited) while the collective is still
+open, so the ranks that joined and wait are told apart from the ranks they wait for. A
+waiting rank is not the culprit: it is given ``waiting_factor`` times the silence limit,
+which lets the rank that never joined be found first. Only when every silent rank waits
+(a collective that hangs with everyone inside, a network fault) do the waiting ones fire.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ class _RankState:
     last_step: int | None
     started: bool
     fired: bool = False
+    waiting: float = 0.0
 
 
 class ProgressStall:
@@ -28,7 +37,16 @@ class ProgressStall:
     its process exits: the exit is its own finding.
 
     Feature contract: frames with ``step_time`` are completed steps; ``launched`` marks a
-    (re)launch; ``exit_code`` marks an exit.
+    (re)launch; ``exit_code`` marks an exit; ``in_collective`` > 0 marks a rank waiting in
+    an open collective, 0 its end.
+
+    >>> from collector.types import Frame, Subject
+    >>> det = ProgressStall(k=2.0, min_silence_s=1.0)
+    >>> for rank in (0, 1):
+    ...     _ = det.process(Frame(Subject(0, rank), 5, 10.0, {"step_time": 0.1}))
+    >>> _ = det.process(Frame(Subject(0, 0), 6, 10.5, {"in_collective": 0.5}))
+    >>> [(f.kind, f.subject.rank) for f in det.poll(11.5)]
+    [('hang', 1)]
     """
 
     name = "progress_stall"
@@ -39,11 +57,13 @@ class ProgressStall:
         min_silence_s: float = 2.0,
         startup_grace_s: float = 120.0,
         window: int = 256,
+        waiting_factor: float = 2.0,
     ) -> None:
         self.k = k
         self.min_silence_s = min_silence_s
         self.startup_grace_s = startup_grace_s
         self.window = window
+        self.waiting_factor = waiting_factor
         self._ranks: dict[Subject, _RankState] = {}
         self._step_times: deque[float] = deque(maxlen=window)
 
@@ -56,6 +76,8 @@ class ProgressStall:
         elif "step_time" in values:
             self._step_times.append(values["step_time"])
             self._ranks[frame.subject] = _RankState(frame.time, frame.step, started=True)
+        elif "in_collective" in values and frame.subject in self._ranks:
+            self._ranks[frame.subject].waiting = values["in_collective"]
         return ()
 
     def silence_limit(self) -> float:
@@ -66,14 +88,22 @@ class ProgressStall:
 
     def poll(self, now: float) -> Sequence[Finding]:
         limit = self.silence_limit()
+        waiting = sum(1 for state in self._ranks.values() if state.waiting > 0)
         findings = []
         for subject, state in self._ranks.items():
             allowed = limit if state.started else self.startup_grace_s
+            if state.waiting > 0:
+                allowed *= self.waiting_factor
             silence = now - state.last_time
             if state.fired or silence <= allowed:
                 continue
             state.fired = True
-            evidence = {"silence_s": silence, "limit_s": allowed}
+            evidence = {
+                "silence_s": silence,
+                "limit_s": allowed,
+                "waiting_in_collective": float(state.waiting > 0),
+                "ranks_waiting": float(waiting),
+            }
             if state.last_step is not None:
                 evidence["last_step"] = float(state.last_step)
             findings.append(

@@ -105,7 +105,7 @@ class Controller:
         for frame in frames:
             if "launched" in frame.values:
                 self.aggregator.expect(frame.subject)
-            else:
+            elif frame.values.keys() != {"in_collective"}:  # a wait report is not a step
                 groups += self.aggregator.add(frame)
         return groups + self.aggregator.flush(self.clock())
 

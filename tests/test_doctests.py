@@ -25,6 +25,7 @@ MODULES = [
     "detectors.numerics",
     "detectors.changepoint",
     "detectors.hang",
+    "detectors.progress",
     "detectors.gates",
     "detectors.univariate",
     "detectors.eval.nab",

@@ -71,3 +71,34 @@ def test_metrics_that_are_not_numbers_become_nan_not_errors() -> None:
     hook.step_end(0, loss="not a number")  # type: ignore[arg-type]
     hook.close()
     assert str(rows_by_name(batches)["loss"][1]) == "nan"
+
+
+def test_a_collective_that_stays_open_is_reported_while_it_waits_and_when_it_ends() -> None:
+    sent = []
+    hook = TrainingHook(lambda labels, rows: sent.extend(rows) or True, {}, wait_report_s=0.1)
+    hook.step_start(3)
+    with hook.collective("all_reduce", nbytes=8, group="world"):
+        deadline = time.monotonic() + 5
+        while not any(row[0] == "in_collective" for row in sent) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waits = [row for row in sent if row[0] == "in_collective"]
+    hook.step_end(3)
+    hook.close()
+    (report,) = waits  # sent once, while the collective was still open
+    assert report[1] >= 0.1
+    assert report[3] == 3
+    assert report[4] == {"op": "all_reduce", "group": "world", "seq": "0"}
+    ends = [row for row in sent if row[0] == "in_collective" and row[1] == 0.0]
+    assert len(ends) == 1
+    assert [row[4]["seq"] for row in sent if row[0] == "collective"] == ["0"]
+
+
+def test_a_short_collective_sends_no_wait_report() -> None:
+    sent = []
+    hook = TrainingHook(lambda labels, rows: sent.extend(rows) or True, {}, wait_report_s=0.5)
+    hook.step_start(0)
+    with hook.collective("barrier"):
+        pass
+    hook.step_end(0)
+    hook.close()
+    assert not [row for row in sent if row[0] == "in_collective"]

@@ -45,3 +45,38 @@ def test_the_limit_follows_the_median_not_a_slow_outlier(clock) -> None:
     feed_steps(detector, clock, 30, step_time=0.2)
     detector.process(Frame(R0, 31, clock(), {"step_time": 30.0}))  # one very slow step
     assert detector.silence_limit() == 1.0
+
+
+def test_the_rank_its_peers_wait_for_is_found_though_they_went_silent_first(clock) -> None:
+    detector = ProgressStall(k=10, min_silence_s=0.5)
+    feed_steps(detector, clock, 20)
+    # Rank 0 reported its last step a little before rank 1 did, then waited for rank 1.
+    detector.process(Frame(R0, 20, clock() - 0.05, {"step_time": 0.1}))
+    detector.process(Frame(R0, 20, clock() + 0.3, {"in_collective": 0.3}))
+    clock.advance(1.02)  # rank 0 silent for 1.07 s, rank 1 for 1.02 s: both past 1.0 s
+    (finding,) = detector.poll(clock())
+    assert finding.subject == R1
+    assert finding.evidence["waiting_in_collective"] == 0.0
+    assert finding.evidence["ranks_waiting"] == 1.0
+
+
+def test_when_every_silent_rank_waits_in_the_collective_they_fire_late(clock) -> None:
+    detector = ProgressStall(k=10, min_silence_s=0.5, waiting_factor=2.0)
+    feed_steps(detector, clock, 20)
+    for subject in (R0, R1):
+        detector.process(Frame(subject, 20, clock(), {"in_collective": 1.0}))
+    clock.advance(1.5)
+    assert detector.poll(clock()) == []
+    clock.advance(0.6)
+    findings = detector.poll(clock())
+    assert {f.subject for f in findings} == {R0, R1}
+    assert all(f.evidence["limit_s"] == 2.0 for f in findings)
+
+
+def test_a_wait_that_ended_no_longer_counts(clock) -> None:
+    detector = ProgressStall(k=10, min_silence_s=0.5)
+    feed_steps(detector, clock, 20)
+    detector.process(Frame(R0, 20, clock(), {"in_collective": 1.0}))
+    detector.process(Frame(R0, 20, clock(), {"in_collective": 0.0}))
+    clock.advance(1.1)
+    assert {f.subject for f in detector.poll(clock())} == {R0, R1}
