@@ -5,9 +5,13 @@ position (+A_TP at the window's first row, 0 at its last); every detection outsi
 costs A_FP times a scaled sigmoid of its distance past the previous window (the full A_FP
 far from any window); every window without a detection costs A_FN. Detections in the
 probationary period (the first 15 % of each file, at most 750 rows as in NAB's code) are
-ignored. The corpus total is
-normalised so that the null detector (no detections) scores 0 and the perfect detector (one
-detection at the first row of each window) scores 100.
+ignored. As in NAB's sweeper, only the earliest detection in a window counts (later ones
+neither earn nor cost), and a window lying wholly in the probation is not scored at all.
+The corpus total is normalised as NAB's runner does: 0 is the null detector's total (a miss
+for every scored window) and 100 is the perfect detector's (A_TP for every labelled
+window), so the null detector scores 0 and, whenever every window reaches past the
+probation (true of NAB's corpus), the perfect detector (one detection at the first row of
+each window) scores 100.
 
 >>> import numpy as np
 >>> windows = [(40, 49)]
@@ -57,11 +61,13 @@ class FileScore:
     fp: int
     fn: int
     windows: int
+    #: Windows with at least one row past the probation; NAB scores only these.
+    scored_windows: int
 
 
 def scaled_sigmoid(position: float) -> float:
     """NAB's reward curve: about +1 at position -1 (window start), 0 at 0, -1 beyond 3."""
-    if position > 3.0:
+    if position >= 3.0:
         return -1.0
     return 2.0 / (1.0 + math.exp(5.0 * position)) - 1.0
 
@@ -101,7 +107,11 @@ def score_file(
     max_tp = scaled_sigmoid(-1.0)
     raw = 0.0
     tp = fn = fp = 0
+    scored = 0
     for left, right in windows:
+        if right < probation:
+            continue
+        scored += 1
         inside = hits[(hits >= left) & (hits <= right)]
         if len(inside):
             width = right - left + 1
@@ -116,7 +126,7 @@ def score_file(
         if cost is not None:
             raw += cost * profile.fp
             fp += 1
-    return FileScore(raw, tp, fp, fn, len(windows))
+    return FileScore(raw, tp, fp, fn, len(windows), scored)
 
 
 def _false_positive_cost(i: int, windows: Sequence[tuple[int, int]]) -> float | None:
@@ -147,9 +157,13 @@ def _check_windows(windows: Sequence[tuple[int, int]], n: int) -> None:
 
 
 def null_and_perfect(scores: Sequence[FileScore], profile: Profile) -> tuple[float, float]:
-    """The corpus totals of the null detector and the perfect detector."""
-    windows = sum(s.windows for s in scores)
-    return -profile.fn * windows, profile.tp * windows
+    """The corpus totals of the null detector and the perfect detector, as NAB's runner.
+
+    The null total counts a miss for each scored window; the perfect total rewards every
+    labelled window, including any lying wholly in the probation.
+    """
+    null = -profile.fn * sum(s.scored_windows for s in scores)
+    return null, profile.tp * sum(s.windows for s in scores)
 
 
 def normalised_score(scores: Sequence[FileScore], profile: Profile) -> float:

@@ -36,6 +36,8 @@ def test_scaled_sigmoid_matches_nab() -> None:
     assert scaled_sigmoid(-1.0) == pytest.approx(0.98661, abs=1e-5)
     assert scaled_sigmoid(0.0) == 0.0
     assert scaled_sigmoid(3.5) == -1.0
+    assert scaled_sigmoid(3.0) == -1.0  # NAB: ">= 3" is far behind the window
+    assert scaled_sigmoid(-0.5) == pytest.approx(0.84828, abs=1e-5)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -75,6 +77,29 @@ def test_probation_is_ignored_and_capped_like_nab() -> None:
     in_probation = score_file(_flags(1000, 10), [(600, 659)], STANDARD)
     assert in_probation.fp == 0
     assert in_probation.fn == 1
+
+
+def test_detections_after_the_first_in_a_window_neither_earn_nor_cost() -> None:
+    windows = [(300, 339)]
+    once = score_file(_flags(1000, 310), windows, STANDARD)
+    many = score_file(_flags(1000, 310, 311, 320, 339), windows, STANDARD)
+    assert many.raw == pytest.approx(once.raw)
+    assert (many.tp, many.fp) == (1, 0)
+
+
+def test_a_window_wholly_in_the_probation_is_not_scored_like_nab() -> None:
+    # 15 % of 1000 rows: rows 0-149 only learn.
+    early, late = (20, 59), (600, 639)
+    null = score_file(_flags(1000), [early, late], STANDARD)
+    assert (null.fn, null.windows, null.scored_windows) == (1, 2, 1)
+    assert null.raw == pytest.approx(-1.0)
+    # NAB's runner: 0 is the null detector's total, 100 rewards every labelled window.
+    assert normalised_score([null], STANDARD) == pytest.approx(0.0)
+    hit = score_file(_flags(1000, 600), [early, late], STANDARD)
+    assert normalised_score([hit], STANDARD) == pytest.approx(100.0 * 2 / 3)
+    straddling = score_file(_flags(1000, 149, 150), [(140, 179)], STANDARD)
+    assert straddling.tp == 1
+    assert straddling.raw == pytest.approx(scaled_sigmoid(-30 / 40) / scaled_sigmoid(-1.0))
 
 
 def test_bad_windows_are_rejected() -> None:
