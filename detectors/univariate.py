@@ -8,10 +8,17 @@ Scores each point causally (only past points) with the largest of three surprise
 It then chooses its own threshold without labels. A point is a candidate when its score
 beats ``floor`` and every score of the trailing ``record_window`` points (a record; rare in
 stationary data, about one per window, whatever the series' scale), or when the mean score
-of the last ``sustain`` points stands ``sustain_z`` standard deviations above that mean's
-own history (a lasting change no single point shows; the anomaly-likelihood idea of
-Numenta's detectors). A candidate is an anomaly when the last one is more than
+of the last ``sustain`` points stands ``sustain_z`` standard deviations above the history
+of that mean (a lasting change no single point shows; the anomaly-likelihood idea of
+Numenta's detectors: the recent mean score against the distribution of such means). While
+nothing has fired for ``quiet`` points (and before the first alarm), a score above
+``relaxed`` times the record is a candidate too: a series that has been calm for long
+earns a lower bar. A candidate is an anomaly when the last anomaly is more than
 ``suppress`` points ago.
+
+Every quantity at a point uses only earlier points, so the verdicts on a prefix of a series
+are the verdicts on the whole series cut to that prefix (the detector is online: one pass,
+no look-ahead); the probation length is the only thing it is told about the file.
 """
 
 from __future__ import annotations
@@ -47,11 +54,14 @@ class RecordDetector:
         window: trailing points for the baseline; None uses the probation length.
         smooth: points averaged for the level-shift score.
         floor: the smallest score that can be an anomaly (robust z units).
-        record_window: trailing points a score must beat; None: the probation length.
+        record_window: trailing points a score must beat; None: four probation lengths.
         suppress: points after an anomaly in which no other fires; None: a quarter of the
             probation length.
         sustain: points averaged for the sustained-surprise trigger.
         sustain_z: standard deviations that trigger it.
+        quiet: points without an anomaly after which the relaxed bar applies; None: four
+            probation lengths.
+        relaxed: the fraction of the record a score must beat after a quiet spell.
 
     >>> x = np.sin(np.arange(600) / 5.0)
     >>> x[450] = 6.0
@@ -68,10 +78,13 @@ class RecordDetector:
         suppress: int | None = None,
         sustain: int = 20,
         sustain_z: float = 3.0,
+        quiet: int | None = None,
+        relaxed: float = 0.5,
     ) -> None:
         self.window, self.smooth, self.floor = window, smooth, floor
         self.record_window, self.suppress = record_window, suppress
         self.sustain, self.sustain_z = sustain, sustain_z
+        self.quiet, self.relaxed = quiet, relaxed
 
     def score(self, values: np.ndarray, probation: int) -> np.ndarray:
         """The raw surprise of each point (robust z units), from past points only."""
@@ -86,27 +99,30 @@ class RecordDetector:
         return np.asarray(np.maximum(np.maximum(point, level), novelty), dtype=float)
 
     def sustained(self, raw: np.ndarray, probation: int) -> np.ndarray:
-        """How unusual the recent mean score is against its own trailing history (z units)."""
-        scores = pd.Series(raw)
-        history = scores.rolling(2 * max(probation, 50), min_periods=20)
+        """How unusual the recent mean score is against the history of that mean (z units)."""
+        recent = pd.Series(raw).rolling(self.sustain, min_periods=1).mean()
+        history = recent.rolling(2 * max(probation, 50), min_periods=20)
         mean = history.mean().shift(self.sustain)
         std = history.std().shift(self.sustain)
-        recent = scores.rolling(self.sustain, min_periods=1).mean()
         return np.asarray(((recent - mean) / (std + 1e-9)).fillna(0.0), dtype=float)
 
     def detect(self, values: np.ndarray, probation: int) -> SeriesResult:
         """Scores and flags a whole series; ``probation`` points only learn."""
         raw = self.score(values, probation)
-        span = self.record_window or max(probation, 50)
+        span = self.record_window or 4 * max(probation, 50)
         record = pd.Series(raw).rolling(span, min_periods=1).max().shift(1)
         record_arr = record.fillna(np.inf).to_numpy()
         lasting = self.sustained(raw, probation)
-        candidates = ((raw > self.floor) & (raw > record_arr)) | (lasting > self.sustain_z)
+        strong = ((raw > self.floor) & (raw > record_arr)) | (lasting > self.sustain_z)
+        near_record = (raw > self.floor) & (raw > self.relaxed * record_arr)
         suppress = self.suppress if self.suppress is not None else max(probation // 4, 1)
+        quiet = self.quiet if self.quiet is not None else 4 * max(probation, 50)
         flags = np.zeros(len(raw), dtype=bool)
         last = -(10**9)
-        for i in np.flatnonzero(candidates):
-            if i >= probation and i - last > suppress:
+        for i in np.flatnonzero(strong | near_record):
+            if i < probation or i - last <= suppress:
+                continue
+            if strong[i] or i - last > quiet:
                 flags[i] = True
                 last = int(i)
         reference = np.maximum(np.where(np.isfinite(record_arr), record_arr, raw), self.floor)

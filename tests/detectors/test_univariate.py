@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.univariate import RecordDetector
+
+
+def _noise(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(10.0, 1.0, n)
+
+
+def test_verdicts_on_a_prefix_are_the_verdicts_on_the_whole_series() -> None:
+    # Online: no point's score or flag may depend on later points.
+    x = _noise(3000, 7)
+    x[1200:1260] += 6.0  # a lasting shift
+    x[2100] += 25.0  # a spike
+    whole = RecordDetector().detect(x, probation=300)
+    for cut in (900, 1230, 2101, 2600):
+        part = RecordDetector().detect(x[:cut], probation=300)
+        assert np.array_equal(part.flags, whole.flags[:cut])
+        assert np.allclose(part.scores, whole.scores[:cut])
+    assert whole.flags[1200:1265].any()
+    assert whole.flags[2100]
+
+
+def test_after_a_quiet_spell_a_score_below_the_record_fires() -> None:
+    x = _noise(1500, 3)
+    x[200] += 40.0  # leaves the range seen so far: the record score
+    x[800] += 60.0  # 600 points after the last alarm, beyond the quiet spell
+    x[1000] += 90.0  # only 200 points after the last alarm
+    kwargs = {"record_window": 2000, "quiet": 300, "sustain_z": 1e9}
+    raw = RecordDetector(**kwargs).score(x, probation=100)  # type: ignore[arg-type]
+    assert 0.5 * raw[200] < raw[800] < raw[200]
+    assert 0.5 * raw[200] < raw[1000] < raw[200]
+    relaxed = RecordDetector(**kwargs).detect(x, probation=100)  # type: ignore[arg-type]
+    strict = RecordDetector(relaxed=1.0, **kwargs).detect(x, probation=100)  # type: ignore[arg-type]
+    assert np.flatnonzero(relaxed.flags).tolist() == [200, 800]
+    assert np.flatnonzero(strict.flags).tolist() == [200]
