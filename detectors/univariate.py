@@ -5,12 +5,15 @@ Scores each point causally (only past points) with the largest of three surprise
   * the same for the mean of the last ``smooth`` points (level shifts that no single
     point shows), damped by 0.7;
   * novelty: how far the value leaves the range of everything seen so far.
-It then chooses its own threshold without labels. A point is a candidate when its score
+The first ``warmup`` points score 0: their baselines rest on too few points, and their
+inflated scores would otherwise stand as records against the first real events. The
+detector then chooses its own threshold without labels. A point is a candidate when its score
 beats ``floor`` and every score of the trailing ``record_window`` points (a record; rare in
-stationary data, about one per window, whatever the series' scale), or when the mean score
-of the last ``sustain`` points stands ``sustain_z`` standard deviations above the history
-of that mean (a lasting change no single point shows; the anomaly-likelihood idea of
-Numenta's detectors: the recent mean score against the distribution of such means). While
+stationary data, about one per window, whatever the series' scale), or when it beats
+``floor`` while the mean score of the last ``sustain`` points stands ``sustain_z`` standard
+deviations above the history of that mean over the same trailing ``record_window`` points
+(a lasting change no single point shows; the anomaly-likelihood idea of Numenta's
+detectors: the recent mean score against the distribution of such means). While
 nothing has fired for ``quiet`` points (and before the first alarm), a score above
 ``relaxed`` times the record is a candidate too: a series that has been calm for long
 earns a lower bar. A candidate is an anomaly when the last anomaly is more than
@@ -54,7 +57,8 @@ class RecordDetector:
         window: trailing points for the baseline; None uses the probation length.
         smooth: points averaged for the level-shift score.
         floor: the smallest score that can be an anomaly (robust z units).
-        record_window: trailing points a score must beat; None: four probation lengths.
+        record_window: trailing points a score must beat, and the history the sustained
+            trigger compares against; None: four probation lengths.
         suppress: points after an anomaly in which no other fires; None: a quarter of the
             probation length.
         sustain: points averaged for the sustained-surprise trigger.
@@ -62,6 +66,7 @@ class RecordDetector:
         quiet: points without an anomaly after which the relaxed bar applies; None: four
             probation lengths.
         relaxed: the fraction of the record a score must beat after a quiet spell.
+        warmup: leading points whose score is 0; None: a quarter of the probation length.
 
     >>> x = np.sin(np.arange(600) / 5.0)
     >>> x[450] = 6.0
@@ -80,11 +85,15 @@ class RecordDetector:
         sustain_z: float = 3.0,
         quiet: int | None = None,
         relaxed: float = 0.5,
+        warmup: int | None = None,
     ) -> None:
         self.window, self.smooth, self.floor = window, smooth, floor
         self.record_window, self.suppress = record_window, suppress
         self.sustain, self.sustain_z = sustain, sustain_z
-        self.quiet, self.relaxed = quiet, relaxed
+        self.quiet, self.relaxed, self.warmup = quiet, relaxed, warmup
+
+    def _history(self, probation: int) -> int:
+        return self.record_window or 4 * max(probation, 50)
 
     def score(self, values: np.ndarray, probation: int) -> np.ndarray:
         """The raw surprise of each point (robust z units), from past points only."""
@@ -96,12 +105,14 @@ class RecordDetector:
         span = (high - low).replace(0.0, np.nan)
         beyond = pd.Series(np.maximum(s - high, low - s)) / span
         novelty = 20.0 * beyond.clip(lower=0.0).fillna(0.0)
-        return np.asarray(np.maximum(np.maximum(point, level), novelty), dtype=float)
+        raw = np.array(np.maximum(np.maximum(point, level), novelty), dtype=float)
+        raw[: self.warmup if self.warmup is not None else probation // 4] = 0.0
+        return raw
 
     def sustained(self, raw: np.ndarray, probation: int) -> np.ndarray:
         """How unusual the recent mean score is against the history of that mean (z units)."""
         recent = pd.Series(raw).rolling(self.sustain, min_periods=1).mean()
-        history = recent.rolling(2 * max(probation, 50), min_periods=20)
+        history = recent.rolling(self._history(probation), min_periods=20)
         mean = history.mean().shift(self.sustain)
         std = history.std().shift(self.sustain)
         return np.asarray(((recent - mean) / (std + 1e-9)).fillna(0.0), dtype=float)
@@ -109,12 +120,12 @@ class RecordDetector:
     def detect(self, values: np.ndarray, probation: int) -> SeriesResult:
         """Scores and flags a whole series; ``probation`` points only learn."""
         raw = self.score(values, probation)
-        span = self.record_window or 4 * max(probation, 50)
-        record = pd.Series(raw).rolling(span, min_periods=1).max().shift(1)
+        record = pd.Series(raw).rolling(self._history(probation), min_periods=1).max().shift(1)
         record_arr = record.fillna(np.inf).to_numpy()
         lasting = self.sustained(raw, probation)
-        strong = ((raw > self.floor) & (raw > record_arr)) | (lasting > self.sustain_z)
-        near_record = (raw > self.floor) & (raw > self.relaxed * record_arr)
+        beats_floor = raw > self.floor
+        strong = beats_floor & ((raw > record_arr) | (lasting > self.sustain_z))
+        near_record = beats_floor & (raw > self.relaxed * record_arr)
         suppress = self.suppress if self.suppress is not None else max(probation // 4, 1)
         quiet = self.quiet if self.quiet is not None else 4 * max(probation, 50)
         flags = np.zeros(len(raw), dtype=bool)
