@@ -1,7 +1,10 @@
 """A univariate detector for single series (NAB-style ``timestamp,value`` files).
 
 Scores each point causally (only past points) with the largest of three surprises:
-  * the robust z-score of the value against the trailing ``window`` points;
+  * the robust z-score of the value against the trailing ``window`` points (of its
+    departure from the median of the last three seasons when the probation shows a
+    season: autocorrelation at least ``season_corr`` at some lag, so a daily pattern is
+    not itself a surprise, and the median keeps one odd day from echoing a season later);
   * the same for the mean of the last ``smooth`` points (level shifts that no single
     point shows), damped by 0.7;
   * novelty: how far the value leaves the range of everything seen so far.
@@ -21,7 +24,8 @@ earns a lower bar. A candidate is an anomaly when the last anomaly is more than
 
 Every quantity at a point uses only earlier points, so the verdicts on a prefix of a series
 are the verdicts on the whole series cut to that prefix (the detector is online: one pass,
-no look-ahead); the probation length is the only thing it is told about the file.
+no look-ahead); the probation length is the only thing it is told about the file. The
+season is measured on the probation once it is over, before any verdict is given.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from detectors._season import season_length
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,12 @@ def _robust_z(s: pd.Series, window: int, min_periods: int = 20) -> pd.Series:
     return ((s - med).abs() / scale).fillna(0.0)
 
 
+def _seasonal_residual(s: pd.Series, season: int, seasons: int = 3) -> pd.Series:
+    """Each value less the median of the values 1, 2 .. ``seasons`` seasons before it."""
+    before = pd.concat([s.shift(k * season) for k in range(1, seasons + 1)], axis=1)
+    return (s - before.median(axis=1)).fillna(0.0)
+
+
 class RecordDetector:
     """Self-thresholding univariate anomaly detector (see the module docstring).
 
@@ -67,6 +79,8 @@ class RecordDetector:
             probation lengths.
         relaxed: the fraction of the record a score must beat after a quiet spell.
         warmup: leading points whose score is 0; None: a quarter of the probation length.
+        season_corr: the autocorrelation over the probation that makes a lag a season;
+            above 1 never finds one.
 
     >>> x = np.sin(np.arange(600) / 5.0)
     >>> x[450] = 6.0
@@ -86,11 +100,13 @@ class RecordDetector:
         quiet: int | None = None,
         relaxed: float = 0.5,
         warmup: int | None = None,
+        season_corr: float = 0.8,
     ) -> None:
         self.window, self.smooth, self.floor = window, smooth, floor
         self.record_window, self.suppress = record_window, suppress
         self.sustain, self.sustain_z = sustain, sustain_z
         self.quiet, self.relaxed, self.warmup = quiet, relaxed, warmup
+        self.season_corr = season_corr
 
     def _history(self, probation: int) -> int:
         return self.record_window or 4 * max(probation, 50)
@@ -99,8 +115,10 @@ class RecordDetector:
         """The raw surprise of each point (robust z units), from past points only."""
         s = pd.Series(np.asarray(values, dtype=float))
         window = self.window or max(probation, 50)
-        point = _robust_z(s, window)
-        level = _robust_z(s.rolling(self.smooth, min_periods=1).mean(), window) * 0.7
+        season = season_length(s.to_numpy()[:probation], self.season_corr)
+        base = _seasonal_residual(s, season) if season else s
+        point = _robust_z(base, window)
+        level = _robust_z(base.rolling(self.smooth, min_periods=1).mean(), window) * 0.7
         high, low = s.cummax().shift(1), s.cummin().shift(1)
         span = (high - low).replace(0.0, np.nan)
         beyond = pd.Series(np.maximum(s - high, low - s)) / span

@@ -28,6 +28,7 @@ MODULES = [
     "detectors.progress",
     "detectors.gates",
     "detectors.univariate",
+    "detectors._season",
     "detectors.eval.nab",
     "ft_runtime.types",
     "ft_runtime.layout",

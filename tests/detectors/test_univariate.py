@@ -36,3 +36,16 @@ def test_after_a_quiet_spell_a_score_below_the_record_fires() -> None:
     strict = RecordDetector(relaxed=1.0, **kwargs).detect(x, probation=100)  # type: ignore[arg-type]
     assert np.flatnonzero(relaxed.flags).tolist() == [200, 800]
     assert np.flatnonzero(strict.flags).tolist() == [200]
+
+
+def test_a_missing_daily_peak_is_found_against_the_season() -> None:
+    t = np.arange(2000)
+    rng = np.random.default_rng(5)
+    x = np.where(t % 48 < 24, 10.0, 0.0) + rng.normal(0.0, 0.3, len(t))
+    x[1488:1512] = rng.normal(0.0, 0.3, 24)  # one peak never comes
+    seasonal = RecordDetector().detect(x, probation=300)
+    assert np.flatnonzero(seasonal.flags).tolist() == [1488]
+    # Without the season the low values look ordinary and the square wave's edges do not.
+    plain = RecordDetector(season_corr=2.0).detect(x, probation=300)
+    assert not plain.flags[1488:1512].any()
+    assert plain.flags.sum() > 1
