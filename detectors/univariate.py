@@ -8,7 +8,9 @@ Scores each point causally (only past points) with the largest of three surprise
   * the same for the mean of the last ``smooth`` points (level shifts that no single
     point shows), damped by 0.7;
   * novelty: how far the value leaves the range of everything seen so far.
-The first ``warmup`` points score 0: their baselines rest on too few points, and their
+Scores are capped at ``ceiling`` (a robust z of 100 is as sure as any; without the cap a
+value leaving a still-narrow early range stands as a record no later event can beat). The
+first ``warmup`` points score 0: their baselines rest on too few points, and their
 inflated scores would otherwise stand as records against the first real events. The
 detector then chooses its own threshold without labels. A point is a candidate when its score
 beats ``floor`` and every score of the trailing ``record_window`` points (a record; rare in
@@ -81,6 +83,7 @@ class RecordDetector:
         warmup: leading points whose score is 0; None: a quarter of the probation length.
         season_corr: the autocorrelation over the probation that makes a lag a season;
             above 1 never finds one.
+        ceiling: the largest score.
 
     >>> x = np.sin(np.arange(600) / 5.0)
     >>> x[450] = 6.0
@@ -101,12 +104,13 @@ class RecordDetector:
         relaxed: float = 0.5,
         warmup: int | None = None,
         season_corr: float = 0.8,
+        ceiling: float = 100.0,
     ) -> None:
         self.window, self.smooth, self.floor = window, smooth, floor
         self.record_window, self.suppress = record_window, suppress
         self.sustain, self.sustain_z = sustain, sustain_z
         self.quiet, self.relaxed, self.warmup = quiet, relaxed, warmup
-        self.season_corr = season_corr
+        self.season_corr, self.ceiling = season_corr, ceiling
 
     def _history(self, probation: int) -> int:
         return self.record_window or 4 * max(probation, 50)
@@ -123,7 +127,8 @@ class RecordDetector:
         span = (high - low).replace(0.0, np.nan)
         beyond = pd.Series(np.maximum(s - high, low - s)) / span
         novelty = 20.0 * beyond.clip(lower=0.0).fillna(0.0)
-        raw = np.array(np.maximum(np.maximum(point, level), novelty), dtype=float)
+        raw = np.minimum(np.maximum(np.maximum(point, level), novelty), self.ceiling)
+        raw = np.array(raw, dtype=float)
         raw[: self.warmup if self.warmup is not None else probation // 4] = 0.0
         return raw
 

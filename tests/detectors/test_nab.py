@@ -128,7 +128,7 @@ def test_corpus_null_and_perfect_detectors() -> None:
 @needs_nab
 def test_univariate_detector_nab_score_regression_floor() -> None:
     result = evaluate_nab(NAB)
-    # The target is 65; this floor guards the measured 67.1 against regressions.
-    assert result.scores["standard"] > 65.5
+    # The target is 65; this floor guards the measured 68.3 against regressions.
+    assert result.scores["standard"] > 67.0
     assert result.files == 51
     assert result.windows == 97

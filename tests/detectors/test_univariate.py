@@ -49,3 +49,13 @@ def test_a_missing_daily_peak_is_found_against_the_season() -> None:
     plain = RecordDetector(season_corr=2.0).detect(x, probation=300)
     assert not plain.flags[1488:1512].any()
     assert plain.flags.sum() > 1
+
+
+def test_the_ceiling_keeps_an_early_excursion_from_masking_later_events() -> None:
+    x = _noise(1000, 11)
+    x[30] += 1000.0  # leaves the narrow range of the first points: a huge novelty score
+    x[300] += 150.0
+    capped = RecordDetector().detect(x, probation=100)
+    uncapped = RecordDetector(ceiling=np.inf).detect(x, probation=100)
+    assert capped.flags[300]
+    assert not uncapped.flags[300]
