@@ -24,10 +24,11 @@ nothing has fired for ``quiet`` points (and before the first alarm), a score abo
 earns a lower bar. A candidate is an anomaly when the last anomaly is more than
 ``suppress`` points ago.
 
-Every quantity at a point uses only earlier points, so the verdicts on a prefix of a series
-are the verdicts on the whole series cut to that prefix (the detector is online: one pass,
-no look-ahead); the probation length is the only thing it is told about the file. The
-season is measured on the probation once it is over, before any verdict is given.
+After the probation every quantity at a point uses only that point and earlier ones, so the
+verdicts on a prefix of a series are the verdicts on the whole series cut to that prefix
+(the detector is online: one pass, no look-ahead); the probation length is the only thing
+it is told about the file. The season is measured on the probation once it is over, before
+any verdict is given.
 """
 
 from __future__ import annotations

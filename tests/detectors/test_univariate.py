@@ -45,6 +45,8 @@ def test_a_missing_daily_peak_is_found_against_the_season() -> None:
     x[1488:1512] = rng.normal(0.0, 0.3, 24)  # one peak never comes
     seasonal = RecordDetector().detect(x, probation=300)
     assert np.flatnonzero(seasonal.flags).tolist() == [1488]
+    part = RecordDetector().detect(x[:1500], probation=300)
+    assert np.array_equal(part.flags, seasonal.flags[:1500])
     # Without the season the low values look ordinary and the square wave's edges do not.
     plain = RecordDetector(season_corr=2.0).detect(x, probation=300)
     assert not plain.flags[1488:1512].any()
