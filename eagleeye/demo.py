@@ -21,7 +21,7 @@ from rich.table import Table
 from eagleeye.console import LiveLog
 from eagleeye.launch import JobConfig, run_job
 from eagleeye.store import new_run_id
-from eagleeye.summary import RunSummary, summarize
+from eagleeye.summary import RestoreOutcome, RunSummary, restores, summarize
 from ft_runtime.layout import JobLayout
 from remediation.config import builtin_policy
 
@@ -48,6 +48,11 @@ class DemoConfig:
         if self.policy is not None:
             return self.policy
         return str(builtin_policy("replica" if self.recovery == "replica" else "default"))
+
+    def snapshots(self) -> bool:
+        """Synchronous restarts checkpoint into the snapshot holders and restore from their
+        memory; replica recovery restores from a healthy peer instead."""
+        return self.recovery == "job"
 
     def fault(self) -> str:
         step = self.kill_step if self.kill_step is not None else int(self.steps * 0.45)
@@ -76,6 +81,7 @@ class DemoReport:
     reference: RunSummary | None
     identical_ranks: tuple[int, bool] = (0, False)
     policy_file: str = ""
+    restores: tuple[RestoreOutcome, ...] = ()
 
     @property
     def succeeded(self) -> bool:
@@ -111,6 +117,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
         runs_dir=config.runs_dir,
         run_id=run_id,
         policy=config.policy_file(),
+        snapshots=config.snapshots(),
     )
     faulted = summarize(str(run_job(job, on_update=LiveLog(console)).run_dir))
     reference = None
@@ -124,9 +131,16 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
                 recovery=config.recovery,
                 runs_dir=config.runs_dir,
                 run_id=f"{run_id}-reference",
+                snapshots=config.snapshots(),
             )
             reference = summarize(str(run_job(clean).run_dir))
-    report = DemoReport(faulted, reference, params_identical(params), config.policy_file())
+    report = DemoReport(
+        faulted,
+        reference,
+        params_identical(params),
+        config.policy_file(),
+        tuple(restores(faulted.run_dir)),
+    )
     render(report, console)
     return report
 
@@ -135,6 +149,7 @@ def render(report: DemoReport, console: Console) -> None:
     run = report.faulted
     console.print(_faults_table(run))
     console.print(_actions_table(run))
+    console.print(_restores_table(report.restores))
     lines = [
         f"Result: [bold]{'succeeded' if run.succeeded else 'FAILED'}[/bold] after "
         f"{run.attempts} attempt(s); last step {run.last_step}; {run.wall_s:.1f} s wall.",
@@ -189,6 +204,24 @@ def _actions_table(run: RunSummary) -> Table:
     return table
 
 
+def _restores_table(restores: tuple[RestoreOutcome, ...]) -> Table:
+    """Per restore: which rank, from which step, the tier it came from and its time."""
+    table = Table(title="Restores (where each restarted rank's state came from)")
+    for column in ("rank", "attempt", "resumed at step", "tier", "restore time"):
+        table.add_column(column)
+    for r in restores:
+        table.add_row(
+            "-" if r.rank is None else str(r.rank),
+            "-" if r.attempt is None else str(r.attempt),
+            str(r.step),
+            r.tier,
+            "-" if r.seconds is None else f"{r.seconds * 1000:.1f} ms",
+        )
+    if not restores:
+        table.add_row("-", "-", "-", "no restore", "-")
+    return table
+
+
 def _loss_line(report: DemoReport) -> str:
     final = report.faulted.final_loss
     if report.reference is None:
@@ -204,7 +237,8 @@ def _loss_line(report: DemoReport) -> str:
 _RECOVERY = {
     "replica": "only the killed rank's replica restarts and catches up from a healthy peer "
     "while the other trains on",
-    "job": "synchronous restart of every rank from the last checkpoint",
+    "job": "synchronous restart of every rank from the last snapshot, held in memory by "
+    "each node's snapshot holder",
 }
 
 

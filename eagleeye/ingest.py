@@ -38,13 +38,17 @@ def ingest_samples(store: RunStore, samples: list[Sample]) -> list[Frame]:
 
 def _store_checkpoint(store: RunStore, sample: Sample) -> None:
     labels = sample.labels
-    state = "RESTORED" if sample.name == "event.restore" else "PERSISTENT"
+    tier = labels.get("tier", "disk")
+    if sample.name == "event.restore":
+        state = "RESTORED"
+    else:  # a snapshot in a holder's memory is cached; one written to disk is persistent
+        state = "CACHED" if tier == "memory" else "PERSISTENT"
     seconds = labels.get("seconds")
     store.add_checkpoint(
         sample.time,
         int(sample.value),
         state,
-        labels.get("tier", "disk"),
+        tier,
         rank=_int(labels.get("rank")),
         attempt=_int(labels.get("attempt")),
         path=labels.get("path"),

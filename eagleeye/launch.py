@@ -7,6 +7,7 @@ import importlib.util
 import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
 from eagleeye.controller import Controller, ControllerReport
 from eagleeye.errors import EagleEyeError
 from eagleeye.exporter import EagleEyeExporter
+from eagleeye.snapshots import Holders
 from eagleeye.store import RunStore, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, JobLayout
@@ -55,6 +57,7 @@ class JobConfig:
     min_replicas: int = 1
     policy: str | None = None
     metrics_port: int | None = None
+    snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERIES:
@@ -161,6 +164,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
     # Peers serve their state to each other only with this run's token.
     env.setdefault(ENV_CATCHUP_TOKEN, secrets.token_hex(16))
+    holders = _holders(config, run_id, run_dir)
+    env.update(holders.env if holders is not None else {})
     launch = LaunchSpec(
         command,
         config.layout,
@@ -186,6 +191,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
             "max_restarts": config.max_restarts,
             "policy": policy.name,
             "policy_file": config.policy,
+            "snapshots": config.snapshots,
         },
     )
     detectors: list[Detector] = [
@@ -207,7 +213,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         on_samples=(lambda samples: None) if exporter is None else exporter.observe_samples,
     )
     try:
-        report = controller.run()
+        with holders if holders is not None else nullcontext():
+            report = controller.run()
         store.set_meta(
             "result",
             {
@@ -223,6 +230,13 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         if server is not None:
             server.shutdown()
     return JobResult(run_dir, report)
+
+
+def _holders(config: JobConfig, run_id: str, run_dir: Path) -> Holders | None:
+    """The snapshot holders of the job (started by the caller), when it asked for them."""
+    if not config.snapshots:
+        return None
+    return Holders(config.layout, run_id, (run_dir / "snapshots").resolve(), config.master_addr)
 
 
 def _exporter(port: int | None) -> tuple[EagleEyeExporter | None, Any]:

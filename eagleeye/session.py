@@ -15,6 +15,7 @@ from typing import Any
 from collector.hooks import TrainingHook
 from collector.transport import TelemetryPublisher
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEEP, ENV_TELEMETRY
+from eagleeye.snapshots import RankSnapshots
 from ft_runtime.checkpoint import DiskCheckpointer
 from ft_runtime.faults import FaultInjector, FaultSpec
 from ft_runtime.layout import ENV_ATTEMPT, ENV_NODE, ENV_REPLICA
@@ -49,6 +50,10 @@ class RankSession:
             barrier=_barrier_if_distributed,
             keep=int(env.get(ENV_CHECKPOINT_KEEP, 2)),
         )
+        # with snapshot holders (`eagleeye run` with snapshots on), checkpoints go to memory
+        self.snapshots = RankSnapshots.from_env(
+            env, self.node, self.local_rank, int(env.get("LOCAL_WORLD_SIZE", 1))
+        )
 
     # ---- telemetry, delegated to the hook -----------------------------------------------
     def step_start(self, step: int) -> None:
@@ -74,7 +79,12 @@ class RankSession:
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, state: Mapping[str, Any], step: int) -> None:
         """Saves synchronously and reports it; the checkpoint error propagates (it is the
-        loop's decision whether to go on without a checkpoint)."""
+        loop's decision whether to go on without a checkpoint). With snapshot holders the
+        save is a copy into the node's holder instead, and a failed one is reported, not
+        raised (the holder keeps the previous snapshot)."""
+        if self.snapshots is not None:
+            self._snapshot(state, step)
+            return
         saved = self.checkpoints.save(state, step)
         self.hook.event(
             "event.checkpoint",
@@ -87,12 +97,34 @@ class RankSession:
 
     def load_checkpoint(self) -> tuple[int, dict[str, Any]] | None:
         """The newest intact checkpoint as (step, state), or None to start fresh."""
+        if self.snapshots is not None:
+            return self._restore_snapshot(self.snapshots)
         restored = self.checkpoints.load()
         if restored is not None:
             self.hook.event("event.restore", float(restored[0]), tier="disk")
         return restored
 
+    def _snapshot(self, state: Mapping[str, Any], step: int) -> None:
+        assert self.snapshots is not None
+        saved = self.snapshots.save(state, step)
+        labels = {"bytes": str(saved.nbytes), "seconds": f"{saved.seconds:.6f}"}
+        if not saved.ok:
+            labels["error"] = saved.error[:200]
+        self.hook.event("event.checkpoint", float(step), tier="memory", **labels)
+
+    def _restore_snapshot(self, snapshots: RankSnapshots) -> tuple[int, dict[str, Any]] | None:
+        """The newest snapshot, memory first; the restore's tier and time are reported."""
+        got = snapshots.load()
+        if got is None:
+            return None
+        self.hook.event(
+            "event.restore", float(got.step), tier=got.tier, seconds=f"{got.seconds:.6f}"
+        )
+        return got.step, got.state
+
     def close(self) -> None:
+        if self.snapshots is not None:
+            self.snapshots.close()
         self.hook.close()
         if self._publisher is not None:
             self._publisher.close()

@@ -149,3 +149,41 @@ def _match(
         outcome,
         recovered,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreOutcome:
+    """One rank's restore: the step it resumed from, the tier the state came from
+    (memory, peer, storage or disk) and how long the restore took (None if not reported)."""
+
+    time: float
+    rank: int | None
+    attempt: int | None
+    step: int
+    tier: str
+    seconds: float | None
+
+
+def restores(run_dir: str) -> list[RestoreOutcome]:
+    """Every restore the ranks reported, in time order, read from the run store."""
+    reader = RunReader(run_dir)
+    try:
+        table = reader.checkpoints()
+    finally:
+        reader.close()
+    rows = table[table["state"] == "RESTORED"].to_dict("records")
+    return [
+        RestoreOutcome(
+            float(r["time"]),
+            _optional_int(r["rank"]),
+            _optional_int(r["attempt"]),
+            int(r["step"]),
+            str(r["tier"]),
+            None if pd.isna(r["seconds"]) else float(r["seconds"]),
+        )
+        for r in rows
+    ]
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)

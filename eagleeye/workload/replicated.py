@@ -86,8 +86,11 @@ def train(
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
 
+        began = time.perf_counter()
         start = comm.join(load, lambda update, lr: _apply(params, optimizer, update, lr))
-        ee.hook.event("event.restore", float(start), tier="peer")
+        # the peer tier: a healthy replica's snapshot plus the steps replayed since
+        seconds = f"{time.perf_counter() - began:.6f}"
+        ee.hook.event("event.restore", float(start), tier="peer", seconds=seconds)
     batch = comm.next_batch()
     seek(sampler, batch)
     loss_value = math.nan

@@ -8,14 +8,14 @@ evicted, checksum mismatch).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ft_runtime.ckpt import _persist, _shm
-from ft_runtime.ckpt._layout import BufferSource, FileSource, Source
+from ft_runtime.ckpt._layout import BufferSource, Source
 from ft_runtime.ckpt._rpc import Rpc, fetch_into
 from ft_runtime.ckpt.config import ClientConfig
 from ft_runtime.ckpt.types import Tier
@@ -40,7 +40,7 @@ class Catalog:
                 self.held[node] = head["slots"]
             except CheckpointError as exc:
                 log.info("holder of %s not listed: %s", node, exc)
-        self._open: list[tuple[int, dict[str, Any]]] = []
+        self._open: list[tuple[_shm.Mapping, dict[str, Any]]] = []
         self.stored: list[tuple[int, int, int]] = []
         if cfg.storage is not None:
             try:
@@ -77,16 +77,14 @@ class Catalog:
         return None
 
     def _read_local(self, s: dict[str, Any]) -> Shard:
-        # The shard is read straight from the segment file while the whole tensors are
-        # assembled (one copy); finish() then checks the slot was not recycled meanwhile.
+        # The segment is mapped (all pages at once) and the tensors are copied straight out
+        # of it while they are assembled: one copy; finish() then checks the slot was not
+        # recycled meanwhile.
         key = {k: s[k] for k in ("owner", "step", "shard", "segment")}
         head, _ = self.rpcs[self.cfg.node].call({"op": "read", **key})
-        try:
-            fd = os.open(head["segment"], os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"segment {head['segment']} is gone") from exc
-        self._open.append((fd, key))
-        return head["meta"], FileSource(fd), Tier.MEMORY
+        m = _shm.open_mapping(Path(head["segment"]), int(head["nbytes"]), populate=True)
+        self._open.append((m, key))
+        return head["meta"], BufferSource(m.buf), Tier.MEMORY
 
     def finish(self) -> None:
         """Closes local segments; raises if a slot read from memory was recycled meanwhile.
@@ -98,8 +96,8 @@ class Catalog:
             for _, key in self._open:
                 self.rpcs[self.cfg.node].call({"op": "read", **key})
         finally:
-            for fd, _ in self._open:
-                os.close(fd)
+            for m, _ in self._open:
+                m.close()
             self._open.clear()
 
     def _read_peer(self, node: str, s: dict[str, Any]) -> Shard:

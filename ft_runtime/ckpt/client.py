@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,18 @@ from ft_runtime.ckpt.types import LoadResult, SaveResult
 from ft_runtime.errors import CheckpointError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A state's layout in a segment, kept while names, dtypes and shapes stay the same, so
+    a save does no per-tensor planning or JSON work."""
+
+    signature: tuple[Any, ...]
+    entries: list[_layout.Entry]
+    entries_json: list[list[Any]]
+    nbytes: int
+    nshards: int
 
 
 class CheckpointClient:
@@ -50,7 +63,8 @@ class CheckpointClient:
         self._rpcs = {n: Rpc(self._ctx, ep, t) for n, ep in cfg.ring.nodes}
         self._poll = Rpc(self._ctx, cfg.ring.endpoint(cfg.node), t)
         self._maps: dict[str, _shm.Mapping] = {}
-        self._layout: tuple[tuple[Any, ...], list[_layout.Entry], int] | None = None
+        self._layout: _Plan | None = None
+        self._views: dict[str, list[torch.Tensor]] = {}  # segment -> its entries' views
         self._pending: threading.Thread | None = None
         self._last: SaveResult | None = None
         self._honoured = 0
@@ -76,14 +90,9 @@ class CheckpointClient:
         self.fence()
         t0 = time.perf_counter()
         tree, tensors = _tree.flatten(state)
-        entries, nbytes = self._plan(tensors)
-        meta = {
-            "entries": [e.to_json() for e in entries],
-            "tree": tree,
-            "step": step,
-            "nshards": self.cfg.dp_size,
-        }
-        args = (entries, tensors, step, meta, nbytes, t0)
+        plan = self._plan(tensors)
+        meta = {"entries": plan.entries_json, "tree": tree, "step": step, "nshards": plan.nshards}
+        args = (plan, tensors, step, meta, t0)
         if wait:
             self._snapshot(*args)
             assert self._last is not None
@@ -92,7 +101,7 @@ class CheckpointClient:
         # holder costs milliseconds the training step should not wait for.
         self._pending = threading.Thread(target=self._snapshot, args=args, daemon=True)
         self._pending.start()
-        return SaveResult(step, True, time.perf_counter() - t0, nbytes)
+        return SaveResult(step, True, time.perf_counter() - t0, plan.nbytes)
 
     def fence(self) -> SaveResult | None:
         """Waits for a background save to finish copying; returns its result."""
@@ -119,13 +128,13 @@ class CheckpointClient:
 
     def _snapshot(
         self,
-        entries: list[_layout.Entry],
+        plan: _Plan,
         tensors: list[tuple[str, torch.Tensor]],
         step: int,
         meta: dict[str, Any],
-        nbytes: int,
         t0: float,
     ) -> None:
+        entries, nbytes = plan.entries, plan.nbytes
         if threading.current_thread() is self._pending:
             # hand the GIL straight back: otherwise save() waits a whole switch interval
             # (5 ms) for it while this thread runs Python
@@ -140,14 +149,29 @@ class CheckpointClient:
                     "nbytes": nbytes,
                 }
             )
-            buf = self._map(head["segment"], nbytes).buf
+            segment = head["segment"]
+            buf = self._map(segment, nbytes).buf
+            views = self._views.get(segment)
+            if views is None:
+                views = self._views[segment] = [_layout.view(buf, e) for e in entries]
+
+            def copy() -> None:
+                _layout.copy_in(
+                    buf,
+                    entries,
+                    tensors,
+                    self.cfg.dp_rank,
+                    self._copy_hook,
+                    views=views,
+                )
+
             if self._stream is not None:
                 self._stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(self._stream):
-                    _layout.copy_in(buf, entries, tensors, self.cfg.dp_rank, self._copy_hook)
+                    copy()
                 self._stream.synchronize()
             else:
-                _layout.copy_in(buf, entries, tensors, self.cfg.dp_rank, self._copy_hook)
+                copy()
             head, _ = self._local.call(
                 {"op": "commit", "step": step, "shard": self.cfg.dp_rank, "meta": meta}
             )
@@ -161,12 +185,13 @@ class CheckpointClient:
         self._last = SaveResult(step, False, time.perf_counter() - t0, 0, str(exc))
         return self._last
 
-    def _plan(self, tensors: list[tuple[str, torch.Tensor]]) -> tuple[list[_layout.Entry], int]:
+    def _plan(self, tensors: list[tuple[str, torch.Tensor]]) -> _Plan:
         sig = _layout.signature(tensors)
-        if self._layout is None or self._layout[0] != sig:
+        if self._layout is None or self._layout.signature != sig:
             entries, n = _layout.plan(tensors, self.cfg.dp_size)
-            self._layout = (sig, entries, n)
-        return self._layout[1], self._layout[2]
+            self._layout = _Plan(sig, entries, [e.to_json() for e in entries], n, self.cfg.dp_size)
+            self._views.clear()
+        return self._layout
 
     def _map(self, segment: str, nbytes: int) -> _shm.Mapping:
         m = self._maps.get(segment)
@@ -174,6 +199,7 @@ class CheckpointClient:
             for name in [n for n in self._maps if n == segment or not Path(n).exists()]:
                 # the holder deleted (or resized) it: an unlinked file's pages stay
                 # allocated for as long as we keep them mapped
+                self._views.pop(name, None)
                 self._maps.pop(name).close()
             m = _shm.open_mapping(Path(segment), nbytes)
             self._maps[segment] = m
@@ -231,6 +257,7 @@ class CheckpointClient:
         self.fence()
         for r in [*self._rpcs.values(), self._poll]:
             r.close()
+        self._views.clear()
         for m in self._maps.values():
             m.close()
         self._maps.clear()

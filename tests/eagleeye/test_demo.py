@@ -36,6 +36,13 @@ def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path
     action = reader.actions().iloc[0]
     assert (action["kind"], action["target"], action["status"]) == ("restart", "replica:1", "done")
     assert reader.samples(names=["step_time"])["step"].max() == 89
+    # the restarted replica's state came from its healthy peer, and the summary says so
+    table = reader.checkpoints()
+    restored = table[table["state"] == "RESTORED"]
+    assert not restored.empty
+    assert set(restored["tier"]) == {"peer"}
+    assert set(restored["rank"]) <= {2, 3}
+    assert "Restores (where each restarted rank's state came from)" in output
     assert f"{run}/run.db" in output
     # The actions came from the shipped policy file, and the summary says which.
     policy = reader.meta()["config"]["policy_file"]
@@ -48,3 +55,36 @@ def _env() -> dict[str, str]:
     import os
 
     return dict(os.environ)
+
+
+def test_demo_with_synchronous_restarts_restores_every_rank_from_memory(tmp_path) -> None:
+    """`--recovery job`: the ranks snapshot into their node's holder; after the kill every
+    rank restores from the holder's memory, and the summary names the tier and the time."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "eagleeye", "demo", "--steps", "30", "--kill-step", "24"),
+            *("--recovery", "job", "--no-reference", "--runs-dir", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={"COLUMNS": "160", **_env()},
+    )
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, output[-3000:]
+    (run,) = list(tmp_path.iterdir())
+    reader = RunReader(run)
+    table = reader.checkpoints()
+    saved = table[(table["state"] == "CACHED") & (table["attempt"] == 0)]
+    assert set(saved["step"]) == {19}
+    assert set(saved["tier"]) == {"memory"}
+    restored = table[(table["state"] == "RESTORED") & (table["attempt"] == 1)]
+    # every rank of the restarted job resumed from the snapshot held in memory
+    assert sorted(restored["rank"]) == [0, 1, 2, 3]
+    assert set(restored["step"]) == {19}
+    assert set(restored["tier"]) == {"memory"}
+    assert (restored["seconds"] > 0).all()
+    assert "Restores (where each restarted rank's state came from)" in output
+    for row in restored.to_dict("records"):
+        line = f"│ {row['rank']} │ 1 │ 19 │ memory │ {row['seconds'] * 1000:.1f} ms │"
+        assert line in output, output[-3000:]

@@ -94,7 +94,10 @@ def test_dp_replicas_each_hold_one_shard_and_load_reassembles(holders: RingFacto
     got = c0.load()
     assert got is not None
     assert got.step == 5
-    assert got.tiers == (Tier.MEMORY, Tier.PEER)
+    # shard 1 comes from node1's holder, or from node0's own memory once node1's ring
+    # backup of it has landed there (both are whole, committed copies)
+    assert got.tiers[0] == Tier.MEMORY
+    assert got.tiers[1] in (Tier.MEMORY, Tier.PEER)
     assert same(got.state, state(5))
     template = state(0)
     w = template["model"]["w"]  # type: ignore[index]

@@ -1,0 +1,169 @@
+"""In-memory snapshots for `eagleeye run`: one holder per node, and each rank's client.
+
+With ``JobConfig(snapshots=True)`` the launcher starts a snapshot holder process per
+(virtual) node before the ranks and stops them at the end; they outlive every restart of
+the ranks. A rank's :class:`~eagleeye.session.RankSession` then saves its checkpoints into
+its node's holder (a memory copy; backup to the next node and persistence to the run's
+``snapshots`` folder run in the holder) and restores memory first, then from the
+neighbour node, then from storage. Every restore is reported as an ``event.restore`` with
+the tier it came from and its time.
+
+The ranks of a node hold the same state (data parallel), so each snapshots its
+``1/nproc_per_node`` share and a restore reassembles the whole from the node's holder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ft_runtime.ckpt import (
+    CheckpointClient,
+    ClientConfig,
+    HolderConfig,
+    HolderProcess,
+    Ring,
+)
+from ft_runtime.layout import JobLayout
+
+_NICE = 10
+
+ENV_SNAPSHOT_RING = "EAGLEEYE_SNAPSHOT_RING"
+"""The job's holders as ``node0=tcp://host:port,node1=...``; unset means no snapshots."""
+ENV_SNAPSHOT_STORAGE = "EAGLEEYE_SNAPSHOT_STORAGE"
+"""Where the holders persist snapshots (the last restore tier)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """A restored state, with where it came from and how long the restore took."""
+
+    step: int
+    state: dict[str, Any]
+    tier: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshotted:
+    """One save into the holder: the time training was blocked for the copy."""
+
+    step: int
+    ok: bool
+    seconds: float
+    nbytes: int
+    error: str = ""
+
+
+def ring_text(ring: Ring) -> str:
+    return ",".join(f"{node}={endpoint}" for node, endpoint in ring.nodes)
+
+
+def parse_ring(text: str) -> Ring:
+    """The ring of ``ENV_SNAPSHOT_RING``; a clear error when it is malformed."""
+    pairs = [p.split("=", 1) for p in text.split(",") if p]
+    if not pairs or any(len(p) != 2 for p in pairs):
+        raise ValueError(
+            f"{ENV_SNAPSHOT_RING}={text!r}: expected node=endpoint pairs separated by commas"
+        )
+    return Ring(tuple((a, b) for a, b in pairs))
+
+
+class RankSnapshots:
+    """One rank's saves and restores through its node's holder."""
+
+    def __init__(self, client: CheckpointClient) -> None:
+        self.client = client
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], node: str, local_rank: int, nproc_per_node: int
+    ) -> RankSnapshots | None:
+        text = env.get(ENV_SNAPSHOT_RING)
+        if not text:
+            return None
+        cfg = ClientConfig(
+            node,
+            parse_ring(text),
+            dp_rank=local_rank,
+            dp_size=nproc_per_node,
+            storage=env.get(ENV_SNAPSHOT_STORAGE) or None,
+        )
+        return cls(CheckpointClient(cfg))
+
+    def save(self, state: Mapping[str, Any], step: int) -> Snapshotted:
+        """Copies the state into the holder (blocks only for the copy); never raises for a
+        holder that is gone or full (``ok=False`` then)."""
+        result = self.client.save(dict(state), step)
+        return Snapshotted(step, result.ok, result.blocking_s, result.nbytes, result.error)
+
+    def load(self) -> Restored | None:
+        """The newest complete snapshot from the fastest tier that has it, or None."""
+        t0 = time.perf_counter()
+        got = self.client.load()
+        if got is None:
+            return None
+        return Restored(got.step, dict(got.state), got.tier.value, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class Holders:
+    """The job's holders, one per node of ``layout``, as child processes.
+
+    Use as a context manager around the job; :attr:`env` is what the ranks need.
+    """
+
+    def __init__(self, layout: JobLayout, job: str, storage: Path, host: str = "127.0.0.1"):
+        nodes = [f"node{i}" for i in range(layout.nnodes)]
+        self.ring = Ring(tuple((n, f"tcp://{host}:{_free_port(host)}") for n in nodes))
+        self.storage = storage
+        self.configs = [
+            HolderConfig(
+                _job_name(job), n, self.ring, storage=str(storage), persist_every=1, keep_last=2
+            )
+            for n in nodes
+        ]
+        self._stack = ExitStack()
+        self.processes: Sequence[HolderProcess] = ()
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {ENV_SNAPSHOT_RING: ring_text(self.ring), ENV_SNAPSHOT_STORAGE: str(self.storage)}
+
+    def __enter__(self) -> Holders:
+        self.processes = [HolderProcess(c).launch() for c in self.configs]
+        for p in self.processes:
+            self._stack.callback(p.stop)
+            if p.proc is not None:
+                # backup and persistence run at a lower priority than the ranks' training
+                os.setpriority(os.PRIO_PROCESS, p.proc.pid, _NICE)
+        try:
+            for p in self.processes:
+                p.wait_ready()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+def _job_name(run_id: str) -> str:
+    # segment names allow letters, digits, '_' and '-' (at most 64)
+    cleaned = "".join(c if c.isalnum() or c in "_-" else "-" for c in run_id)
+    return cleaned[-64:] or "job"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

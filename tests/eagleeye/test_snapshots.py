@@ -1,0 +1,50 @@
+"""A rank's session checkpoints into real snapshot holders and restores from their memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagleeye.session import RankSession
+from eagleeye.snapshots import ENV_SNAPSHOT_RING, Holders, parse_ring
+from ft_runtime.layout import JobLayout
+
+
+def test_a_malformed_ring_is_refused_with_the_expected_form() -> None:
+    with pytest.raises(ValueError, match="node=endpoint pairs"):
+        parse_ring("node0-tcp://127.0.0.1:1")
+
+
+def test_without_holders_the_session_keeps_disk_checkpoints(tmp_path) -> None:
+    session = RankSession({"EAGLEEYE_CHECKPOINT_DIR": str(tmp_path)})
+    assert session.snapshots is None
+    session.close()
+
+
+def test_a_restarted_rank_restores_both_shards_of_its_node_from_memory(tmp_path) -> None:
+    layout = JobLayout(nnodes=2, nproc_per_node=2, replicas=1)
+    with Holders(layout, "t-snap", tmp_path / "snapshots") as holders:
+        envs = [
+            {**holders.env, "EAGLEEYE_NODE": "node1", "LOCAL_RANK": str(r), "RANK": str(2 + r)}
+            | {"LOCAL_WORLD_SIZE": "2", "EAGLEEYE_CHECKPOINT_DIR": str(tmp_path / "disk")}
+            for r in range(2)
+        ]
+        state = {"model": {"w": torch.randn(1001), "b": torch.arange(7)}, "data": {"pos": 3}}
+        for env in envs:  # both ranks of node1 save their half
+            with RankSession(env) as session:
+                session.save_checkpoint(state, 5)
+        with RankSession(envs[0]) as restarted:
+            got = restarted.load_checkpoint()
+            assert restarted.snapshots is not None
+            again = restarted.snapshots.load()
+    assert again is not None
+    assert again.tier == "memory"  # both halves from node1's holder, none from node0's
+    assert again.seconds > 0
+    assert got is not None
+    step, restored = got
+    assert step == 5
+    assert torch.equal(restored["model"]["w"], state["model"]["w"])
+    assert torch.equal(restored["model"]["b"], state["model"]["b"])
+    assert restored["data"] == {"pos": 3}
+    assert ENV_SNAPSHOT_RING in envs[0]
+    assert not (tmp_path / "disk").exists() or not any((tmp_path / "disk").iterdir())
