@@ -32,13 +32,14 @@ class ProgressStall:
     """Fires ``hang`` when a rank completes no step for ``k`` times the median step time.
 
     The median is robust to the occasional slow step (a checkpoint, an evaluation). Before
-    a rank's first step after launch, ``startup_grace_s`` applies instead, since start-up
-    (imports, process-group set-up) is much slower than a step. A rank leaves tracking when
+    a rank's first step after launch, and once it reports ``closing`` (its training is over),
+    ``startup_grace_s`` applies instead, since start-up (imports, process-group set-up) and
+    shut-down (a last checkpoint, results) are much slower than a step. A rank leaves tracking when
     its process exits: the exit is its own finding.
 
     Feature contract: frames with ``step_time`` are completed steps; ``launched`` marks a
-    (re)launch; ``exit_code`` marks an exit; ``in_collective`` > 0 marks a rank waiting in
-    an open collective, 0 its end.
+    (re)launch; ``closing`` the end of training; ``exit_code`` an exit; ``in_collective``
+    > 0 a rank waiting in an open collective, 0 the end of that wait.
 
     >>> from collector.types import Frame, Subject
     >>> det = ProgressStall(k=2.0, min_silence_s=1.0)
@@ -76,6 +77,10 @@ class ProgressStall:
         elif "step_time" in values:
             self._step_times.append(values["step_time"])
             self._ranks[frame.subject] = _RankState(frame.time, frame.step, started=True)
+        elif "closing" in values:
+            last = self._ranks.get(frame.subject)
+            step = frame.step if last is None else last.last_step
+            self._ranks[frame.subject] = _RankState(frame.time, step, started=False)
         elif "in_collective" in values and frame.subject in self._ranks:
             self._ranks[frame.subject].waiting = values["in_collective"]
         return ()

@@ -26,6 +26,9 @@ from remediation.remediator import Decision, Remediator
 
 log = logging.getLogger(__name__)
 
+# What ranks report besides steps: a collective left open, a session closing.
+MARKERS = frozenset({"in_collective", "closing"})
+
 
 @dataclass
 class ControllerReport:
@@ -105,7 +108,7 @@ class Controller:
         for frame in frames:
             if "launched" in frame.values:
                 self.aggregator.expect(frame.subject)
-            elif frame.values.keys() != {"in_collective"}:  # a wait report is not a step
+            elif not frame.values.keys() <= MARKERS:  # a wait or close report is no step
                 groups += self.aggregator.add(frame)
         return groups + self.aggregator.flush(self.clock())
 

@@ -123,6 +123,8 @@ class RankSession:
         return got.step, got.state
 
     def close(self) -> None:
+        # Training is over: the time until the process exits is no step's silence.
+        self.hook.event("closing")
         if self.snapshots is not None:
             self.snapshots.close()
         self.hook.close()

@@ -80,3 +80,16 @@ def test_a_wait_that_ended_no_longer_counts(clock) -> None:
     detector.process(Frame(R0, 20, clock(), {"in_collective": 0.0}))
     clock.advance(1.1)
     assert {f.subject for f in detector.poll(clock())} == {R0, R1}
+
+
+def test_a_rank_that_closed_its_session_gets_the_grace_to_exit(clock) -> None:
+    detector = ProgressStall(k=10, min_silence_s=0.5, startup_grace_s=30)
+    feed_steps(detector, clock, 20)
+    detector.process(Frame(R1, 19, clock(), {"closing": 1.0}))
+    clock.advance(5)
+    (finding,) = detector.poll(clock())  # rank 0 still trains, so its silence is a hang
+    assert finding.subject == R0
+    clock.advance(26)
+    (late,) = detector.poll(clock())  # a shut-down that outlasts the grace is one too
+    assert late.subject == R1
+    assert late.step == 19
