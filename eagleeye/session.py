@@ -76,6 +76,21 @@ class RankSession:
 
         return instrument_collectives(self.hook)
 
+    # ---- framework callbacks (optional extras) ------------------------------------------
+    def lightning_callback(self, **options: Any) -> Any:
+        """A PyTorch Lightning ``Callback`` reporting each optimizer step to this session
+        (extra ``lightning``; options as ``collector.frameworks.lightning_callback``)."""
+        from collector.frameworks import lightning_callback
+
+        return lightning_callback(self.hook, **options)
+
+    def hf_callback(self) -> Any:
+        """A Hugging Face ``TrainerCallback`` reporting each optimizer step to this session
+        (extra ``hf``)."""
+        from collector.frameworks import hf_callback
+
+        return hf_callback(self.hook)
+
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, state: Mapping[str, Any], step: int) -> None:
         """Saves synchronously and reports it; the checkpoint error propagates (it is the

@@ -3,8 +3,9 @@
 One process trains: steps of S stack layers plus an all-reduce, blocking checkpoint saves
 every T_c, global restarts after a wipe-out (rolling back to the last save). Another
 process draws group failures (``ClusterConfig.failure_model``): by default every group has
-a Weibull lifetime of mean N·m whose clock a global restart resets. Groups that fail
-during a restart stay down. Between restarts the redundancy scheme (``epochs``) says how
+a Weibull lifetime of mean N·m whose clock a global restart resets; only the groups that
+train can fail the job (replication leaves the N mod r leftover groups idle). Groups that
+fail during a restart stay down. Between restarts the redundancy scheme (``epochs``) says how
 many failures are masked and the stack number after each; SPARe's comes from
 Hopcroft–Karp on the layout. A masked failure in the middle of a step costs detection, the
 controller, the communicator shrink, a patch layer (SPARe: survivors recompute the lost
@@ -82,9 +83,10 @@ class _Job:
             scale = self.cfg.mtbf_s * n / self.cfg.weibull_mean
             fresh = scale * self.rng.weibull(self.cfg.weibull_shape, int(dead.sum()))
             self.death[dead] = self.env.now + fresh
-            self.order = np.argsort(self.death)
+            members = self.scheme.members
+            self.order = members[np.argsort(self.death[members], kind="stable")]
         else:
-            self.order = self.rng.permutation(n)
+            self.order = self.rng.permutation(self.scheme.members)
         self.fired = 0
         self.epoch_id += 1
         evt, self.epoch_evt = self.epoch_evt, self.env.event()
@@ -115,10 +117,10 @@ class _Job:
         if self.cfg.failure_model in ("group", "fresh"):
             yield from self._group_failures()
             return
-        n = self.cfg.n_groups
+        n, members = self.cfg.n_groups, len(self.scheme.members)
         while True:
             carried = self.cfg.carry_restart_failures or not self.restarting
-            alive = n - self.k if carried else n
+            alive = members - self.k if carried else members
             scale = self.cfg.mtbf_s * n / max(alive, 1) / self.cfg.weibull_mean
             yield self.env.timeout(scale * self.rng.weibull(self.cfg.weibull_shape))
             self._fire()

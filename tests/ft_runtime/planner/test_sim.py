@@ -26,16 +26,19 @@ def test_spare_time_to_train_is_within_ten_percent_of_the_paper(n: int) -> None:
     assert _ttt(n, Strategy.SPARE, r) == pytest.approx(paper, rel=0.10)
 
 
-@pytest.mark.parametrize("n", [600, 1000])
+# Seeds per replication entry. At N = 200 one run's TTT/T0 spreads 2.3 % (sd over 30
+# seeds; 1.3-1.6 % at N = 600/1000) around a mean 8.3 % below the paper, so two seeds could
+# land on either side of the 10 % line (seeds 0-3 average -10.3 %); sixteen bring the
+# mean's error down to 0.6 %.
+REP_SEEDS = {200: 16, 600: 2, 1000: 2}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n", sorted(REP_TABLE))
 def test_replication_time_to_train_is_within_ten_percent_of_the_paper(n: int) -> None:
     paper, r = REP_TABLE[n]
-    assert _ttt(n, Strategy.REPLICATION, r) == pytest.approx(paper, rel=0.10)
-
-
-@pytest.mark.xfail(strict=True, reason="known gap: 5.38 simulated against 6.07 (-11 %)")
-def test_replication_time_to_train_at_n200_is_within_ten_percent_of_the_paper() -> None:
-    paper, r = REP_TABLE[200]
-    assert _ttt(200, Strategy.REPLICATION, r) == pytest.approx(paper, rel=0.10)
+    ttt = _ttt(n, Strategy.REPLICATION, r, seeds=REP_SEEDS[n])
+    assert ttt == pytest.approx(paper, rel=0.10)
 
 
 def test_three_way_replication_is_the_best_degree() -> None:

@@ -33,6 +33,7 @@ class _ConsecutiveWindow:
 
     def __init__(self, n: int, r: int) -> None:
         self.n_groups = n
+        self.members = np.arange(n)
         self._holders = (np.arange(n)[:, None] - np.arange(r)) % n
 
     def masked(self, order: np.ndarray) -> int:
@@ -69,3 +70,17 @@ def test_first_order_ttt_of_spare_beats_replication_at_600k_gpus() -> None:
         spare = ttt_ratio(n, r, mtbf=5, t_s=1, t_r=60)
         rep = ttt_ratio(n, 3, mtbf=5, t_s=1, t_r=60, replication=True)
         assert 2.0 < spare < rep < 4.5
+
+
+def test_replica_sets_have_exactly_r_groups_and_leftover_groups_stand_idle() -> None:
+    rep = Replication(200, 3)  # 66 sets of 3; groups 198 and 199 hold no replica
+    assert len(rep.members) == 198
+    sets = [[int(g) for g in rep.members if g % 66 == s] for s in range(66)]
+    assert all(len(groups) == 3 for groups in sets)
+    # Killing one set wipes out at its third failure, whatever else failed before.
+    order = np.array([sets[5][0], sets[7][0], sets[5][1], sets[5][2], sets[7][1]])
+    assert rep.masked(order) == 3
+    assert rep.masked(order[:3]) == 3  # nothing wiped out yet: all three are masked
+    # The Monte-Carlo draws failures among the members only: μ stays the formula's.
+    measured, _ = monte_carlo(rep, trials=1500, stacks=False)
+    assert measured == pytest.approx(mu_replication(198, 3), rel=0.03)
