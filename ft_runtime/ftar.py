@@ -123,10 +123,12 @@ class ReplicaComm:
         load: Callable[[dict[str, Any]], None],
         apply: Apply,
         timeout_s: float = 300.0,
+        ready: Callable[[], None] = lambda: None,
     ) -> int:
         """Catches up with a healthy peer without stalling it, then asks to be admitted.
 
         ``load`` receives the peer's snapshot; ``apply(update, lr)`` replays one logged step.
+        ``ready()`` runs once the state is loaded, just before asking to be admitted.
         Returns the first step this replica trains with the others; the first exchange
         from there sends a zero gradient.
         """
@@ -137,6 +139,7 @@ class ReplicaComm:
         step, state = client.snapshot(deadline)
         load(state)
         step = client.replay(step, None, apply, deadline)
+        ready()
         if self.replica_rank == 0:
             self.store.set(f"q/join/{self.replica}", str(self.incarnation))
         while True:  # keep up with the source until the quorum admits this replica

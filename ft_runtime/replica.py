@@ -29,6 +29,8 @@ from ft_runtime.supervisor import JobSupervisor, LaunchSpec, _Rank, _signal
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 
 log = logging.getLogger(__name__)
+ENV_BASE_NICE = "EAGLEEYE_BASE_NICE"
+"""Niceness a joining rank returns to once caught up (set when it starts lowered)."""
 
 
 class ReplicaSupervisor(JobSupervisor):
@@ -43,6 +45,8 @@ class ReplicaSupervisor(JobSupervisor):
             resort when a replica's budget is spent or too few replicas are left.
         command_timeout_s: how long a control command (checkpoint, rollback, skip_batch)
             waits for the replicas' answers.
+        joiner_nice: how much lower a relaunched replica's ranks run until they caught up
+            (0: not at all), so their start-up does not slow the replicas that train.
     """
 
     def __init__(
@@ -53,12 +57,14 @@ class ReplicaSupervisor(JobSupervisor):
         clock: Callable[[], float] = time.time,
         max_job_restarts: int = 1,
         command_timeout_s: float = 30.0,
+        joiner_nice: int = 10,
     ) -> None:
         super().__init__(launch, max_restarts, clock)
         self.quorum = quorum
         self.max_job_restarts = max_job_restarts
         self.job_restarts = 0
         self.command_timeout_s = command_timeout_s
+        self.joiner_nice = joiner_nice
         replicas = launch.layout.replicas
         self.incarnation = dict.fromkeys(range(replicas), 0)
         self.replica_restarts = dict.fromkeys(range(replicas), 0)
@@ -90,6 +96,7 @@ class ReplicaSupervisor(JobSupervisor):
         log_dir = Path(self.launch.log_dir) / f"replica-{replica}-{incarnation}"
         log_dir.mkdir(parents=True, exist_ok=True)
         specs = [self._placed(s) for s in self.launch.layout.ranks() if s.replica == replica]
+        joiner = incarnation > 0 and replica not in self.quorum.healthy
         self._emit(f"replica:{replica}", Phase.LAUNCH, incarnation=incarnation)
         self.replica_phase[replica] = Phase.PRE_CHECK
         for spec in specs:
@@ -102,7 +109,11 @@ class ReplicaSupervisor(JobSupervisor):
                 "EAGLEEYE_NODE": spec.node,
                 ENV_QUORUM: self.quorum.address,
             }
+            if joiner and self.joiner_nice:
+                env[ENV_BASE_NICE] = str(os.getpriority(os.PRIO_PROCESS, 0))
             rank = self._spawn(spec, env, log_dir / f"rank-{spec.rank}.log")
+            if joiner and self.joiner_nice:
+                _lower_priority(rank.process.pid, self.joiner_nice)
             rank.attempt = incarnation
             self._ranks[spec.rank] = rank
             self._clean.discard(spec.rank)
@@ -539,6 +550,27 @@ class ReplicaSupervisor(JobSupervisor):
         self.quorum.close()
         if self.store_host is not None:
             self.store_host.close()
+
+
+def _lower_priority(pid: int, nice: int) -> None:
+    """A joiner's start-up (imports) and catch-up must not take CPU from the survivors."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    except OSError as exc:  # it exited already, or the system refuses
+        log.warning("could not lower the priority of joining rank pid %d: %s", pid, exc)
+
+
+def restore_priority() -> None:
+    """Called by a joining rank once caught up: back to the priority it was launched
+    with (``ENV_BASE_NICE``). Raising a priority may need privileges; without them the
+    rank stays lower and says so."""
+    base = os.environ.get(ENV_BASE_NICE)
+    if base is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, int(base))
+    except OSError as exc:
+        log.warning("joined at a lowered priority; could not restore it: %s", exc)
 
 
 def _nodes(specs: list[RankSpec]) -> list[str]:

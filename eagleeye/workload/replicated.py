@@ -36,6 +36,7 @@ from ft_runtime.commands import CHECKPOINT, ROLLBACK, Command
 from ft_runtime.ftar import ExchangeResult, ReplicaComm
 from ft_runtime.layout import ENV_CATCHUP_TOKEN
 from ft_runtime.quorum import ENV_QUORUM
+from ft_runtime.replica import restore_priority
 
 ENV_LR_SCALING = "EAGLEEYE_LR_SCALING"
 """``sqrt`` (default): lr × √(contributing/total replicas) while some are missing; ``none``."""
@@ -96,7 +97,11 @@ def train(
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
 
-        start = comm.join(load, lambda update, lr: _apply(params, optimizer, update, lr))
+        start = comm.join(
+            load,
+            lambda update, lr: _apply(params, optimizer, update, lr),
+            ready=restore_priority,  # launched at a lower priority, caught up now
+        )
         ee.hook.event("event.restore", float(start), tier="peer")
         state.seek(comm.next_batch())
     elif comm.incarnation > 0:  # relaunched with the whole job: from the newest checkpoint
