@@ -53,6 +53,7 @@ class JobConfig:
     stall_factor: float = 1.5
     stall_floor_s: float = 0.15
     min_replicas: int = 1
+    joiner_nice: int = 10
     policy: str | None = None
     metrics_port: int | None = None
 
@@ -145,7 +146,9 @@ def supervisor_for(
         stall_floor_s=config.stall_floor_s,
         log=None if store is None else StoreMembershipLog(store),
     )
-    return ReplicaSupervisor(launch, quorum, max_restarts=config.max_restarts)
+    return ReplicaSupervisor(
+        launch, quorum, max_restarts=config.max_restarts, joiner_nice=config.joiner_nice
+    )
 
 
 def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None) -> JobResult:
