@@ -6,7 +6,11 @@ ranks are stopped, and a restart (asked for through the control protocol) relaun
 that replica, which catches up from a healthy peer. Each replica goes through
 launch → pre_check → running → recovering → evicted, recorded as lifecycle events; a
 restart budget per replica ends restart loops on a deterministic bug, and an evicted node
-gets no more ranks (its replicas move to spare nodes).
+gets no more ranks (its replicas move to spare nodes). When a replica's budget is spent, or
+fewer than the minimum replicas are left, the whole job restarts from its newest checkpoint
+(the last resort). Checkpoint, rollback and skip_batch reach the ranks as commands through
+the quorum's store (``ft_runtime.commands``), and the quorum's coordinator can be replaced
+by one that resumes from its membership log (``restart_coordinator``).
 """
 
 from __future__ import annotations
