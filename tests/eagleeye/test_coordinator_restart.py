@@ -67,9 +67,8 @@ def test_a_coordinator_restarted_from_the_run_store_keeps_the_epochs_and_trainin
     store = RunStore(run_dir)
     layout = JobLayout(3, 1, 3)
     command = ["-m", "eagleeye.workload.train", *workload(STEPS, tmp_path / "params")]
-    launch = LaunchSpec(
-        command, layout, "coordinator", str(tmp_path / "logs"), env={"OMP_NUM_THREADS": "1"}
-    )
+    env = {"OMP_NUM_THREADS": "1", "EAGLEEYE_CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    launch = LaunchSpec(command, layout, "coordinator", str(tmp_path / "logs"), env=env)
     sup = ReplicaSupervisor(launch, QuorumService(3, 1, log=StoreMembershipLog(store)))
     sup.start()
     try:
