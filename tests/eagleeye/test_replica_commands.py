@@ -71,7 +71,11 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
         back = sup.execute(Action(ActionKind.ROLLBACK, target, "bad stretch", "r1"))
         assert back.status is OutcomeStatus.DONE, back.detail
         assert back.detail.endswith(f"rolled back to the checkpoint of step [{saved_step}]")
-        assert _step_of(store, 0) <= saved_step + 3  # training resumed right after it
+        # The answer comes before the next exchange's heartbeat: wait for that heartbeat.
+        before, deadline = _step_of(store, 0), time.monotonic() + 10
+        while (now := _step_of(store, 0)) == before and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert now <= saved_step + 3  # training resumed right after the checkpoint
 
         none = sup.execute(Action(ActionKind.ROLLBACK, "step:2", "too early", "r2"))
         assert none.status is OutcomeStatus.FAILED
