@@ -10,7 +10,11 @@ for replica recovery also the survivors' step rate during the outage against ste
 their longest stall, the sender's step time while it serves the catch-up, and how many
 median step times it took to find the stopped rank.
 
+The restarted replica's ranks start 10 nice levels lower until they have caught up;
+``--nice-baseline`` adds the same kill with them at full priority, for comparison.
+
 Run: python benchmarks/bench_recovery.py [--steps 240] [--kill-step 40] [--preset small]
+     [--nice-baseline]
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ from ft_runtime.layout import JobLayout
 LAYOUT = JobLayout(3, 1, 3)
 
 
-def run(root: Path, name: str, args: argparse.Namespace, recovery: str, fault: str) -> Path:
+def run(
+    root: Path,
+    name: str,
+    args: argparse.Namespace,
+    recovery: str,
+    fault: str,
+    joiner_nice: int = 10,
+) -> Path:
     workload = ["--preset", args.preset, "--steps", str(args.steps), "--batch-size", "2"]
     workload += ["--block-size", "32", "--checkpoint-every", str(args.checkpoint_every)]
     config = JobConfig(
@@ -43,6 +54,7 @@ def run(root: Path, name: str, args: argparse.Namespace, recovery: str, fault: s
         inject=(fault,) if fault else (),
         runs_dir=str(root),
         run_id=name,
+        joiner_nice=joiner_nice,
     )
     result = run_job(config)
     if not result.succeeded:
@@ -104,6 +116,11 @@ def main() -> None:
     p.add_argument("--preset", default="small")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--no-stop", action="store_true", help="skip the SIGSTOP run")
+    p.add_argument(
+        "--nice-baseline",
+        action="store_true",
+        help="also run the replica kill with the joiner at full priority (joiner_nice 0)",
+    )
     args = p.parse_args()
     kill = f"kill:rank=1@step={args.kill_step}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,6 +130,10 @@ def main() -> None:
         replica_dir = run(root, "replica", args, "replica", kill)
         replica = ettr(replica_dir)
         figures = survivors(replica_dir, args.kill_step)
+        baseline = None
+        if args.nice_baseline:
+            full = run(root, "replica-nice0", args, "replica", kill, joiner_nice=0)
+            baseline = (ettr(full), survivors(full, args.kill_step))
         stop_spec = kill.replace("kill", "stop")
         stop = None if args.no_stop else detection(run(root, "stop", args, "replica", stop_spec))
     lost_clean = clean[1]
@@ -124,6 +145,11 @@ def main() -> None:
     print(f"time lost per failure, job restart / replica isolation: {ratio:.1f}x")
     for key, value in figures.items():
         print(f"replica recovery, {key}: {value:.3f}")
+    if baseline is not None:
+        (ratio0, lost0), figures0 = baseline
+        print(f"joiner at full priority: ETTR {ratio0:.1%}, lost {lost0 - lost_clean:.2f} s")
+        for key, value in figures0.items():
+            print(f"joiner at full priority, {key}: {value:.3f}")
     if stop is not None:
         print(f"SIGSTOP found after {stop[0]:.3f} s = {stop[1]:.2f} median step times")
 

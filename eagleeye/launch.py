@@ -22,7 +22,7 @@ from eagleeye.controller import Controller, ControllerReport
 from eagleeye.errors import EagleEyeError
 from eagleeye.exporter import EagleEyeExporter
 from eagleeye.snapshots import Holders
-from eagleeye.store import RunStore, create_run_dir, new_run_id
+from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
@@ -55,6 +55,7 @@ class JobConfig:
     stall_factor: float = 1.5
     stall_floor_s: float = 0.15
     min_replicas: int = 1
+    joiner_nice: int = 10
     policy: str | None = None
     metrics_port: int | None = None
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
@@ -128,8 +129,11 @@ def policy_for(config: JobConfig) -> Policy:
     return synchronous_restart_policy()
 
 
-def supervisor_for(config: JobConfig, launch: LaunchSpec) -> JobSupervisor:
-    """The synchronous baseline, or replicas as the unit of failure."""
+def supervisor_for(
+    config: JobConfig, launch: LaunchSpec, store: RunStore | None = None
+) -> JobSupervisor:
+    """The synchronous baseline, or replicas as the unit of failure. With a run store, the
+    quorum coordinator records its memberships there and can restart from them."""
     if config.recovery != "replica":
         return JobSupervisor(launch, max_restarts=config.max_restarts)
     # The quorum hosts a torch TCPStore: torch is imported only when replicas need it.
@@ -143,8 +147,11 @@ def supervisor_for(config: JobConfig, launch: LaunchSpec) -> JobSupervisor:
         min_replicas=config.min_replicas,
         stall_factor=config.stall_factor,
         stall_floor_s=config.stall_floor_s,
+        log=None if store is None else StoreMembershipLog(store),
     )
-    return ReplicaSupervisor(launch, quorum, max_restarts=config.max_restarts)
+    return ReplicaSupervisor(
+        launch, quorum, max_restarts=config.max_restarts, joiner_nice=config.joiner_nice
+    )
 
 
 def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None) -> JobResult:
@@ -175,7 +182,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         config.master_port,
         env,
     )
-    supervisor = supervisor_for(config, launch)
+    supervisor = supervisor_for(config, launch, store)
     policy = policy_for(config)
     store.set_meta("run_id", run_id)
     store.set_meta(

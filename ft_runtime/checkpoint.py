@@ -49,7 +49,8 @@ class DiskCheckpointer:
         directory: root folder of the job's checkpoints.
         rank: this rank; ``world_size``: ranks that save together.
         barrier: called after the rank's file is written, before rank 0 writes the
-            manifest (``torch.distributed.barrier`` in a job); None for a single process.
+            manifest (``torch.distributed.barrier`` in a job); None: rank 0 waits until
+            every rank's file is in the folder (ranks that save from a background thread).
         keep: complete checkpoints retained; older ones are deleted by rank 0.
     """
 
@@ -89,6 +90,8 @@ class DiskCheckpointer:
             _atomic_write(folder / f"{name}.json", json.dumps(meta).encode())
             if self.barrier is not None:
                 self.barrier()
+            elif self.rank == 0 and self.world_size > 1:
+                _await_files(folder, self.world_size)
             if self.rank == 0:
                 manifest = {"step": step, "world_size": self.world_size, "time": time.time()}
                 _atomic_write(folder / MANIFEST, json.dumps(manifest).encode())
@@ -109,9 +112,12 @@ class DiskCheckpointer:
                 continue
         return sorted(steps, reverse=True)
 
-    def load(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest complete, intact checkpoint of this rank as (step, state), or None."""
+    def load(self, at_most: int | None = None) -> tuple[int, dict[str, Any]] | None:
+        """The newest complete, intact checkpoint of this rank as (step, state), or None;
+        with ``at_most``, the newest of a step no later than that."""
         for step in self.complete_steps():
+            if at_most is not None and step > at_most:
+                continue
             try:
                 return step, self._load_step(step)
             except CheckpointError as exc:
@@ -146,6 +152,14 @@ class DiskCheckpointer:
     def _retain(self) -> None:
         for step in self.complete_steps()[self.keep :]:
             shutil.rmtree(self.directory / f"step-{step:08d}", ignore_errors=True)
+
+
+def _await_files(folder: Path, count: int, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(list(folder.glob("rank-*.json"))) < count:
+        if time.monotonic() > deadline:
+            raise OSError(f"only some of {count} ranks saved to {folder} in {timeout_s:.0f} s")
+        time.sleep(0.01)
 
 
 def _atomic_write(path: Path, data: bytes | memoryview) -> None:

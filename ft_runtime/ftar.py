@@ -5,9 +5,10 @@ same replica rank in the other member replicas, over a gloo group built per memb
 epoch on a fresh ``PrefixStore`` of the quorum's store (the controller hosts it, so it
 survives any rank). One all-reduce per step carries the gradient slice plus a small
 control vector, one slot per replica: whether it contributed a gradient, which of its
-batches, the newest epoch it has seen, its step and its presence. After the sum every
-member knows all of these, so the average is over actual contributors and the next epoch
-is agreed without another round trip.
+batches, the newest epoch it has seen, its step, its presence and how many control
+commands (``ctl/<n>``, written by the supervisor) it has seen. After the sum every member
+knows all of these, so the average is over actual contributors, and the next epoch and
+the commands to run after this step are agreed without another round trip.
 
 A failure of that all-reduce (a peer's "connection reset", the quorum marking the epoch
 broken, or a timeout as the last resort) fails the step for this rank; the replica's ranks
@@ -18,6 +19,7 @@ the gradient they kept, so replicas may legitimately be at different steps for a
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -30,11 +32,12 @@ import torch
 
 from ft_runtime import _dist as dist
 from ft_runtime.catchup import SnapshotServer
+from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
 from ft_runtime.errors import LeftQuorum
 from ft_runtime.quorum import Membership, key_broken, key_members, key_start
 from ft_runtime.rejoin import Apply, CatchUpClient, CatchUpSource
 
-_FIELDS = 5  # contributed, batch, epoch seen, step, present
+_FIELDS = 6  # contributed, batch, epoch seen, step, present, control commands seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +95,7 @@ class ReplicaComm:
             self.intra = dist.gloo_group(prefix, replica_rank, replica_size, intra_timeout_s)
         self.server = SnapshotServer(token=token)
         store.set(f"addr/{self.rank}", self.server.address)
-        self.membership = Membership.from_json(0, store.get(key_members(0)))
+        self.membership = self._latest()  # epoch 0, or the epoch a job restart published
         self._cross: dist.Group | None = None
         self._cross_epoch = -1
         self._pending: Membership | None = None
@@ -102,6 +105,17 @@ class ReplicaComm:
         self._catching_up: CatchUpClient | None = None
         self.replayed = 0
         self.source = CatchUpSource(store, self.server, replica, state_fn)
+        # Commands issued before this incarnation started are not this incarnation's.
+        self._ctl_done = int(store.add(KEY_COMMANDS, 0))
+        self._ctl_agreed = self._ctl_done
+
+    @property
+    def must_join(self) -> bool:
+        """Whether this replica has to catch up from a peer (it is not in the epoch); a
+        relaunched replica that is a member was relaunched with the whole job instead."""
+        return self.replica not in self.membership.members or self.replica in (
+            self.membership.joining
+        )
 
     # ---- joining -------------------------------------------------------------------------------
     def join(
@@ -109,10 +123,12 @@ class ReplicaComm:
         load: Callable[[dict[str, Any]], None],
         apply: Apply,
         timeout_s: float = 300.0,
+        ready: Callable[[], None] = lambda: None,
     ) -> int:
         """Catches up with a healthy peer without stalling it, then asks to be admitted.
 
         ``load`` receives the peer's snapshot; ``apply(update, lr)`` replays one logged step.
+        ``ready()`` runs once the state is loaded, just before asking to be admitted.
         Returns the first step this replica trains with the others; the first exchange
         from there sends a zero gradient.
         """
@@ -123,6 +139,7 @@ class ReplicaComm:
         step, state = client.snapshot(deadline)
         load(state)
         step = client.replay(step, None, apply, deadline)
+        ready()
         if self.replica_rank == 0:
             self.store.set(f"q/join/{self.replica}", str(self.incarnation))
         while True:  # keep up with the source until the quorum admits this replica
@@ -142,12 +159,29 @@ class ReplicaComm:
         self._catching_up = client
         return start
 
-    def next_batch(self, start: int = 0) -> int:
-        """This replica's first batch not yet trained (exactly-once accounting)."""
+    def next_batch(self, start: int = 0, replica: int | None = None) -> int:
+        """A replica's (this one's by default) first batch not yet trained (exactly-once
+        accounting); ``start`` is where to begin looking."""
+        replica = self.replica if replica is None else replica
         batch = start
-        while self.store.check([f"data/{self.replica}/{batch}"]):
+        while self.store.check([f"data/{replica}/{batch}"]):
             batch += 1
         return batch
+
+    def skip_batch(self, batch: int) -> None:
+        """Records that this replica skipped ``batch`` (it counts as consumed, untrained)."""
+        if self.replica_rank == 0:
+            self.store.set(f"data/{self.replica}/{batch}", "skipped")
+
+    def forget_batches(self, start: int) -> None:
+        """After a restore: batches from ``start`` on were trained into a state that is
+        gone, so they are this replica's to train again."""
+        if self.replica_rank != 0:
+            return
+        batch = start
+        while self.store.check([f"data/{self.replica}/{batch}"]):
+            self.store.delete_key(f"data/{self.replica}/{batch}")
+            batch += 1
 
     # ---- the exchange --------------------------------------------------------------------------
     def exchange(self, flat: torch.Tensor, step: int, batch: int) -> ExchangeResult:
@@ -178,19 +212,22 @@ class ReplicaComm:
             behind = ok and _steps(result, step) == "behind"
             aligned = ok and _steps(result, step) == "aligned"
             agreed = int(result[2].max().item()) if ok else 0
-            ok, agreed, behind = self._vote(aligned, agreed, behind)
+            commands = int(result[5].max().item()) if ok else 0
+            ok, agreed, behind, commands = self._vote(aligned, agreed, behind, commands)
             if behind:
                 raise LeftQuorum(f"replica {self.replica} is behind the others at step {step}")
             if ok:
                 break
             retries += 1
             self._await_next_epoch()
+        self._ctl_agreed = max(self._ctl_agreed, commands)
         return self._commit(flat, chunk, buffer[: kept.numel()], result, agreed, retries)
 
     def _control(self, contributing: bool, batch: int, step: int) -> torch.Tensor:
         control = torch.zeros(_FIELDS, self.num_replicas)
         seen = int(self.store.get("q/epoch"))
-        values = (float(contributing), float(batch), float(seen), float(step), 1.0)
+        commands = float(self.store.add(KEY_COMMANDS, 0))
+        values = (float(contributing), float(batch), float(seen), float(step), 1.0, commands)
         for field, value in enumerate(values):
             control[field, self.replica] = value
         return control.reshape(-1)
@@ -270,13 +307,36 @@ class ReplicaComm:
             step = int(self.store.get(f"hb/{self.rank}").decode().split()[0])
             self._announce_start(membership, step)
 
-    def _vote(self, ok: bool, agreed: int, behind: bool) -> tuple[bool, int, bool]:
+    def _vote(
+        self, ok: bool, agreed: int, behind: bool, commands: int
+    ) -> tuple[bool, int, bool, int]:
         """Phase one of the commit: every rank of the replica says whether it succeeded."""
         if self.intra is None:
-            return ok, agreed, behind
-        ballot = torch.tensor([float(ok), -float(agreed), -float(behind)])
+            return ok, agreed, behind, commands
+        ballot = torch.tensor([float(ok), -float(agreed), -float(behind), -float(commands)])
         self.intra.allreduce([ballot], _op(dist.ReduceOp.MIN)).wait()
-        return bool(ballot[0] > 0), int(-ballot[1]), bool(ballot[2] < 0)
+        return bool(ballot[0] > 0), int(-ballot[1]), bool(ballot[2] < 0), int(-ballot[3])
+
+    # ---- control commands ------------------------------------------------------------------
+    def commands(self) -> list[Command]:
+        """Commands every member agreed on in the last exchange and this rank has not run:
+        run them after this step's optimizer step, in order, then ``answer`` each."""
+        pending = [
+            Command.from_json(n, self.store.get(key_command(n)))
+            for n in range(self._ctl_done + 1, self._ctl_agreed + 1)
+        ]
+        self._ctl_done = self._ctl_agreed
+        return pending
+
+    def answer(self, command: Command, detail: Mapping[str, Any]) -> None:
+        """Rank 0 of the replica tells the supervisor what the command did here."""
+        if self.replica_rank == 0:
+            self.store.set(key_answer(command.number, self.replica), json.dumps(dict(detail)))
+
+    def barrier(self) -> None:
+        """Waits for every rank of this replica (checkpoint manifests need it)."""
+        if self.intra is not None:
+            self.intra.allreduce([torch.zeros(1)]).wait()
 
     def _cross_allreduce(self, buffer: torch.Tensor) -> bool:
         """Sums ``buffer`` over the epoch's members; False if the exchange failed."""

@@ -18,19 +18,35 @@ and retry in the next one); a join is proposed in a new epoch that the members a
 the next step boundary they agree on. A hung member is found from the heartbeats: the
 others have waited in the exchange for ``stall_factor`` times the median step time while
 it never entered.
+
+The coordinator is restartable. Every membership it decides is first recorded through a
+``MembershipLog`` (the run store, in Eagle Eye) and only then published; the store itself
+can live in a process of its own (``ft_runtime.storehost``). A coordinator started on the
+same log resumes at the newest recorded epoch, with the incarnations it was expecting, and
+numbers the next epoch from there, so ranks see one epoch sequence across the restart.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 
 from ft_runtime import _dist as dist
+from ft_runtime.membership import Membership, MembershipLog, QuorumRecord
+
+__all__ = [
+    "ENV_QUORUM",
+    "Membership",
+    "MembershipLog",
+    "QuorumRecord",
+    "QuorumService",
+    "key_broken",
+    "key_members",
+    "key_start",
+]
 
 ENV_QUORUM = "EAGLEEYE_QUORUM"
 """``host:port`` of the quorum's TCPStore; set for ranks of a replica-recovery job."""
@@ -48,29 +64,6 @@ def key_start(epoch: int) -> str:
     return f"q/{epoch}/start"
 
 
-@dataclass(frozen=True, slots=True)
-class Membership:
-    """One epoch: the replicas that exchange gradients, and those joining with zeros."""
-
-    epoch: int
-    members: tuple[int, ...]
-    joining: tuple[int, ...] = ()
-
-    def to_json(self) -> str:
-        return json.dumps({"members": list(self.members), "joining": list(self.joining)})
-
-    @classmethod
-    def from_json(cls, epoch: int, text: str | bytes) -> Membership:
-        data = json.loads(text)
-        return cls(epoch, tuple(data["members"]), tuple(data.get("joining", ())))
-
-    @property
-    def source(self) -> int:
-        """The replica a joiner fetches its state from: the lowest healthy member."""
-        healthy = [r for r in self.members if r not in self.joining]
-        return min(healthy) if healthy else -1
-
-
 class QuorumService:
     """Membership epochs for ``replicas`` replicas of ``replica_size`` ranks.
 
@@ -83,6 +76,10 @@ class QuorumService:
             this many median step times is hung.
         stall_floor_s: least waiting time that counts as a stall (noise guard).
         clock: wall-clock time, seconds.
+        log: where each membership is recorded before it is published; a service whose
+            log holds a record resumes from it instead of starting at epoch 0.
+        store_address: ``host:port`` of a store hosted elsewhere (``storehost``); without
+            it the service hosts the store itself.
     """
 
     def __init__(
@@ -94,6 +91,8 @@ class QuorumService:
         stall_factor: float = 1.5,
         stall_floor_s: float = 0.15,
         clock: Callable[[], float] = time.time,
+        log: MembershipLog | None = None,
+        store_address: str | None = None,
     ) -> None:
         self.replicas = replicas
         self.replica_size = replica_size
@@ -108,14 +107,34 @@ class QuorumService:
         self._step_times: deque[float] = deque(maxlen=64)
         self._last_hb: dict[int, tuple[int, float]] = {}
         self._incarnation: dict[int, int] = {}
+        self.log = log
+        self.store_address = store_address
+        self.resumed = False
 
     # ---- set-up ------------------------------------------------------------------------
     def start(self) -> str:
-        """Starts the store and publishes epoch 0 (every replica); returns ``host:port``."""
-        self.store = dist.TCPStore(
-            self.host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
-        )
-        self._publish(self.current)
+        """Connects to (or hosts) the store and publishes the current membership: epoch 0
+        with every replica, or the newest one the log holds. Returns ``host:port``."""
+        record = self.log.last() if self.log is not None else None
+        address = record.store_address if record is not None else self.store_address
+        if address is None:
+            self.store = dist.TCPStore(
+                self.host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
+            )
+        else:
+            host, _, port = address.rpartition(":")
+            self.host = host
+            self.store = dist.TCPStore(
+                host, int(port), is_master=False, timeout=timedelta(seconds=30)
+            )
+        if record is None:
+            self._publish(self.current)
+        else:
+            self.resumed = True
+            self._incarnation = dict(record.expected)
+            self.current = record.membership
+            self.history.append(record.membership)
+            self._announce(record.membership)
         return self.address
 
     @property
@@ -125,10 +144,18 @@ class QuorumService:
 
     def _publish(self, membership: Membership) -> None:
         assert self.store is not None
-        self.store.set(key_members(membership.epoch), membership.to_json())
-        self.store.set("q/epoch", str(membership.epoch))
+        if self.log is not None:  # recorded first: a restart never forgets a published epoch
+            self.log.record(
+                QuorumRecord(membership, self.address, dict(self._incarnation)), self.clock()
+            )
+        self._announce(membership)
         self.current = membership
         self.history.append(membership)
+
+    def _announce(self, membership: Membership) -> None:
+        assert self.store is not None
+        self.store.set(key_members(membership.epoch), membership.to_json())
+        self.store.set("q/epoch", str(membership.epoch))
 
     # ---- membership changes ------------------------------------------------------------------
     def remove(self, replica: int, reason: str) -> Membership | None:
@@ -147,9 +174,26 @@ class QuorumService:
         self._publish(Membership(self.current.epoch + 1, members, joining))
         return self.current
 
+    def restart_all(self, reason: str) -> Membership:
+        """A full-job restart: the current epoch breaks and the next one holds every replica
+        again, none joining (they all restore the same checkpoint)."""
+        assert self.store is not None, "start() the quorum service first"
+        self.store.set(key_broken(self.current.epoch), reason)
+        self._incarnation.clear()
+        for replica in range(self.replicas):
+            self.store.delete_key(f"q/join/{replica}")
+        self._step_times.clear()
+        self.forget_heartbeats(range(self.replicas * self.replica_size))
+        self._publish(Membership(self.current.epoch + 1, tuple(range(self.replicas))))
+        return self.current
+
     def expect(self, replica: int, incarnation: int) -> None:
         """A relaunched replica will ask to join as this incarnation."""
         self._incarnation[replica] = incarnation
+        if self.log is not None and self.store is not None:
+            self.log.record(
+                QuorumRecord(self.current, self.address, dict(self._incarnation)), self.clock()
+            )
 
     def poll_joins(self) -> Membership | None:
         """Admits replicas whose ranks said they are ready; returns the new epoch, if any."""

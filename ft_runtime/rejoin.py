@@ -44,7 +44,7 @@ class CatchUpSource:
     ) -> None:
         self.store, self.server, self.replica = store, server, replica
         self.state_fn = state_fn
-        self._seen = 0
+        self._seen = int(store.add("q/wants", 0))  # requests to earlier incarnations are done
         self._open: set[int] = set()
 
     def after_step(self, step: int, update: torch.Tensor, lr: float) -> None:

@@ -6,12 +6,17 @@ ranks are stopped, and a restart (asked for through the control protocol) relaun
 that replica, which catches up from a healthy peer. Each replica goes through
 launch → pre_check → running → recovering → evicted, recorded as lifecycle events; a
 restart budget per replica ends restart loops on a deterministic bug, and an evicted node
-gets no more ranks (its replicas move to spare nodes).
+gets no more ranks (its replicas move to spare nodes). When a replica's budget is spent, or
+fewer than the minimum replicas are left, the whole job restarts from its newest checkpoint
+(the last resort). Checkpoint, rollback and skip_batch reach the ranks as commands through
+the quorum's store (``ft_runtime.commands``), and the quorum's coordinator can be replaced
+by one that resumes from its membership log (``restart_coordinator``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import queue
@@ -20,12 +25,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
 from ft_runtime.layout import RankSpec
-from ft_runtime.quorum import ENV_QUORUM, QuorumService
+from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService
+from ft_runtime.storehost import StoreHost
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec, _Rank, _signal
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 
 log = logging.getLogger(__name__)
+ENV_BASE_NICE = "EAGLEEYE_BASE_NICE"
+"""Niceness a joining rank returns to once caught up (set when it starts lowered)."""
 
 
 class ReplicaSupervisor(JobSupervisor):
@@ -36,6 +45,12 @@ class ReplicaSupervisor(JobSupervisor):
         quorum: the membership service (started here).
         max_restarts: restart budget of each replica.
         clock: wall-clock time, seconds.
+        max_job_restarts: budget of full-job restarts from the newest checkpoint, the last
+            resort when a replica's budget is spent or too few replicas are left.
+        command_timeout_s: how long a control command (checkpoint, rollback, skip_batch)
+            waits for the replicas' answers.
+        joiner_nice: how much lower a relaunched replica's ranks run until they caught up
+            (0: not at all), so their start-up does not slow the replicas that train.
     """
 
     def __init__(
@@ -44,9 +59,16 @@ class ReplicaSupervisor(JobSupervisor):
         quorum: QuorumService,
         max_restarts: int = 3,
         clock: Callable[[], float] = time.time,
+        max_job_restarts: int = 1,
+        command_timeout_s: float = 30.0,
+        joiner_nice: int = 10,
     ) -> None:
         super().__init__(launch, max_restarts, clock)
         self.quorum = quorum
+        self.max_job_restarts = max_job_restarts
+        self.job_restarts = 0
+        self.command_timeout_s = command_timeout_s
+        self.joiner_nice = joiner_nice
         replicas = launch.layout.replicas
         self.incarnation = dict.fromkeys(range(replicas), 0)
         self.replica_restarts = dict.fromkeys(range(replicas), 0)
@@ -57,10 +79,15 @@ class ReplicaSupervisor(JobSupervisor):
         self._culprits: set[int] = set()
         self._clean: set[int] = set()
         self._lost: set[int] = set()
+        self.store_host: StoreHost | None = None
 
     # ---- launching ---------------------------------------------------------------------
     def start(self) -> None:
         self.attempt += 1
+        if self.quorum.log is not None and self.quorum.store_address is None:
+            # A coordinator with a log can restart: its store must not go down with it.
+            self.store_host = StoreHost(self.quorum.host, self.launch.python)
+            self.quorum.store_address = self.store_host.start()
         self.quorum.start()
         self._emit("job", Phase.LAUNCH, world_size=self.launch.layout.world_size)
         self._emit("quorum", Phase.RUNNING, epoch=0, members=list(self.quorum.current.members))
@@ -73,6 +100,7 @@ class ReplicaSupervisor(JobSupervisor):
         log_dir = Path(self.launch.log_dir) / f"replica-{replica}-{incarnation}"
         log_dir.mkdir(parents=True, exist_ok=True)
         specs = [self._placed(s) for s in self.launch.layout.ranks() if s.replica == replica]
+        joiner = incarnation > 0 and replica not in self.quorum.healthy
         self._emit(f"replica:{replica}", Phase.LAUNCH, incarnation=incarnation)
         self.replica_phase[replica] = Phase.PRE_CHECK
         for spec in specs:
@@ -85,7 +113,11 @@ class ReplicaSupervisor(JobSupervisor):
                 "EAGLEEYE_NODE": spec.node,
                 ENV_QUORUM: self.quorum.address,
             }
+            if joiner and self.joiner_nice:
+                env[ENV_BASE_NICE] = str(os.getpriority(os.PRIO_PROCESS, 0))
             rank = self._spawn(spec, env, log_dir / f"rank-{spec.rank}.log")
+            if joiner and self.joiner_nice:
+                _lower_priority(rank.process.pid, self.joiner_nice)
             rank.attempt = incarnation
             self._ranks[spec.rank] = rank
             self._clean.discard(spec.rank)
@@ -99,7 +131,9 @@ class ReplicaSupervisor(JobSupervisor):
         # Pre-check: the processes started on nodes that are not evicted.
         alive = all(self._ranks[s.rank].process.poll() is None for s in specs)
         self._emit(f"replica:{replica}", Phase.PRE_CHECK, passed=alive, nodes=_nodes(specs))
-        if incarnation == 0:  # a relaunched replica runs once the quorum admits it
+        # A relaunched replica runs once the quorum admits it; after a job restart every
+        # replica is a member at once.
+        if incarnation == 0 or replica in self.quorum.healthy:
             self.replica_phase[replica] = Phase.RUNNING
             self._emit(f"replica:{replica}", Phase.RUNNING, incarnation=incarnation)
 
@@ -120,7 +154,12 @@ class ReplicaSupervisor(JobSupervisor):
             if rank is None or attempt != rank.attempt or rank.expected_stop:
                 continue
             self._on_exit(rank, code, when)
-        for replica in self.quorum.stalled():
+        try:
+            stalled = self.quorum.stalled()
+        except RuntimeError as exc:  # the coordinator lost its store connection
+            self.restart_coordinator(f"coordinator failed: {exc}")
+            stalled = []
+        for replica in stalled:
             self.isolate(replica, "hung: never entered the exchange the others wait in")
         joined = self.quorum.poll_joins()
         if joined is not None:
@@ -204,10 +243,54 @@ class ReplicaSupervisor(JobSupervisor):
         return [r for r in self._ranks.values() if r.spec.replica == replica]
 
     def settle(self) -> list[LifecycleEvent]:
-        """Replica recovery never fails the job for one replica; ``poll`` decides the end."""
+        """Replica recovery never fails the job for one replica; ``poll`` decides the end.
+        After the tick's actions (replica restarts) ran: too few healthy replicas left
+        restart the whole job from its newest checkpoint."""
+        if self._wiped_out():
+            healthy = list(self.quorum.healthy)
+            self.restart_job(
+                f"wipe-out: {len(healthy)} healthy replicas {healthy}, "
+                f"fewer than the minimum of {max(1, self.quorum.min_replicas)}"
+            )
         return self._take_events()
 
     # ---- recovery ----------------------------------------------------------------------
+    def restart_coordinator(self, reason: str, log: MembershipLog | None = None) -> None:
+        """Replaces the quorum coordinator by a new one that resumes from ``log`` (by
+        default the old one's): its store address, newest epoch and expected joiners.
+
+        The ranks keep their store connection (the store lives in its own process) and
+        see the same epoch numbering; only the coordinator's heartbeat history restarts.
+        """
+        old = self.quorum
+        log = log or old.log
+        if log is None or log.last() is None:
+            raise RuntimeError(
+                "the coordinator cannot be restarted: it has no membership log with a record; "
+                "give the QuorumService a log (the run store) before start()"
+            )
+        old.close()
+        self.quorum = QuorumService(
+            old.replicas,
+            old.replica_size,
+            host=old.host,
+            min_replicas=old.min_replicas,
+            stall_factor=old.stall_factor,
+            stall_floor_s=old.stall_floor_s,
+            clock=old.clock,
+            log=log,
+        )
+        self.quorum.start()
+        current = self.quorum.current
+        self._emit(
+            "quorum",
+            Phase.RUNNING,
+            epoch=current.epoch,
+            members=list(current.members),
+            resumed=True,
+            reason=reason,
+        )
+
     def restart_replica(self, replica: int, reason: str) -> bool:
         """Relaunches one replica to catch up; False once its budget is spent (evicted)."""
         if self.replica_restarts[replica] >= self.max_restarts:
@@ -237,6 +320,50 @@ class ReplicaSupervisor(JobSupervisor):
         self._launch_replica(replica)
         return True
 
+    def restart_job(self, reason: str) -> bool:
+        """The last resort: every rank stops and the whole job starts again from its newest
+        checkpoint (the ranks load it). False once the job's own budget is spent, in which
+        case the job has failed."""
+        if self.job_restarts >= self.max_job_restarts:
+            self.stop_all()
+            self.phase = Phase.FAILED
+            self._emit(
+                "job",
+                Phase.FAILED,
+                reason=f"{reason}; full-job restart budget of {self.max_job_restarts} spent",
+            )
+            return False
+        self.phase = Phase.RECOVERING
+        self._emit("job", Phase.RECOVERING, reason=reason, source="newest checkpoint")
+        for rank in self._ranks.values():
+            rank.expected_stop = True
+            _signal(rank.process, signal.SIGCONT)
+            _signal(rank.process, signal.SIGKILL)
+        for rank in self._ranks.values():
+            rank.process.wait()
+        self.job_restarts += 1
+        self.restarts += 1
+        self.attempt += 1
+        membership = self.quorum.restart_all(reason)
+        self._emit(
+            "quorum", Phase.RUNNING, epoch=membership.epoch, members=list(membership.members)
+        )
+        self._failed_at.clear()
+        self._culprits.clear()
+        self._clean.clear()
+        for replica in range(self.launch.layout.replicas):
+            self.replica_restarts[replica] = 0
+            self.incarnation[replica] += 1
+            self._launch_replica(replica)
+        self.phase = Phase.RUNNING
+        return True
+
+    def _wiped_out(self) -> bool:
+        """Fewer healthy replicas than the minimum while the job is not done."""
+        if self.phase is not Phase.RUNNING or self.quorum.store is None:
+            return False
+        return len(self.quorum.healthy) < max(1, self.quorum.min_replicas)
+
     def evict(self, node: str, reason: str) -> list[int]:
         """Excludes a node from later launches; its replicas restart on spare nodes."""
         self.evicted_nodes.add(node)
@@ -246,7 +373,8 @@ class ReplicaSupervisor(JobSupervisor):
 
     # ---- the control protocol ------------------------------------------------------------
     def execute(self, action: Action) -> Outcome:
-        """Runtime protocol: restart(replica|rank), isolate(replica), evict(node), notify."""
+        """Runtime protocol: restart(replica|rank|job), isolate(replica), evict(node),
+        checkpoint, rollback(step:N|job), skip_batch(job|replica|rank), notify."""
         if action.key in self._done_keys:
             return self._outcome(action, OutcomeStatus.SKIPPED, "duplicate of an executed action")
         if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
@@ -259,6 +387,16 @@ class ReplicaSupervisor(JobSupervisor):
         if kind is ActionKind.EVICT and scope == "node":
             moved = self.evict(name, action.reason)
             return self._outcome(action, OutcomeStatus.DONE, f"node {name} evicted; moved {moved}")
+        if kind in (ActionKind.CHECKPOINT, ActionKind.ROLLBACK, ActionKind.SKIP_BATCH):
+            return self._command(action, scope, name)
+        if kind is ActionKind.RESTART and scope == "job":
+            if self.restart_job(action.reason):
+                return self._outcome(
+                    action,
+                    OutcomeStatus.DONE,
+                    f"restarted every replica from the newest checkpoint as attempt {self.attempt}",
+                )
+            return self._outcome(action, OutcomeStatus.FAILED, "full-job restart budget spent")
         replica = self._replica_of(scope, name)
         if replica is None:
             return self._outcome(
@@ -278,8 +416,16 @@ class ReplicaSupervisor(JobSupervisor):
                     f"replica {replica} is the only healthy one: nobody to catch up from",
                 )
             if not self.restart_replica(replica, action.reason):
+                spent = f"replica {replica} evicted: budget spent"
+                if self.restart_job(f"{spent}: {action.reason}"):
+                    return self._outcome(
+                        action,
+                        OutcomeStatus.DONE,
+                        f"{spent}; the whole job restarted from its newest checkpoint "
+                        f"as attempt {self.attempt}",
+                    )
                 return self._outcome(
-                    action, OutcomeStatus.FAILED, f"replica {replica} evicted: budget spent"
+                    action, OutcomeStatus.FAILED, f"{spent}; full-job restart budget spent"
                 )
             return self._outcome(
                 action,
@@ -288,6 +434,109 @@ class ReplicaSupervisor(JobSupervisor):
                 f"it catches up from replica {self.quorum.current.source}",
             )
         return self._outcome(action, OutcomeStatus.SKIPPED, f"{kind.value} not supported")
+
+    # ---- commands to the ranks ------------------------------------------------------------
+    def _command(self, action: Action, scope: str, name: str) -> Outcome:
+        """checkpoint (target job), rollback (target ``step:N``, or job for the newest
+        checkpoint), skip_batch (job: every replica; replica:R or rank:N: that replica)."""
+        kind = action.kind
+        step, replicas = -1, tuple[int, ...]()
+        if kind is ActionKind.ROLLBACK:
+            if scope == "step" and name.isdigit():
+                step = int(name)
+            elif action.target != "job":
+                return self._outcome(
+                    action,
+                    OutcomeStatus.FAILED,
+                    f"rollback target {action.target!r} is not step:N or job",
+                )
+            busy = [r for r, p in self.replica_phase.items() if p is Phase.RECOVERING]
+            if self.quorum.current.joining or busy:
+                return self._outcome(
+                    action,
+                    OutcomeStatus.SKIPPED,
+                    "a replica is catching up; roll back once it has rejoined",
+                )
+            step = step if step >= 0 else 2**62
+        elif kind is ActionKind.SKIP_BATCH and action.target != "job":
+            replica = self._replica_of(scope, name)
+            if replica is None:
+                return self._outcome(
+                    action,
+                    OutcomeStatus.FAILED,
+                    f"skip_batch target {action.target!r} is not job, replica:R or rank:N",
+                )
+            replicas = (replica,)
+        members = self.quorum.healthy
+        if not members:
+            return self._outcome(action, OutcomeStatus.FAILED, "no healthy replica to run it")
+        command = self.send_command(kind.value, step, replicas)
+        answers = self.await_answers(command, members)
+        return self._command_outcome(action, command, members, answers)
+
+    def send_command(self, kind: str, step: int = -1, replicas: tuple[int, ...] = ()) -> Command:
+        """Writes the next command; every member runs it after the step whose exchange
+        first carries it."""
+        store = self.quorum.store
+        assert store is not None, "start() the supervisor first"
+        command = Command(int(store.add(KEY_COMMANDS, 0)) + 1, kind, step, replicas)
+        store.set(key_command(command.number), command.to_json())
+        store.add(KEY_COMMANDS, 1)
+        return command
+
+    def await_answers(
+        self, command: Command, members: tuple[int, ...]
+    ) -> dict[int, dict[str, object]]:
+        """The members' answers to ``command``, as many as came within the timeout."""
+        store = self.quorum.store
+        assert store is not None
+        answers: dict[int, dict[str, object]] = {}
+        deadline = time.monotonic() + self.command_timeout_s
+        while len(answers) < len(members) and time.monotonic() < deadline:
+            for replica in members:
+                key = key_answer(command.number, replica)
+                if replica not in answers and store.check([key]):
+                    answers[replica] = json.loads(store.get(key))
+            time.sleep(0.01)
+        return answers
+
+    def _command_outcome(
+        self,
+        action: Action,
+        command: Command,
+        members: tuple[int, ...],
+        answers: dict[int, dict[str, object]],
+    ) -> Outcome:
+        missing = sorted(set(members) - set(answers))
+        if missing:
+            return self._outcome(
+                action,
+                OutcomeStatus.FAILED,
+                f"{command.kind} #{command.number}: no answer from replicas {missing} "
+                f"within {self.command_timeout_s:.0f} s",
+            )
+        errors = {r: a["error"] for r, a in answers.items() if "error" in a}
+        if errors:
+            return self._outcome(action, OutcomeStatus.FAILED, f"{command.kind}: {errors}")
+        if command.kind == "checkpoint":
+            saved = [(r, a) for r, a in answers.items() if int(str(a["saved"])) >= 0]
+            if not saved:
+                return self._outcome(action, OutcomeStatus.FAILED, "no replica saved")
+            replica, answer = saved[0]
+            return self._outcome(
+                action,
+                OutcomeStatus.DONE,
+                f"replica {replica} saved step {answer['saved']} to {answer['path']}",
+            )
+        if command.kind == "rollback":
+            restored = sorted({int(str(a["restored"])) for a in answers.values()})
+            return self._outcome(
+                action,
+                OutcomeStatus.DONE,
+                f"replicas {sorted(answers)} rolled back to the checkpoint of step {restored}",
+            )
+        skipped = {r: a["skipped"] for r, a in answers.items() if int(str(a["skipped"])) >= 0}
+        return self._outcome(action, OutcomeStatus.DONE, f"skipped batches {skipped}")
 
     def _replica_of(self, scope: str, name: str) -> int | None:
         try:
@@ -303,6 +552,29 @@ class ReplicaSupervisor(JobSupervisor):
     def stop_all(self) -> None:
         super().stop_all()
         self.quorum.close()
+        if self.store_host is not None:
+            self.store_host.close()
+
+
+def _lower_priority(pid: int, nice: int) -> None:
+    """A joiner's start-up (imports) and catch-up must not take CPU from the survivors."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    except OSError as exc:  # it exited already, or the system refuses
+        log.warning("could not lower the priority of joining rank pid %d: %s", pid, exc)
+
+
+def restore_priority() -> None:
+    """Called by a joining rank once caught up: back to the priority it was launched
+    with (``ENV_BASE_NICE``). Raising a priority may need privileges; without them the
+    rank stays lower and says so."""
+    base = os.environ.get(ENV_BASE_NICE)
+    if base is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, int(base))
+    except OSError as exc:
+        log.warning("joined at a lowered priority; could not restore it: %s", exc)
 
 
 def _nodes(specs: list[RankSpec]) -> list[str]:

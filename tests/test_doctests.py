@@ -34,6 +34,8 @@ MODULES = [
     "ft_runtime.layout",
     "ft_runtime.faults",
     "ft_runtime.testing",
+    "ft_runtime.membership",
+    "ft_runtime.commands",
 ]
 
 

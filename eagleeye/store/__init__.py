@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from eagleeye.store.memberships import StoreMembershipLog
 from eagleeye.store.reader import RunReader
 from eagleeye.store.runs import create_run_dir, new_run_id, newest_run
 from eagleeye.store.schema import SCHEMA_VERSION, migrate
@@ -12,6 +13,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "RunReader",
     "RunStore",
+    "StoreMembershipLog",
     "create_run_dir",
     "migrate",
     "new_run_id",

@@ -112,3 +112,10 @@ class RunReader:
 
     def faults(self) -> pd.DataFrame:
         return self.query("SELECT * FROM faults ORDER BY time")
+
+    def memberships(self) -> pd.DataFrame:
+        """The quorum coordinator's decisions: time, epoch, members, joining, expected."""
+        frame = self.query("SELECT * FROM memberships ORDER BY id")
+        for column in ("members", "joining", "expected"):
+            frame[column] = frame[column].map(json.loads)
+        return frame

@@ -54,6 +54,15 @@ MIGRATIONS: tuple[str, ...] = (
         kind TEXT NOT NULL, rank INTEGER, spec TEXT NOT NULL
     );
     """,
+    # version 2: the quorum coordinator's memberships, one row per decision, newest last
+    """
+    CREATE TABLE memberships (
+        id INTEGER PRIMARY KEY, time REAL NOT NULL, epoch INTEGER NOT NULL,
+        members TEXT NOT NULL, joining TEXT NOT NULL, expected TEXT NOT NULL,
+        store_address TEXT NOT NULL
+    );
+    CREATE INDEX memberships_by_epoch ON memberships (epoch);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -41,6 +41,10 @@ _SQL_CHECKPOINT = (
 )
 _SQL_FAULT = "INSERT INTO faults (time, step, attempt, kind, rank, spec) VALUES (?, ?, ?, ?, ?, ?)"
 _SQL_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+_SQL_MEMBERSHIP = (
+    "INSERT INTO memberships (time, epoch, members, joining, expected, store_address) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
 
 
 def connect(path: Path) -> sqlite3.Connection:
@@ -198,6 +202,48 @@ class RunStore:
     ) -> None:
         self._put(_SQL_FAULT, (time, step, attempt, kind, rank, spec))
 
+    def add_membership(
+        self,
+        time: float,
+        epoch: int,
+        members: Sequence[int],
+        joining: Sequence[int],
+        expected: dict[int, int],
+        store_address: str,
+    ) -> None:
+        """One decision of the quorum coordinator (``flush()`` to make it durable now)."""
+        row = (
+            time,
+            epoch,
+            json.dumps(list(members)),
+            json.dumps(list(joining)),
+            json.dumps({str(k): v for k, v in expected.items()}),
+            store_address,
+        )
+        self._put(_SQL_MEMBERSHIP, row)
+
+    def last_membership(self) -> dict[str, Any] | None:
+        """The newest committed membership row, or None (flushes first)."""
+        self.flush()
+        conn = connect(self.path)
+        try:
+            row = conn.execute(
+                "SELECT epoch, members, joining, expected, store_address FROM memberships "
+                "ORDER BY id DESC LIMIT 1"
+            ).fetchone()
+        finally:
+            conn.close()
+        if row is None:
+            return None
+        epoch, members, joining, expected, address = row
+        return {
+            "epoch": int(epoch),
+            "members": json.loads(members),
+            "joining": json.loads(joining),
+            "expected": {int(k): int(v) for k, v in json.loads(expected).items()},
+            "store_address": address,
+        }
+
     def set_meta(self, key: str, value: Any) -> None:
         self._put(_SQL_META, (key, json.dumps(value, default=str)))
 
@@ -281,6 +327,7 @@ _ORDER = [
     _SQL_EVENT,
     _SQL_CHECKPOINT,
     _SQL_FAULT,
+    _SQL_MEMBERSHIP,
 ]
 
 

@@ -5,6 +5,11 @@ across replicas the gradient goes through ``ft_runtime.ftar``'s fault-tolerant a
 A relaunched replica first catches up from a healthy peer and sends a zero gradient in its
 first exchange. Each replica reads its own stream of batches, and which batches it trained
 is recorded in the quorum's store, so a restart neither repeats nor skips one.
+
+The epoch's source replica checkpoints every ``--checkpoint-every`` steps (with every
+replica's data position); a job relaunched as a whole restores from the newest checkpoint,
+and the supervisor's commands (checkpoint, rollback, skip_batch) run at a step boundary
+every member agreed on.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import argparse
 import math
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,9 +31,12 @@ import eagleeye
 from eagleeye.workload.data import ShardedSampler
 from eagleeye.workload.model import GPT
 from ft_runtime import _dist as dist
+from ft_runtime.checkpoint import DiskCheckpointer
+from ft_runtime.commands import CHECKPOINT, ROLLBACK, Command
 from ft_runtime.ftar import ExchangeResult, ReplicaComm
 from ft_runtime.layout import ENV_CATCHUP_TOKEN
 from ft_runtime.quorum import ENV_QUORUM
+from ft_runtime.replica import restore_priority
 
 ENV_LR_SCALING = "EAGLEEYE_LR_SCALING"
 """``sqrt`` (default): lr × √(contributing/total replicas) while some are missing; ``none``."""
@@ -79,7 +89,8 @@ def train(
     """Trains to ``args.steps`` as one replica among others; returns the last local loss."""
     params = list(model.parameters())
     comm = connect(ee, model, optimizer)
-    start, joining = 0, comm.incarnation > 0
+    state = _Replica(ee, comm, model, optimizer, sampler)
+    start, joining = 0, comm.must_join
     if joining:
 
         def load(state: dict[str, Any]) -> None:
@@ -87,21 +98,29 @@ def train(
             optimizer.load_state_dict(state["optimizer"])
 
         began = time.perf_counter()
-        start = comm.join(load, lambda update, lr: _apply(params, optimizer, update, lr))
+        start = comm.join(
+            load,
+            lambda update, lr: _apply(params, optimizer, update, lr),
+            ready=restore_priority,  # launched at a lower priority, caught up now
+        )
         # the peer tier: a healthy replica's snapshot plus the steps replayed since
         seconds = f"{time.perf_counter() - began:.6f}"
         ee.hook.event("event.restore", float(start), tier="peer", seconds=seconds)
-    batch = comm.next_batch()
-    seek(sampler, batch)
+        state.seek(comm.next_batch())
+    elif comm.incarnation > 0:  # relaunched with the whole job: from the newest checkpoint
+        start = state.restore(None) + 1
+    else:
+        state.seek(comm.next_batch())
     loss_value = math.nan
-    for step in range(start, args.steps):
+    step = start
+    while step < args.steps:
         current["step"] = step
         began = time.perf_counter()
         ee.step_start(step)
         ee.faults.fire(step)
         loss = _local_gradient(ee, model, optimizer, sampler, step, joining)
         ee.faults.fire(step, "collective")
-        flat, result = _exchange(ee, comm, params, step, batch)
+        flat, result = _exchange(ee, comm, params, step, state.batch)
         with ee.section("optimizer"):
             lr = learning_rate(step, args) * result.lr_scale  # type: ignore[operator]
             grad_norm = _apply(params, optimizer, flat, lr)
@@ -120,14 +139,154 @@ def train(
         if loss is not None:
             loss_value = loss
             metrics |= {"loss": loss, "tokens": float(sampler.batch_size * sampler.block_size)}
-            metrics["batch"] = float(batch)
-            batch += 1
+            metrics["batch"] = float(state.batch)
+            state.batch += 1
         joining = False
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            state.checkpoint(step)
         time.sleep(max(0.0, args.step_floor_s - (time.perf_counter() - began)))
         ee.step_end(step, **metrics)
+        step = state.run_commands(step) + 1
+    state.flush()
     _save_params(args, ee, model)
     comm.close()
     return loss_value
+
+
+class _Replica:
+    """This rank's checkpoints and data position under replica recovery, and the control
+    commands that act on them (checkpoint, rollback, skip_batch).
+
+    Healthy replicas hold bitwise the same state, so one of them (the epoch's source, the
+    lowest healthy replica) saves for all; with the state go the data positions of every
+    replica (``marks``), so a restore resumes each replica's stream where that state left it.
+    """
+
+    def __init__(
+        self,
+        ee: eagleeye.RankSession,
+        comm: ReplicaComm,
+        model: GPT,
+        optimizer: torch.optim.Optimizer,
+        sampler: ShardedSampler,
+    ) -> None:
+        self.ee, self.comm, self.model, self.optimizer = ee, comm, model, optimizer
+        self.sampler = sampler
+        self.disk = DiskCheckpointer(
+            Path(ee.checkpoints.directory) / "replicas",
+            comm.replica_rank,
+            comm.replica_size,
+            barrier=None,  # replica rank 0 writes the manifest once every file is there
+            keep=ee.checkpoints.keep,
+        )
+        self.batch = 0
+        self._marks = [0] * comm.num_replicas
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._writes: list[Future[None]] = []
+
+    def seek(self, batch: int) -> None:
+        self.batch = batch
+        seek(self.sampler, batch)
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def checkpoint(self, step: int, done: Callable[[str], None] = lambda path: None) -> bool:
+        """Saves after ``step`` if this replica is the epoch's source: the loop waits only
+        for a memory copy, a background thread writes it (the others must not wait on the
+        disk, nor take a slow save for a hang). ``done(path)`` follows the write."""
+        if self.comm.membership.source != self.comm.replica:
+            return False
+        with self.ee.section("checkpoint"):
+            self._marks = [
+                self.comm.next_batch(mark, replica) for replica, mark in enumerate(self._marks)
+            ]
+            state = {
+                "model": _copied(self.model.state_dict()),
+                "optimizer": _copied(self.optimizer.state_dict()),
+                "marks": list(self._marks),
+            }
+        self._writes.append(self._writer.submit(self._write, state, step, done))
+        return True
+
+    def _write(self, state: dict[str, Any], step: int, done: Callable[[str], None]) -> None:
+        saved = self.disk.save(state, step)
+        self.ee.hook.event(
+            "event.checkpoint",
+            float(step),
+            tier="disk",
+            path=saved.path,
+            bytes=str(saved.nbytes),
+            seconds=f"{saved.seconds:.6f}",
+        )
+        done(saved.path)
+
+    def flush(self) -> None:
+        """Waits for the checkpoints being written; a failed write raises here."""
+        writes, self._writes = self._writes, []
+        for write in writes:
+            write.result()
+
+    def restore(self, at_most: int | None) -> int:
+        """Loads the newest checkpoint (no later than ``at_most``) and moves the data stream
+        back to it; returns its step, or -1 when there is none (a fresh start)."""
+        self.flush()
+        restored = self.disk.load(at_most)
+        if restored is None:
+            if at_most is not None:
+                return -2
+            self.comm.forget_batches(0)
+            self.seek(0)
+            return -1
+        step, state = restored
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._marks = [int(m) for m in state["marks"]]
+        mark = self._marks[self.comm.replica]
+        self.comm.barrier()  # every rank read the accounting before rank 0 rewrites it
+        self.comm.forget_batches(mark)
+        self.seek(mark)
+        self.ee.hook.event("event.restore", float(step), tier="disk")
+        return step
+
+    # ---- control commands ------------------------------------------------------------------
+    def run_commands(self, step: int) -> int:
+        """Runs the commands agreed in this step's exchange; returns the step that counts
+        as done (``step``, or the checkpoint's after a rollback)."""
+        for command in self.comm.commands():
+            if command.kind == CHECKPOINT:
+
+                def saved(path: str, command: Command = command, step: int = step) -> None:
+                    self.comm.answer(command, {"saved": step, "path": path})
+
+                if not self.checkpoint(step, saved):
+                    self.comm.answer(command, {"saved": -1, "path": ""})
+            elif command.kind == ROLLBACK:
+                restored = self.restore(command.step)
+                if restored == -2:
+                    self.comm.answer(
+                        command, {"error": f"no checkpoint at or before {command.step}"}
+                    )
+                    continue
+                self.comm.answer(command, {"restored": restored, "from": step})
+                step = restored
+            elif command.applies_to(self.comm.replica):  # skip_batch
+                self.comm.skip_batch(self.batch)
+                self.comm.answer(command, {"skipped": self.batch})
+                self.ee.hook.event("event.skip_batch", float(self.batch))
+                self.seek(self.batch + 1)
+            else:
+                self.comm.answer(command, {"skipped": -1})
+        return step
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy of a state dict's tensors (the loop goes on changing the originals)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def _local_gradient(

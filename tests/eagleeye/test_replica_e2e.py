@@ -93,13 +93,15 @@ def test_a_stopped_rank_is_found_from_heartbeats_and_its_replica_restarted(tmp_p
     assert drops[0]["reason"].startswith("hung")
     stop = RunReader(result.run_dir).faults().iloc[0]
     drop_time = quorum[[d.get("removed") == 2 for d in quorum["detail"]]]["time"].iloc[0]
-    # The bound is the design's (a step to arrive, the stall limit, a controller tick) with
-    # room for a loaded machine; the ratio to the step time is measured by the benchmark.
-    assert 0.0 < drop_time - stop["time"] < 2.0
+    # Detection delay in median step times (the pace before the stop), from the store: a
+    # step for the others to arrive, the stall limit, a controller tick.
+    steps = steps_table(result.run_dir)
+    before = steps[(steps["name"] == "step_time") & (steps["time"] < stop["time"])]
+    delay_steps = (drop_time - stop["time"]) / float(before["value"].median())
+    assert 0.0 < delay_steps <= 3.0
     phases = list(timeline[timeline["subject"] == "replica:2"]["phase"])
     assert "recovering" in phases
     assert phases[-1] == "running"
-    steps = steps_table(result.run_dir)
     for rank in (0, 1):
         survivor = steps[(steps["name"] == "step_time") & (steps["rank"] == rank)]
         assert sorted(survivor["step"]) == list(range(120))
