@@ -5,6 +5,11 @@ inside the current collective (``in_collective``, from per-rank collective enter
 events or a flight-recorder dump). When no rank has progressed for ``k`` times the median
 step time, the ranks that never entered the collective are the ones the others wait for:
 the wait-for graph's sinks. The finding names them (one rank, their node, or the job).
+
+In a live job, lifecycle frames keep it honest: a rank that exits (``exit_code``) leaves
+the wait-for graph (its death is a finding of its own), and a (re)launched rank
+(``launched``) gets ``startup_grace_s`` to reach its first step, so a restart in progress
+is not taken for a hang.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class CollectiveHang:
         k: silence, in median step times, that counts as a hang.
         min_silence_s: a floor on that silence, for very short steps.
         window: steps of step-time history for the median.
+        startup_grace_s: silence allowed while a launched rank has not stepped yet.
 
     >>> det = CollectiveHang(k=2.0)
     >>> from collector.types import Frame, Subject
@@ -43,12 +49,21 @@ class CollectiveHang:
 
     name = "collective_hang"
 
-    def __init__(self, k: float = 2.0, min_silence_s: float = 0.5, window: int = 64) -> None:
+    def __init__(
+        self,
+        k: float = 2.0,
+        min_silence_s: float = 0.5,
+        window: int = 64,
+        startup_grace_s: float = 120.0,
+    ) -> None:
         self.k, self.min_silence_s, self.window = k, min_silence_s, window
+        self.startup_grace_s = startup_grace_s
         self._layout = RankLayout()
         self._progress = np.zeros(0)
         self._step = np.zeros(0)
         self._joined = np.zeros(0, dtype=bool)
+        self._alive = np.zeros(0, dtype=bool)
+        self._starting = np.zeros(0, dtype=bool)
         self._step_times: deque[float] = deque(maxlen=window)
         self._fired = False
 
@@ -57,10 +72,20 @@ class CollectiveHang:
             return ()
         ranks = np.array([frame.subject.rank])
         nodes = np.array([frame.subject.node or ""], dtype=object)
+        replicas = np.array([frame.subject.replica or 0])
+        if "exit_code" in frame.values or "launched" in frame.values:
+            self._lifecycle(ranks, nodes, replicas, frame)
+            return ()
         step_time = frame.values.get("step_time", np.nan)
         joined = frame.values.get("in_collective", np.nan)
         self._update(
-            ranks, nodes, np.array([step_time]), np.array([joined]), frame.time, frame.step
+            ranks,
+            nodes,
+            np.array([step_time]),
+            np.array([joined]),
+            frame.time,
+            frame.step,
+            replicas,
         )
         if not np.isnan(step_time):
             self._step_times.append(float(step_time))
@@ -75,7 +100,13 @@ class CollectiveHang:
             batch.column("in_collective"),
             batch.time,
             batch.step,
+            batch.replicas,
         )
+        exited = batch.reported("exit_code")
+        if exited.any():  # exits leave the graph, as in ``process``
+            slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
+            rows = np.flatnonzero(exited)
+            self._alive[rows if slots is None else slots[rows]] = False
         typical = job_value(batch, "step_time")
         if typical is not None:
             self._step_times.append(typical)
@@ -89,23 +120,47 @@ class CollectiveHang:
         joined: np.ndarray,
         now: float,
         step: int | None,
+        replicas: np.ndarray | None = None,
     ) -> None:
-        slots = self._layout.rows_to_slots(ranks, nodes)
+        slots = self._slots(ranks, nodes, replicas, now)
         size = len(self._layout.ranks)
-        if len(self._progress) < size:
-            extra = size - len(self._progress)
-            self._progress = np.concatenate([self._progress, np.full(extra, now)])
-            self._step = np.concatenate([self._step, np.full(extra, np.nan)])
-            self._joined = np.concatenate([self._joined, np.zeros(extra, dtype=bool)])
         progressed = ~np.isnan(to_slots(step_time, slots, size))
         self._progress[progressed] = now
         self._step[progressed] = step if step is not None else np.nan
         self._joined[progressed] = False
+        self._alive[progressed] = True
+        self._starting[progressed] = False
         waiting = to_slots(joined, slots, size)
         known = ~np.isnan(waiting)
         self._joined[known] = waiting[known] > 0
         if progressed.any():
             self._fired = False
+
+    def _slots(
+        self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray | None, now: float
+    ) -> np.ndarray | None:
+        slots = self._layout.rows_to_slots(ranks, nodes, replicas)
+        extra = len(self._layout.ranks) - len(self._progress)
+        if extra > 0:
+            self._progress = np.concatenate([self._progress, np.full(extra, now)])
+            self._step = np.concatenate([self._step, np.full(extra, np.nan)])
+            self._joined = np.concatenate([self._joined, np.zeros(extra, dtype=bool)])
+            self._alive = np.concatenate([self._alive, np.ones(extra, dtype=bool)])
+            self._starting = np.concatenate([self._starting, np.zeros(extra, dtype=bool)])
+        return slots
+
+    def _lifecycle(
+        self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, frame: Frame
+    ) -> None:
+        """An exit takes the rank out of the graph; a launch starts its grace period."""
+        slots = self._slots(ranks, nodes, replicas, frame.time)
+        slot = 0 if slots is None else int(slots[0])
+        launched = "launched" in frame.values
+        self._alive[slot] = launched
+        self._starting[slot] = launched
+        self._joined[slot] = False
+        if launched:
+            self._progress[slot] = frame.time
 
     def silence_limit(self) -> float:
         """Seconds without progress that count as a hang."""
@@ -114,19 +169,22 @@ class CollectiveHang:
         return max(self.k * statistics.median(self._step_times), self.min_silence_s)
 
     def poll(self, now: float) -> Sequence[Finding]:
-        if self._fired or not len(self._progress):
+        if self._fired or not self._alive.any():
             return ()
-        last = float(self._progress.max())
-        silence, limit = now - last, self.silence_limit()
+        last = float(self._progress[self._alive].max())
+        limit = self.silence_limit()
+        if self._starting[self._alive].any():
+            limit = max(limit, self.startup_grace_s)
+        silence = now - last
         if silence < limit:
             return ()
         self._fired = True
-        missing = np.flatnonzero(~self._joined)
+        missing = np.flatnonzero(~self._joined & self._alive)
         subject = self._culprit(missing)
         evidence = {
             "silence_s": silence,
             "limit_s": limit,
-            "ranks_joined": float(self._joined.sum()),
+            "ranks_joined": float((self._joined & self._alive).sum()),
             "ranks_missing": float(len(missing)),
         }
         finite_steps = self._step[~np.isnan(self._step)]
@@ -144,13 +202,13 @@ class CollectiveHang:
 
     def _culprit(self, missing: np.ndarray) -> Subject:
         """The wait-for graph's sinks: one rank, their shared node, or the whole job."""
-        if len(missing) == 0 or len(missing) == len(self._joined):
+        if len(missing) == 0 or len(missing) == int(self._alive.sum()):
             return JOB
+        lay = self._layout
         if len(missing) == 1:
             slot = int(missing[0])
-            return Subject(
-                None, int(self._layout.ranks[slot]), str(self._layout.nodes[slot]) or None
-            )
+            node = str(lay.nodes[slot]) or None
+            return Subject(int(lay.replicas[slot]), int(lay.ranks[slot]), node)
         nodes = set(self._layout.nodes[missing].tolist())
         if len(nodes) == 1 and "" not in nodes:
             return Subject(None, None, str(nodes.pop()))

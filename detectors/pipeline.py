@@ -186,6 +186,7 @@ class DetectorPipeline:
         self.errors: dict[str, int] = {}
         self.raw_count = 0
         self._last_time: float | None = None
+        self._stepped = False
         self._logged: set[tuple[str, str]] = set()
 
     def process(self, frame: Frame) -> list[Finding]:
@@ -193,7 +194,15 @@ class DetectorPipeline:
         for det in self.detectors:
             raw += self._call(det, det.process, frame)
         self._last_time = frame.time
-        return self._fuse(raw, float(frame.step) if frame.step is not None else frame.time)
+        return self._fuse(raw, self._position(frame))
+
+    def _position(self, frame: Frame) -> float | None:
+        """The fusion clock: steps once any frame had one (a step-less lifecycle frame in a
+        stepped stream then moves nothing), else time."""
+        if frame.step is not None:
+            self._stepped = True
+            return float(frame.step)
+        return None if self._stepped else frame.time
 
     def process_step(self, batch: StepBatch) -> list[Finding]:
         """Runs every detector over one step of all ranks."""

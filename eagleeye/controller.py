@@ -79,6 +79,7 @@ class Controller:
             while not self.supervisor.finished:
                 self.tick()
             self._drain_telemetry(grace_s=0.5)
+            self._flush_detectors()
         finally:
             self.supervisor.stop_all()
             self.report.ended = self.clock()
@@ -121,6 +122,14 @@ class Controller:
                 findings.extend(_safely(detector.name, detector.poll, self.clock()))
         return findings
 
+    def _flush_detectors(self) -> None:
+        """End of the run: findings that detectors still hold (fusion's hold) come out."""
+        for detector in self.detectors:
+            flush = getattr(detector, "flush", None)
+            if flush is not None:
+                for finding in _safely(detector.name, lambda call: call(), flush):
+                    self._answer(finding)
+
     def _answer(self, finding: Finding) -> None:
         finding_id = self.store.add_finding(finding)
         self.report.findings.append(finding)
@@ -152,7 +161,9 @@ class Controller:
             samples = self.receiver.receive(timeout_s=0.1)
             if not samples:
                 break
-            ingest_samples(self.store, samples)
+            frames = ingest_samples(self.store, samples)
+            for finding in self._detect(frames + self._aggregate(frames), poll=False):
+                self._answer(finding)
 
 
 def _safely(name: str, call: Callable[[Any], Sequence[Finding]], arg: Any) -> Sequence[Finding]:

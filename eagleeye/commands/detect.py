@@ -29,6 +29,11 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="detector config TOML (default: $EAGLEEYE_DETECTORS_CONFIG or built-in)",
     )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="the detector set of live runs (for traces exported with `eagleeye eval export`)",
+    )
     p.set_defaults(func=_detect)
 
 
@@ -45,7 +50,12 @@ def _detect(args: argparse.Namespace) -> int:
                 f"{int(frame['is_anomaly'].sum())} anomalies in {len(frame)} rows", file=sys.stderr
             )
         else:
-            count = write_findings(detect_trace(args.input, load_config(args.config)), out)
+            config = load_config(args.config)
+            if args.live:
+                from eagleeye.detection import replay_config
+
+                config = replay_config()
+            count = write_findings(detect_trace(args.input, config), out)
             print(f"{count} findings", file=sys.stderr)
     finally:
         if args.output:
