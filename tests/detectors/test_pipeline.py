@@ -140,3 +140,19 @@ def test_frame_by_frame_pipeline_finds_every_fault_once() -> None:
     result = score_trace(trace, emitted)
     assert [m.window.kind for m in result.matches if not m.found] == []
     assert [e.finding.kind for e in result.false_findings] == []
+
+
+def test_a_stepless_lifecycle_frame_does_not_move_the_fusion_clock() -> None:
+    pipeline = DetectorPipeline([PeerOutlier(persistence=1, min_ranks=4)])
+    found = []
+    for step in range(3):
+        for rank in range(4):
+            compute = 300.0 if rank == 2 and step >= 1 else 100.0 + rank
+            frame = Frame(Subject(0, rank, "n0"), step, 1e9 + step, {"compute_ms": compute})
+            found += pipeline.process(frame)
+    assert found == []  # the finding of step 1 is held until step 3
+    launched = Frame(Subject(0, 1, "n0"), None, 2e9, {"launched": 1.0})
+    assert pipeline.process(launched) == []
+    for rank in range(4):
+        found += pipeline.process(Frame(Subject(0, rank, "n0"), 3, 1e9 + 3, {"compute_ms": 100.0}))
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 2, 1)]

@@ -74,7 +74,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _findings(run: Path) -> list[tuple[str, int | None]]:
     with RunReader(run) as reader:
         found = reader.findings()
-    return [(k, None if r != r else int(r)) for k, r in zip(found["kind"], found["rank"])]
+    return [
+        (k, None if r != r else int(r)) for k, r in zip(found["kind"], found["rank"], strict=True)
+    ]
 
 
 def test_a_healthy_run_records_no_finding_and_no_action(runs: dict[str, Path]) -> None:
@@ -117,7 +119,8 @@ def test_the_summary_shows_each_faults_finding_with_its_evidence(
     slow = answers["slow:rank=2"]
     assert (slow.finding, slow.subject) == ("slow_rank", "rank 2")
     assert slow.evidence["compute_ms"] > 5 * slow.evidence["compute_ms_peer_median"]
-    assert slow.delay_steps is not None and 0 <= slow.delay_steps <= 6
+    assert slow.delay_steps is not None
+    assert 0 <= slow.delay_steps <= 6
     spike = answers["loss_spike:rank=1"]
     assert (spike.finding, spike.subject) == ("loss_spike", "rank 1")
     assert spike.evidence["loss"] > 5 * spike.evidence["loss_baseline"]
