@@ -6,6 +6,12 @@ events or a flight-recorder dump). When no rank has progressed for ``k`` times t
 step time, the ranks that never entered the collective are the ones the others wait for:
 the wait-for graph's sinks. The finding names them (one rank, their node, or the job).
 
+PyTorch's flight-recorder dumps say the same more surely: the collector's
+``flight_record_events`` turns the dumps of all ranks into ``nccl_pending_collective``
+(this rank waits in a collective) and ``nccl_rank_behind`` (this rank never entered the
+collective its peers are in; value = its sequence number). Frames carrying them name the
+ranks directly; ranks named behind by the dumps are the culprits, whatever else reported.
+
 In a live job, lifecycle frames keep it honest: a rank that exits (``exit_code``) leaves
 the wait-for graph (its death is a finding of its own), and a (re)launched rank
 (``launched``) gets ``startup_grace_s`` to reach its first step, so a restart in progress
@@ -25,6 +31,10 @@ from detectors._layout import RankLayout, to_slots
 from detectors._series import job_value
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
+
+#: Features of flight-recorder events (see collector.nccl_hang).
+FR_BEHIND = "nccl_rank_behind"
+FR_PENDING = "nccl_pending_collective"
 
 
 class CollectiveHang:
@@ -64,6 +74,7 @@ class CollectiveHang:
         self._joined = np.zeros(0, dtype=bool)
         self._alive = np.zeros(0, dtype=bool)
         self._starting = np.zeros(0, dtype=bool)
+        self._behind = np.zeros(0)  # sequence number a dump says the rank never entered
         self._step_times: deque[float] = deque(maxlen=window)
         self._fired = False
 
@@ -75,6 +86,9 @@ class CollectiveHang:
         replicas = np.array([frame.subject.replica or 0])
         if "exit_code" in frame.values or "launched" in frame.values:
             self._lifecycle(ranks, nodes, replicas, frame)
+            return ()
+        if FR_BEHIND in frame.values or FR_PENDING in frame.values:
+            self._flight_record(ranks, nodes, replicas, frame)
             return ()
         step_time = frame.values.get("step_time", np.nan)
         joined = frame.values.get("in_collective", np.nan)
@@ -130,6 +144,7 @@ class CollectiveHang:
         self._joined[progressed] = False
         self._alive[progressed] = True
         self._starting[progressed] = False
+        self._behind[progressed] = np.nan
         waiting = to_slots(joined, slots, size)
         known = ~np.isnan(waiting)
         self._joined[known] = waiting[known] > 0
@@ -147,7 +162,20 @@ class CollectiveHang:
             self._joined = np.concatenate([self._joined, np.zeros(extra, dtype=bool)])
             self._alive = np.concatenate([self._alive, np.ones(extra, dtype=bool)])
             self._starting = np.concatenate([self._starting, np.zeros(extra, dtype=bool)])
+            self._behind = np.concatenate([self._behind, np.full(extra, np.nan)])
         return slots
+
+    def _flight_record(
+        self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, frame: Frame
+    ) -> None:
+        """A dump's word on one rank: it waits in a collective, or it never entered one."""
+        slots = self._slots(ranks, nodes, replicas, frame.time)
+        slot = 0 if slots is None else int(slots[0])
+        if FR_BEHIND in frame.values:
+            self._behind[slot] = frame.values[FR_BEHIND]
+            self._joined[slot] = False
+        elif np.isnan(self._behind[slot]):
+            self._joined[slot] = True
 
     def _lifecycle(
         self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, frame: Frame
@@ -179,7 +207,8 @@ class CollectiveHang:
         if silence < limit:
             return ()
         self._fired = True
-        missing = np.flatnonzero(~self._joined & self._alive)
+        behind = ~np.isnan(self._behind) & self._alive
+        missing = np.flatnonzero(behind if behind.any() else ~self._joined & self._alive)
         subject = self._culprit(missing)
         evidence = {
             "silence_s": silence,
@@ -187,6 +216,9 @@ class CollectiveHang:
             "ranks_joined": float((self._joined & self._alive).sum()),
             "ranks_missing": float(len(missing)),
         }
+        if behind.any():  # the flight recorder named them
+            evidence["flight_recorder"] = 1.0
+            evidence["never_entered_seq"] = float(np.nanmin(self._behind[behind]))
         finite_steps = self._step[~np.isnan(self._step)]
         if len(finite_steps):
             evidence["last_step"] = float(finite_steps.max())

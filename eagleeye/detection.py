@@ -16,13 +16,15 @@ makes step and section times noisy, and a soft finding on a healthy run is a fal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from collector.types import Frame
+from collector.frames import subject_of
+from collector.types import Frame, Sample
 from detectors.base import Detector
 from detectors.config import DetectorsConfig, DetectorSpec
 from detectors.fusion import FusionPolicy
+from detectors.hang import FR_BEHIND, FR_PENDING
 from detectors.pipeline import DetectorPipeline
 from detectors.progress import ProgressStall
 from detectors.rules import NonFiniteLoss, ProcessExit
@@ -93,6 +95,17 @@ def peer_features(values: Mapping[str, float]) -> dict[str, float]:
         own = values["step_time"] - comm - data - values.get("section.checkpoint", 0.0)
         out["compute_ms"] = 1000.0 * max(own, 0.0)
     return out
+
+
+def flight_record_frames(samples: Iterable[Sample]) -> list[Frame]:
+    """Frames for the collective-hang detector from flight-recorder event samples
+    (``collector.nccl_hang``): one per rank a dump says waits in, or never entered, the
+    collective of the hang."""
+    return [
+        Frame(subject_of(s.labels), None, s.time, {s.name: s.value})
+        for s in samples
+        if s.name in (FR_BEHIND, FR_PENDING) and "rank" in s.labels
+    ]
 
 
 @dataclass

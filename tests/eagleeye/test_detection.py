@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from collector.nccl import read_flight_record
+from collector.nccl_hang import flight_record_events
 from collector.types import Frame, Subject
+from detectors.hang import CollectiveHang
 from detectors.types import Severity
 from eagleeye.cli import main
-from eagleeye.detection import FusedDetectors, live_config, live_detectors, peer_features
+from eagleeye.detection import (
+    FusedDetectors,
+    flight_record_frames,
+    live_config,
+    live_detectors,
+    peer_features,
+)
 from eagleeye.errors import EagleEyeError
 from eagleeye.recorded import recorded_trace
 from eagleeye.store import RunStore
@@ -84,3 +95,30 @@ def test_export_of_a_run_without_steps_is_a_clear_error(tmp_path) -> None:
 def test_export_wants_a_trace_file_name(tmp_path, capsys) -> None:
     assert main(["eval", "export", str(tmp_path), str(tmp_path / "out.txt")]) == 2
     assert "OUT must end in .csv or .parquet" in capsys.readouterr().err
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
+
+
+def _hung_job(dumps: bool) -> list:
+    """Three ranks step, then hang; none of them reports its collective waits."""
+    det = CollectiveHang(k=2.0)
+    for step in range(5):
+        for rank in range(3):
+            det.process(Frame(Subject(0, rank, "n0"), step, float(step), {"step_time": 1.0}))
+    if dumps:
+        records = [read_flight_record(FIXTURES / f"nccl_trace_rank_{r}.json") for r in range(3)]
+        events = flight_record_events(records, time=5.0).events
+        for frame in flight_record_frames(e.to_sample() for e in events):
+            det.process(frame)
+    return list(det.poll(10.0))
+
+
+def test_flight_recorder_dumps_name_the_rank_that_never_joined() -> None:
+    (blind,) = _hung_job(dumps=False)
+    assert str(blind.subject) == "job"  # nobody said who waits: the whole job
+    (found,) = _hung_job(dumps=True)
+    assert (found.kind, found.subject.rank) == ("hang", 1)
+    assert found.evidence["flight_recorder"] == 1.0
+    assert found.evidence["never_entered_seq"] == 5.0
+    assert found.evidence["ranks_joined"] == 2.0
