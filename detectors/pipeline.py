@@ -66,6 +66,16 @@ class Fuser:
         self.incidents.append(Incident(finding, now, released=False, opened_at=now))
         return self._release_critical()
 
+    def note(self, finding: Finding) -> None:
+        """Takes a finding released outside fusion (a hard rule answered at once) as an
+        open incident: it explains the symptoms near it and absorbs later findings of the
+        same fault, and is not released again. Findings without a step are ignored: the
+        fusion clock counts steps."""
+        if finding.step is None:
+            return
+        now = when(finding)
+        self.incidents.append(Incident(finding, now, released=True, opened_at=now))
+
     def _absorb(self, inc: Incident, finding: Finding, now: float) -> bool:
         """Merges into an open incident; False when the finding escalates a released one."""
         inc.last_step = now
@@ -203,6 +213,10 @@ class DetectorPipeline:
             self._stepped = True
             return float(frame.step)
         return None if self._stepped else frame.time
+
+    def note(self, finding: Finding) -> None:
+        """A finding raised outside the pipeline; see ``Fuser.note``."""
+        self.fuser.note(finding)
 
     def process_step(self, batch: StepBatch) -> list[Finding]:
         """Runs every detector over one step of all ranks."""

@@ -116,11 +116,25 @@ class Controller:
                 self._last_step[frame.subject.rank] = frame.step
         findings: list[Finding] = []
         for detector in self.detectors:
+            found: list[Finding] = []
             for frame in frames:
-                findings.extend(_safely(detector.name, detector.process, frame))
+                found.extend(_safely(detector.name, detector.process, frame))
             if poll:
-                findings.extend(_safely(detector.name, detector.poll, self.clock()))
+                found.extend(_safely(detector.name, detector.poll, self.clock()))
+            self._share(detector, found)
+            findings.extend(found)
         return findings
+
+    def _share(self, source: Detector, found: list[Finding]) -> None:
+        """Detectors that take note of others' findings (fusion) see them."""
+        for detector in self.detectors:
+            note = getattr(detector, "note", None)
+            if note is not None and detector is not source:
+                try:
+                    for finding in found:
+                        note(finding)
+                except Exception:
+                    log.exception("detector %s failed to take note of a finding", detector.name)
 
     def _flush_detectors(self) -> None:
         """End of the run: findings that detectors still hold (fusion's hold) come out."""

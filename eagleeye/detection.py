@@ -127,6 +127,12 @@ class FusedDetectors:
     def poll(self, now: float) -> list[Finding]:
         return self.pipeline.poll(now)
 
+    def note(self, finding: Finding) -> None:
+        """A finding of the unfused tier: it explains this tier's symptoms of the same
+        fault (a throughput drop after a kill) and absorbs its duplicates (the collective
+        hang of a rank the stall detector already named)."""
+        self.pipeline.note(finding)
+
     def flush(self) -> list[Finding]:
         """End of the run: the last buffered step is compared and held findings released."""
         return self.pipeline.flush()

@@ -156,3 +156,14 @@ def test_a_stepless_lifecycle_frame_does_not_move_the_fusion_clock() -> None:
     for rank in range(4):
         found += pipeline.process(Frame(Subject(0, rank, "n0"), 3, 1e9 + 3, {"compute_ms": 100.0}))
     assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 2, 1)]
+
+
+def test_a_finding_noted_from_outside_explains_symptoms_and_absorbs_duplicates() -> None:
+    fuser = Fuser()
+    fuser.note(_f("hang", R3, 10, Severity.CRITICAL))
+    assert fuser.add(_f("hang", R3, 10, Severity.CRITICAL)) == []  # the same fault again
+    assert fuser.add(_f("throughput_drop", JOB, 12, steps_shifted=2.0)) == []
+    assert fuser.tick(40.0) == []
+    assert [f.kind for f in fuser.add(_f("hang", Subject(0, 1, "n0"), 11, Severity.CRITICAL))] == [
+        "hang"
+    ]  # another rank is another fault
