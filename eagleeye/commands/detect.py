@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagleeye.errors import EagleEyeError
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -50,6 +52,8 @@ def _detect(args: argparse.Namespace) -> int:
                 f"{int(frame['is_anomaly'].sum())} anomalies in {len(frame)} rows", file=sys.stderr
             )
         else:
+            if args.live and args.config:
+                raise EagleEyeError("--live and --config both choose the detectors; give one")
             config = load_config(args.config)
             if args.live:
                 from eagleeye.detection import replay_config
