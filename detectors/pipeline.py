@@ -38,12 +38,15 @@ class Fuser:
         self.suppressed = 0
         self._opened: dict[Subject, deque[float]] = {}
         self._history: deque[Incident] = deque(maxlen=1024)  # closed incidents, for symptoms
+        self._noted: list[Incident] = []  # findings released outside fusion
 
     def add(self, finding: Finding) -> list[Finding]:
         """Takes one raw finding; returns the findings released now."""
         now = when(finding)
         self._expire(now)
         if finding.kind in SYMPTOMS and self._explained(finding, now):
+            return []
+        if self._noted_already(finding, now):
             return []
         if finding.kind not in SYMPTOMS:
             finding = self._absorb_held_symptoms(finding)
@@ -67,14 +70,29 @@ class Fuser:
         return self._release_critical()
 
     def note(self, finding: Finding) -> None:
-        """Takes a finding released outside fusion (a hard rule answered at once) as an
-        open incident: it explains the symptoms near it and absorbs later findings of the
-        same fault, and is not released again. Findings without a step are ignored: the
+        """Takes a finding released outside fusion (a hard rule answered at once): it
+        explains the symptoms near it, and a finding of the same kind about the same subject
+        within ``clear_steps`` is its duplicate and is dropped. Other kinds on that subject
+        are other faults and go on as usual. Findings without a step are ignored: the
         fusion clock counts steps."""
         if finding.step is None:
             return
         now = when(finding)
-        self.incidents.append(Incident(finding, now, released=True, opened_at=now))
+        noted = Incident(finding, now, released=True, opened_at=now)
+        self._history.append(noted)  # where symptoms look for their cause
+        self._noted.append(noted)
+
+    def _noted_already(self, finding: Finding, now: float) -> bool:
+        """Whether a noted finding of the same kind about the same subject covers it."""
+        self._noted = [i for i in self._noted if now - i.last_step <= self.policy.clear_steps]
+        return any(
+            i.finding.kind == finding.kind
+            and (
+                covers(i.finding.subject, finding.subject)
+                or covers(finding.subject, i.finding.subject)
+            )
+            for i in self._noted
+        )
 
     def _absorb(self, inc: Incident, finding: Finding, now: float) -> bool:
         """Merges into an open incident; False when the finding escalates a released one."""

@@ -167,3 +167,10 @@ def test_a_finding_noted_from_outside_explains_symptoms_and_absorbs_duplicates()
     assert [f.kind for f in fuser.add(_f("hang", Subject(0, 1, "n0"), 11, Severity.CRITICAL))] == [
         "hang"
     ]  # another rank is another fault
+
+
+def test_a_noted_finding_absorbs_only_its_own_kind() -> None:
+    fuser = Fuser()
+    fuser.note(_f("nan", R3, 25, Severity.CRITICAL))
+    assert fuser.add(_f("loss_spike", R3, 32)) == []  # held, not absorbed
+    assert [f.kind for f in fuser.tick(34.0)] == ["loss_spike"]
