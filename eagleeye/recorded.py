@@ -5,7 +5,7 @@ holds every rank's step report, collective timings, process exits and the faults
 ``recorded_trace`` turns them into the labelled trace format of docs/trace-format.md, so
 ``eagleeye eval trace`` and ``eagleeye detect`` score the detectors on real runs.
 
-Rows: each completed step of each attempt is one observation at the time its last rank
+Rows: each completed step of each attempt is one observation at the time its first rank
 reported it (peers are compared within it); a report of a rank waiting in an open
 collective (``in_collective``, 1 while it waits) and a process exit (``exit_code``) are
 observations of their own, at their own time, on the step the rank was in. The peer
@@ -84,7 +84,7 @@ def _places(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 def _step_rows(steps: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
-    """Completed steps, one observation per (attempt, step) at its last rank's time."""
+    """Completed steps, one observation per (attempt, step) at its first rank's time."""
     steps = steps.fillna({"attempt": 0}).astype({"step": int, "rank": int, "attempt": int})
     spent: dict[Any, float] = {}
     if not collectives.empty:
@@ -93,7 +93,9 @@ def _step_rows(steps: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
             [table["attempt"].astype(int), table["step"].astype(int), table["rank"].astype(int)]
         )
         spent = {key: float(value) for key, value in durations.sum().items()}
-    done = steps[steps["name"] == "step_time"].groupby(["attempt", "step"])["time"].max()
+    # A step is observed when its first rank reported it: the stall detector counts each
+    # rank's silence from its own last step, and a replay must not see less of it.
+    done = steps[steps["name"] == "step_time"].groupby(["attempt", "step"])["time"].min()
     ended: dict[Any, float] = {key: float(value) for key, value in done.items()}
     rows: list[tuple[float, Any, Any, str, float]] = []
     for key, group in steps.groupby(_KEYS, sort=False):
