@@ -5,6 +5,17 @@ inside the current collective (``in_collective``, from per-rank collective enter
 events or a flight-recorder dump). When no rank has progressed for ``k`` times the median
 step time, the ranks that never entered the collective are the ones the others wait for:
 the wait-for graph's sinks. The finding names them (one rank, their node, or the job).
+
+PyTorch's flight-recorder dumps say the same more surely: the collector's
+``flight_record_events`` turns the dumps of all ranks into ``nccl_pending_collective``
+(this rank waits in a collective) and ``nccl_rank_behind`` (this rank never entered the
+collective its peers are in; value = its sequence number). Frames carrying them name the
+ranks directly; ranks named behind by the dumps are the culprits, whatever else reported.
+
+In a live job, lifecycle frames keep it honest: a rank that exits (``exit_code``) leaves
+the wait-for graph (its death is a finding of its own), and a (re)launched rank
+(``launched``) gets ``startup_grace_s`` to reach its first step, so a restart in progress
+is not taken for a hang.
 """
 
 from __future__ import annotations
@@ -21,6 +32,10 @@ from detectors._series import job_value
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
 
+#: Features of flight-recorder events (see collector.nccl_hang).
+FR_BEHIND = "nccl_rank_behind"
+FR_PENDING = "nccl_pending_collective"
+
 
 class CollectiveHang:
     """Fires ``hang`` on a stalled job, localised to the ranks that never joined.
@@ -29,6 +44,7 @@ class CollectiveHang:
         k: silence, in median step times, that counts as a hang.
         min_silence_s: a floor on that silence, for very short steps.
         window: steps of step-time history for the median.
+        startup_grace_s: silence allowed while a launched rank has not stepped yet.
 
     >>> det = CollectiveHang(k=2.0)
     >>> from collector.types import Frame, Subject
@@ -43,12 +59,22 @@ class CollectiveHang:
 
     name = "collective_hang"
 
-    def __init__(self, k: float = 2.0, min_silence_s: float = 0.5, window: int = 64) -> None:
+    def __init__(
+        self,
+        k: float = 2.0,
+        min_silence_s: float = 0.5,
+        window: int = 64,
+        startup_grace_s: float = 120.0,
+    ) -> None:
         self.k, self.min_silence_s, self.window = k, min_silence_s, window
+        self.startup_grace_s = startup_grace_s
         self._layout = RankLayout()
         self._progress = np.zeros(0)
         self._step = np.zeros(0)
         self._joined = np.zeros(0, dtype=bool)
+        self._alive = np.zeros(0, dtype=bool)
+        self._starting = np.zeros(0, dtype=bool)
+        self._behind = np.zeros(0)  # sequence number a dump says the rank never entered
         self._step_times: deque[float] = deque(maxlen=window)
         self._fired = False
 
@@ -57,10 +83,23 @@ class CollectiveHang:
             return ()
         ranks = np.array([frame.subject.rank])
         nodes = np.array([frame.subject.node or ""], dtype=object)
+        replicas = np.array([frame.subject.replica or 0])
+        if "exit_code" in frame.values or "launched" in frame.values:
+            self._lifecycle(ranks, nodes, replicas, frame)
+            return ()
+        if FR_BEHIND in frame.values or FR_PENDING in frame.values:
+            self._flight_record(ranks, nodes, replicas, frame)
+            return ()
         step_time = frame.values.get("step_time", np.nan)
         joined = frame.values.get("in_collective", np.nan)
         self._update(
-            ranks, nodes, np.array([step_time]), np.array([joined]), frame.time, frame.step
+            ranks,
+            nodes,
+            np.array([step_time]),
+            np.array([joined]),
+            frame.time,
+            frame.step,
+            replicas,
         )
         if not np.isnan(step_time):
             self._step_times.append(float(step_time))
@@ -75,7 +114,13 @@ class CollectiveHang:
             batch.column("in_collective"),
             batch.time,
             batch.step,
+            batch.replicas,
         )
+        exited = batch.reported("exit_code")
+        if exited.any():  # exits leave the graph, as in ``process``
+            slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
+            rows = np.flatnonzero(exited)
+            self._alive[rows if slots is None else slots[rows]] = False
         typical = job_value(batch, "step_time")
         if typical is not None:
             self._step_times.append(typical)
@@ -89,23 +134,61 @@ class CollectiveHang:
         joined: np.ndarray,
         now: float,
         step: int | None,
+        replicas: np.ndarray | None = None,
     ) -> None:
-        slots = self._layout.rows_to_slots(ranks, nodes)
+        slots = self._slots(ranks, nodes, replicas, now)
         size = len(self._layout.ranks)
-        if len(self._progress) < size:
-            extra = size - len(self._progress)
-            self._progress = np.concatenate([self._progress, np.full(extra, now)])
-            self._step = np.concatenate([self._step, np.full(extra, np.nan)])
-            self._joined = np.concatenate([self._joined, np.zeros(extra, dtype=bool)])
         progressed = ~np.isnan(to_slots(step_time, slots, size))
         self._progress[progressed] = now
         self._step[progressed] = step if step is not None else np.nan
         self._joined[progressed] = False
+        self._alive[progressed] = True
+        self._starting[progressed] = False
+        self._behind[progressed] = np.nan
         waiting = to_slots(joined, slots, size)
         known = ~np.isnan(waiting)
         self._joined[known] = waiting[known] > 0
         if progressed.any():
             self._fired = False
+
+    def _slots(
+        self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray | None, now: float
+    ) -> np.ndarray | None:
+        slots = self._layout.rows_to_slots(ranks, nodes, replicas)
+        extra = len(self._layout.ranks) - len(self._progress)
+        if extra > 0:
+            self._progress = np.concatenate([self._progress, np.full(extra, now)])
+            self._step = np.concatenate([self._step, np.full(extra, np.nan)])
+            self._joined = np.concatenate([self._joined, np.zeros(extra, dtype=bool)])
+            self._alive = np.concatenate([self._alive, np.ones(extra, dtype=bool)])
+            self._starting = np.concatenate([self._starting, np.zeros(extra, dtype=bool)])
+            self._behind = np.concatenate([self._behind, np.full(extra, np.nan)])
+        return slots
+
+    def _flight_record(
+        self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, frame: Frame
+    ) -> None:
+        """A dump's word on one rank: it waits in a collective, or it never entered one."""
+        slots = self._slots(ranks, nodes, replicas, frame.time)
+        slot = 0 if slots is None else int(slots[0])
+        if FR_BEHIND in frame.values:
+            self._behind[slot] = frame.values[FR_BEHIND]
+            self._joined[slot] = False
+        elif np.isnan(self._behind[slot]):
+            self._joined[slot] = True
+
+    def _lifecycle(
+        self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, frame: Frame
+    ) -> None:
+        """An exit takes the rank out of the graph; a launch starts its grace period."""
+        slots = self._slots(ranks, nodes, replicas, frame.time)
+        slot = 0 if slots is None else int(slots[0])
+        launched = "launched" in frame.values
+        self._alive[slot] = launched
+        self._starting[slot] = launched
+        self._joined[slot] = False
+        if launched:
+            self._progress[slot] = frame.time
 
     def silence_limit(self) -> float:
         """Seconds without progress that count as a hang."""
@@ -114,21 +197,28 @@ class CollectiveHang:
         return max(self.k * statistics.median(self._step_times), self.min_silence_s)
 
     def poll(self, now: float) -> Sequence[Finding]:
-        if self._fired or not len(self._progress):
+        if self._fired or not self._alive.any():
             return ()
-        last = float(self._progress.max())
-        silence, limit = now - last, self.silence_limit()
+        last = float(self._progress[self._alive].max())
+        limit = self.silence_limit()
+        if self._starting[self._alive].any():
+            limit = max(limit, self.startup_grace_s)
+        silence = now - last
         if silence < limit:
             return ()
         self._fired = True
-        missing = np.flatnonzero(~self._joined)
+        behind = ~np.isnan(self._behind) & self._alive
+        missing = np.flatnonzero(behind if behind.any() else ~self._joined & self._alive)
         subject = self._culprit(missing)
         evidence = {
             "silence_s": silence,
             "limit_s": limit,
-            "ranks_joined": float(self._joined.sum()),
+            "ranks_joined": float((self._joined & self._alive).sum()),
             "ranks_missing": float(len(missing)),
         }
+        if behind.any():  # the flight recorder named them
+            evidence["flight_recorder"] = 1.0
+            evidence["never_entered_seq"] = float(np.nanmin(self._behind[behind]))
         finite_steps = self._step[~np.isnan(self._step)]
         if len(finite_steps):
             evidence["last_step"] = float(finite_steps.max())
@@ -144,13 +234,13 @@ class CollectiveHang:
 
     def _culprit(self, missing: np.ndarray) -> Subject:
         """The wait-for graph's sinks: one rank, their shared node, or the whole job."""
-        if len(missing) == 0 or len(missing) == len(self._joined):
+        if len(missing) == 0 or len(missing) == int(self._alive.sum()):
             return JOB
+        lay = self._layout
         if len(missing) == 1:
             slot = int(missing[0])
-            return Subject(
-                None, int(self._layout.ranks[slot]), str(self._layout.nodes[slot]) or None
-            )
+            node = str(lay.nodes[slot]) or None
+            return Subject(int(lay.replicas[slot]), int(lay.ranks[slot]), node)
         nodes = set(self._layout.nodes[missing].tolist())
         if len(nodes) == 1 and "" not in nodes:
             return Subject(None, None, str(nodes.pop()))

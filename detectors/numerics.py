@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from collector.types import Frame, Subject
+import numpy as np
+
+from collector.types import JOB, Frame, Subject
 from detectors._series import JobSeries, RobustWindow, finite
+from detectors.errors import DetectorError
+from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
 
 
@@ -25,7 +29,9 @@ class SeriesSpike(JobSeries):
     robust standard deviations *and* by ``min_ratio`` times the median (so a flat, noiseless
     series does not fire on rounding). Spikes are not learned (the baseline stays clean);
     after firing, the detector re-arms once ``clear`` consecutive values are normal again.
-    In step mode it watches the job-wide value (the median over ranks).
+    In step mode it watches the job-wide value: the median over ranks, or with
+    ``reduce="max"`` the highest rank's value, so a spike on one rank (its bad batch) is
+    seen too and the finding names that rank.
 
     >>> det = SeriesSpike("loss", "loss_spike", warmup=5)
     >>> from collector.types import Frame, JOB
@@ -44,7 +50,11 @@ class SeriesSpike(JobSeries):
         window: int = 64,
         warmup: int = 10,
         clear: int = 5,
+        reduce: str = "median",
     ) -> None:
+        if reduce not in ("median", "max"):
+            raise DetectorError(f"reduce must be 'median' or 'max', got {reduce!r}")
+        self.reduce = reduce
         self.feature, self.kind = feature, kind
         self.name = kind
         self.z, self.min_ratio = z, min_ratio
@@ -65,6 +75,17 @@ class SeriesSpike(JobSeries):
         value = finite(frame, self.feature)
         if value is not None:
             self._state(frame.subject).window.add(value)
+
+    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
+        if self.reduce == "median":
+            return super().process_step(batch)
+        column = batch.column(self.feature)
+        finite_rows = np.isfinite(column)
+        if not finite_rows.any():
+            return ()
+        row = int(np.argmax(np.where(finite_rows, column, -np.inf)))
+        found = self.process(Frame(JOB, batch.step, batch.time, {self.feature: float(column[row])}))
+        return [replace(f, subject=batch.subject(row)) for f in found]
 
     def process(self, frame: Frame) -> Sequence[Finding]:
         value = finite(frame, self.feature)

@@ -38,12 +38,15 @@ class Fuser:
         self.suppressed = 0
         self._opened: dict[Subject, deque[float]] = {}
         self._history: deque[Incident] = deque(maxlen=1024)  # closed incidents, for symptoms
+        self._noted: list[Incident] = []  # findings released outside fusion
 
     def add(self, finding: Finding) -> list[Finding]:
         """Takes one raw finding; returns the findings released now."""
         now = when(finding)
         self._expire(now)
         if finding.kind in SYMPTOMS and self._explained(finding, now):
+            return []
+        if self._noted_already(finding, now):
             return []
         if finding.kind not in SYMPTOMS:
             finding = self._absorb_held_symptoms(finding)
@@ -65,6 +68,31 @@ class Fuser:
             return []
         self.incidents.append(Incident(finding, now, released=False, opened_at=now))
         return self._release_critical()
+
+    def note(self, finding: Finding) -> None:
+        """Takes a finding released outside fusion (a hard rule answered at once): it
+        explains the symptoms near it, and a finding of the same kind about the same subject
+        within ``clear_steps`` is its duplicate and is dropped. Other kinds on that subject
+        are other faults and go on as usual. Findings without a step are ignored: the
+        fusion clock counts steps."""
+        if finding.step is None:
+            return
+        now = when(finding)
+        noted = Incident(finding, now, released=True, opened_at=now)
+        self._history.append(noted)  # where symptoms look for their cause
+        self._noted.append(noted)
+
+    def _noted_already(self, finding: Finding, now: float) -> bool:
+        """Whether a noted finding of the same kind about the same subject covers it."""
+        self._noted = [i for i in self._noted if now - i.last_step <= self.policy.clear_steps]
+        return any(
+            i.finding.kind == finding.kind
+            and (
+                covers(i.finding.subject, finding.subject)
+                or covers(finding.subject, i.finding.subject)
+            )
+            for i in self._noted
+        )
 
     def _absorb(self, inc: Incident, finding: Finding, now: float) -> bool:
         """Merges into an open incident; False when the finding escalates a released one."""
@@ -186,6 +214,7 @@ class DetectorPipeline:
         self.errors: dict[str, int] = {}
         self.raw_count = 0
         self._last_time: float | None = None
+        self._stepped = False
         self._logged: set[tuple[str, str]] = set()
 
     def process(self, frame: Frame) -> list[Finding]:
@@ -193,7 +222,19 @@ class DetectorPipeline:
         for det in self.detectors:
             raw += self._call(det, det.process, frame)
         self._last_time = frame.time
-        return self._fuse(raw, float(frame.step) if frame.step is not None else frame.time)
+        return self._fuse(raw, self._position(frame))
+
+    def _position(self, frame: Frame) -> float | None:
+        """The fusion clock: steps once any frame had one (a step-less lifecycle frame in a
+        stepped stream then moves nothing), else time."""
+        if frame.step is not None:
+            self._stepped = True
+            return float(frame.step)
+        return None if self._stepped else frame.time
+
+    def note(self, finding: Finding) -> None:
+        """A finding raised outside the pipeline; see ``Fuser.note``."""
+        self.fuser.note(finding)
 
     def process_step(self, batch: StepBatch) -> list[Finding]:
         """Runs every detector over one step of all ranks."""

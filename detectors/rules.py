@@ -67,10 +67,18 @@ class NonFiniteLoss:
         return (certain("nan", frame, bad, self.name),)
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
-        """The vectorised form of ``process``: only rows with a non-finite value cost Python."""
-        bad = np.zeros(len(batch.ranks), dtype=bool)
-        for feature in self.FEATURES:
-            bad |= batch.reported(feature) & ~np.isfinite(batch.column(feature))
+        """The vectorised form of ``process``: only rows with a non-finite value cost Python.
+
+        Seeing the whole step, it names the source: when some ranks' loss is non-finite,
+        a rank with a finite loss but a non-finite gradient norm got that loss through the
+        all-reduce; it is not a fault of its own and gets no finding.
+        """
+        loss_ok = np.isfinite(batch.column("loss"))
+        bad_loss = batch.reported("loss") & ~loss_ok
+        bad_grad = batch.reported("grad_norm") & ~np.isfinite(batch.column("grad_norm"))
+        if bad_loss.any():
+            bad_grad &= ~(batch.reported("loss") & loss_ok)  # spread from the bad loss
+        bad = bad_loss | bad_grad
         findings: list[Finding] = []
         for row in np.flatnonzero(bad):
             values = {

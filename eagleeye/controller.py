@@ -82,6 +82,7 @@ class Controller:
             while not self.supervisor.finished:
                 self.tick()
             self._drain_telemetry(grace_s=0.5)
+            self._flush_detectors()
         finally:
             self.supervisor.stop_all()
             self.report.ended = self.clock()
@@ -118,11 +119,33 @@ class Controller:
                 self._last_step[frame.subject.rank] = frame.step
         findings: list[Finding] = []
         for detector in self.detectors:
+            found: list[Finding] = []
             for frame in frames:
-                findings.extend(_safely(detector.name, detector.process, frame))
+                found.extend(_safely(detector.name, detector.process, frame))
             if poll:
-                findings.extend(_safely(detector.name, detector.poll, self.clock()))
+                found.extend(_safely(detector.name, detector.poll, self.clock()))
+            self._share(detector, found)
+            findings.extend(found)
         return findings
+
+    def _share(self, source: Detector, found: list[Finding]) -> None:
+        """Detectors that take note of others' findings (fusion) see them."""
+        for detector in self.detectors:
+            note = getattr(detector, "note", None)
+            if note is not None and detector is not source:
+                try:
+                    for finding in found:
+                        note(finding)
+                except Exception:
+                    log.exception("detector %s failed to take note of a finding", detector.name)
+
+    def _flush_detectors(self) -> None:
+        """End of the run: findings that detectors still hold (fusion's hold) come out."""
+        for detector in self.detectors:
+            flush = getattr(detector, "flush", None)
+            if flush is not None:
+                for finding in _safely(detector.name, lambda call: call(), flush):
+                    self._answer(finding)
 
     def _answer(self, finding: Finding) -> None:
         finding_id = self.store.add_finding(finding)
@@ -155,7 +178,9 @@ class Controller:
             samples = self.receiver.receive(timeout_s=0.1)
             if not samples:
                 break
-            ingest_samples(self.store, samples)
+            frames = ingest_samples(self.store, samples)
+            for finding in self._detect(frames + self._aggregate(frames), poll=False):
+                self._answer(finding)
 
 
 def _safely(name: str, call: Callable[[Any], Sequence[Finding]], arg: Any) -> Sequence[Finding]:

@@ -21,7 +21,14 @@ from rich.table import Table
 from eagleeye.console import LiveLog
 from eagleeye.launch import JobConfig, run_job
 from eagleeye.store import new_run_id
-from eagleeye.summary import RestoreOutcome, RunSummary, restores, summarize
+from eagleeye.summary import (
+    RestoreOutcome,
+    RunSummary,
+    evidence_text,
+    fault_findings,
+    restores,
+    summarize,
+)
 from ft_runtime.layout import JobLayout
 from remediation.config import builtin_policy
 
@@ -148,6 +155,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
 def render(report: DemoReport, console: Console) -> None:
     run = report.faulted
     console.print(_faults_table(run))
+    console.print(_evidence_table(run))
     console.print(_actions_table(run))
     console.print(_restores_table(report.restores))
     lines = [
@@ -185,6 +193,23 @@ def _faults_table(run: RunSummary) -> Table:
             f.action or "-",
             f.outcome or "-",
             _seconds(f.recovered_after_s),
+        )
+    return table
+
+
+def _evidence_table(run: RunSummary) -> Table:
+    """Each injected fault's finding: what, where, how soon, and the evidence."""
+    table = Table(title="The finding that answered each fault, with its evidence")
+    for column in ("fault", "finding", "subject", "delay", "evidence (detector)"):
+        table.add_column(column)
+    for f in fault_findings(run):
+        steps = "" if f.delay_steps is None else f", {f.delay_steps} steps"
+        table.add_row(
+            f.spec,
+            f.finding or "[red]none[/red]",
+            f.subject or "-",
+            "-" if f.delay_s is None else f"{f.delay_s:.2f} s{steps}",
+            f"{evidence_text(f.evidence)} ({f.detector})" if f.finding else "-",
         )
     return table
 

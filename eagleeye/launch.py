@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from collector.transport import TelemetryReceiver
-from detectors.base import Detector
-from detectors.progress import ProgressStall
-from detectors.rules import NonFiniteLoss, ProcessExit
+from detectors.config import CONFIG_ENV, load_config
 from detectors.types import Finding
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
 from eagleeye.controller import Controller, ControllerReport
+from eagleeye.detection import live_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.exporter import EagleEyeExporter
 from eagleeye.snapshots import Holders
@@ -201,11 +200,12 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
             "snapshots": config.snapshots,
         },
     )
-    detectors: list[Detector] = [
-        ProcessExit(),
-        NonFiniteLoss(),
-        ProgressStall(k=config.hang_k, min_silence_s=config.hang_min_silence_s),
-    ]
+    # The fused detectors come from $EAGLEEYE_DETECTORS_CONFIG when it names a file.
+    detectors = live_detectors(
+        config.hang_k,
+        config.hang_min_silence_s,
+        load_config() if os.environ.get(CONFIG_ENV) else None,
+    )
     # --remediate enables actions; without it the policy decides (files default to dry-run).
     remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)
     show = on_update or (lambda item: None)

@@ -187,3 +187,96 @@ def restores(run_dir: str) -> list[RestoreOutcome]:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
+
+
+#: The finding kinds that answer each injected fault kind, the expected one first.
+FAULT_ANSWERS: dict[str, tuple[str, ...]] = {
+    "kill": ("process_exit",),
+    "stop": ("hang",),
+    "slow": ("slow_rank", "slow_node", "slow_replica"),
+    "slow_collective": ("slow_rank", "nic_degradation", "slow_node", "slow_replica"),
+    "nan": ("nan",),
+    "loss_spike": ("loss_spike", "grad_spike"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FaultFinding:
+    """An injected fault, the finding that answered it and the evidence it gave."""
+
+    spec: str
+    finding: str | None
+    subject: str | None
+    detector: str | None
+    delay_s: float | None
+    delay_steps: int | None
+    evidence: dict[str, float]
+
+
+def fault_findings(run: RunSummary) -> list[FaultFinding]:
+    """For each injected fault, the first finding of an answering kind about its rank (or
+    the node, replica or job holding it), from a second before the injection on."""
+    return [_answer_of(fault, run.findings) for fault in run.faults]
+
+
+def _answer_of(fault: FaultOutcome, findings: pd.DataFrame) -> FaultFinding:
+    kind, _, rest = fault.spec.partition(":")
+    rank = _spec_rank(rest)
+    none = FaultFinding(fault.spec, None, None, None, None, None, {})
+    if findings.empty or rank is None:
+        return none
+    answers = FAULT_ANSWERS.get(kind, ())
+    candidates = findings[
+        findings["kind"].isin(answers) & (findings["time"] >= fault.injected_at - 1.0)
+    ]
+    about = candidates[candidates.apply(lambda row: _covers(row, rank, findings), axis=1)]
+    if about.empty:
+        return none
+    first = about.iloc[0]
+    step = None if pd.isna(first["step"]) or fault.step is None else int(first["step"])
+    return FaultFinding(
+        fault.spec,
+        str(first["kind"]),
+        _subject_text(first),
+        str(first["detector"]),
+        max(0.0, float(first["time"]) - fault.injected_at),
+        None if step is None or fault.step is None else max(0, step - fault.step),
+        {str(k): float(v) for k, v in dict(first["evidence"]).items()},
+    )
+
+
+def _spec_rank(rest: str) -> int | None:
+    for part in rest.replace("@", ",").split(","):
+        key, _, value = part.partition("=")
+        if key.strip() == "rank" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _covers(row: Any, rank: int, findings: pd.DataFrame) -> bool:
+    """Whether a finding's subject holds the rank: itself, the job, or its node/replica."""
+    scope = row["scope"]
+    if scope == "rank":
+        return bool(row["rank"] == rank)
+    if scope == "job":
+        return True
+    mine = findings[findings["rank"] == rank]
+    column = "node" if scope == "node" else "replica"
+    return bool((mine[column] == row[column]).any())
+
+
+def _subject_text(row: Any) -> str:
+    scope = row["scope"]
+    if scope == "job":
+        return "job"
+    value = row["rank"] if scope == "rank" else row["node" if scope == "node" else "replica"]
+    if scope != "node" and not pd.isna(value):
+        value = int(value)
+    return f"{scope} {value}"
+
+
+def evidence_text(evidence: dict[str, float], limit: int = 6) -> str:
+    """The evidence as ``feature=value`` pairs, the fault's own features first."""
+    shown = [f"{k}={v:.4g}" for k, v in list(evidence.items())[:limit]]
+    more = len(evidence) - limit
+    return ", ".join(shown) + (f" (+{more} more)" if more > 0 else "")

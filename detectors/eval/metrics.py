@@ -72,9 +72,12 @@ def score_trace(trace: Trace, emitted: Sequence[Emitted]) -> TraceResult:
 
 
 def _onset_time(trace: Trace, step: int) -> float:
-    """When the fault's first step began: the end of the last observation before it."""
-    before = np.flatnonzero(trace.steps < step)
-    return float(trace.times[before[-1]]) if len(before) else float(trace.times[0])
+    """When the fault's first step began: the end of the observation before the trace
+    first reached it (a run restarted from a checkpoint goes over earlier steps again)."""
+    reached = np.flatnonzero(trace.steps >= step)
+    if not len(reached) or reached[0] == 0:
+        return float(trace.times[0])
+    return float(trace.times[reached[0] - 1])
 
 
 @dataclass(frozen=True)

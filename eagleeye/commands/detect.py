@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagleeye.errors import EagleEyeError
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -29,6 +31,11 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="detector config TOML (default: $EAGLEEYE_DETECTORS_CONFIG or built-in)",
     )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="the detector set of live runs (for traces exported with `eagleeye eval export`)",
+    )
     p.set_defaults(func=_detect)
 
 
@@ -45,7 +52,14 @@ def _detect(args: argparse.Namespace) -> int:
                 f"{int(frame['is_anomaly'].sum())} anomalies in {len(frame)} rows", file=sys.stderr
             )
         else:
-            count = write_findings(detect_trace(args.input, load_config(args.config)), out)
+            if args.live and args.config:
+                raise EagleEyeError("--live and --config both choose the detectors; give one")
+            config = load_config(args.config)
+            if args.live:
+                from eagleeye.detection import replay_config
+
+                config = replay_config()
+            count = write_findings(detect_trace(args.input, config), out)
             print(f"{count} findings", file=sys.stderr)
     finally:
         if args.output:

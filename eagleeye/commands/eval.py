@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagleeye.errors import EagleEyeError
+
 DEFAULT_NAB = Path("..") / "shared" / "data" / "nab"
 
 
@@ -58,10 +60,27 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--healthy", action="store_true", help="inject no fault")
     w.add_argument("--steps", type=int, default=400, help="length of a healthy trace")
     w.set_defaults(func=_generate)
+    x = modes.add_parser(
+        "export",
+        help="write a recorded run as a labelled trace (labels from its injected faults)",
+        description=(
+            "Exports a run folder (runs/<id>/) to the labelled trace format: rows to OUT "
+            "(.csv or .parquet), fault windows to <stem>.labels.json beside it."
+        ),
+    )
+    x.add_argument("run", type=Path, metavar="RUN_DIR", help="a run folder under runs/")
+    x.add_argument("out", type=Path, metavar="OUT", help="trace file to write (.csv, .parquet)")
+    x.set_defaults(func=_export)
     for q in (g, t, n):
         q.add_argument("--json", type=Path, default=None, help="also write results as JSON")
     for q in (g, t):
         q.add_argument("--config", type=Path, default=None, help="detector config TOML")
+    t.add_argument(
+        "--live",
+        action="store_true",
+        help="score the detector set of live runs (hard rules plus the fused detectors of "
+        "`eagleeye run`) instead of the trace defaults; for traces exported from runs",
+    )
 
 
 def _range(text: str) -> range:
@@ -94,9 +113,31 @@ def _trace(args: argparse.Namespace) -> int:
     from detectors.config import load_config
     from detectors.eval.harness import evaluate_trace_file, print_report
 
-    result = evaluate_trace_file(args.path, load_config(args.config))
+    if args.live and args.config:
+        raise EagleEyeError("--live and --config both choose the detectors; give one")
+    config = load_config(args.config)
+    if args.live:
+        from eagleeye.detection import replay_config
+
+        config = replay_config()
+    result = evaluate_trace_file(args.path, config)
     print_report(result, sys.stdout)
     _emit(result, args)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from detectors.eval.trace import write_trace
+    from eagleeye.recorded import recorded_trace
+
+    if args.out.suffix not in (".csv", ".parquet"):
+        raise EagleEyeError(f"OUT must end in .csv or .parquet, got {args.out}")
+    trace = recorded_trace(args.run)
+    write_trace(trace, args.out)
+    print(
+        f"wrote {args.out} ({len(trace.steps)} observations of {len(trace.ranks)} ranks, "
+        f"{len(trace.labels)} fault windows)"
+    )
     return 0
 
 

@@ -44,3 +44,32 @@ def test_a_missed_fault_and_a_false_alarm_are_counted() -> None:
     assert [m.found for m in missed.matches] == [False]
     shifted = [type(e)(e.finding, e.step + 500, e.time) for e in emitted]
     assert len(score_trace(trace, shifted).false_findings) == len(emitted)
+
+
+def test_delay_counts_from_the_first_time_a_restarted_run_reached_the_step() -> None:
+    import numpy as np
+
+    from collector.types import Subject
+    from detectors.eval.runner import Emitted
+    from detectors.eval.trace import FaultWindow, Trace
+    from detectors.types import Finding, Severity
+
+    steps = np.array([0, 1, 2, 3, 1, 2, 3, 4])  # a restart after step 3 went back to 1
+    times = np.arange(8, dtype=float)
+    values = np.ones((8, 1, 1))
+    trace = Trace(
+        "job",
+        np.array([0]),
+        np.array(["n0"], dtype=object),
+        np.array([0]),
+        ("step_time",),
+        steps,
+        times,
+        values,
+        np.ones(values.shape, dtype=bool),
+        (FaultWindow("process_exit", "rank:0", 3, 3),),
+    )
+    finding = Finding("process_exit", Subject(rank=0), 1.0, Severity.CRITICAL, 3.5, 3)
+    match = score_trace(trace, [Emitted(finding, 3, 3.5)]).matches[0]
+    assert match.found
+    assert match.delay_s == 1.5

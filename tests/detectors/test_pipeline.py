@@ -140,3 +140,37 @@ def test_frame_by_frame_pipeline_finds_every_fault_once() -> None:
     result = score_trace(trace, emitted)
     assert [m.window.kind for m in result.matches if not m.found] == []
     assert [e.finding.kind for e in result.false_findings] == []
+
+
+def test_a_stepless_lifecycle_frame_does_not_move_the_fusion_clock() -> None:
+    pipeline = DetectorPipeline([PeerOutlier(persistence=1, min_ranks=4)])
+    found = []
+    for step in range(3):
+        for rank in range(4):
+            compute = 300.0 if rank == 2 and step >= 1 else 100.0 + rank
+            frame = Frame(Subject(0, rank, "n0"), step, 1e9 + step, {"compute_ms": compute})
+            found += pipeline.process(frame)
+    assert found == []  # the finding of step 1 is held until step 3
+    launched = Frame(Subject(0, 1, "n0"), None, 2e9, {"launched": 1.0})
+    assert pipeline.process(launched) == []
+    for rank in range(4):
+        found += pipeline.process(Frame(Subject(0, rank, "n0"), 3, 1e9 + 3, {"compute_ms": 100.0}))
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 2, 1)]
+
+
+def test_a_finding_noted_from_outside_explains_symptoms_and_absorbs_duplicates() -> None:
+    fuser = Fuser()
+    fuser.note(_f("hang", R3, 10, Severity.CRITICAL))
+    assert fuser.add(_f("hang", R3, 10, Severity.CRITICAL)) == []  # the same fault again
+    assert fuser.add(_f("throughput_drop", JOB, 12, steps_shifted=2.0)) == []
+    assert fuser.tick(40.0) == []
+    assert [f.kind for f in fuser.add(_f("hang", Subject(0, 1, "n0"), 11, Severity.CRITICAL))] == [
+        "hang"
+    ]  # another rank is another fault
+
+
+def test_a_noted_finding_absorbs_only_its_own_kind() -> None:
+    fuser = Fuser()
+    fuser.note(_f("nan", R3, 25, Severity.CRITICAL))
+    assert fuser.add(_f("loss_spike", R3, 32)) == []  # held, not absorbed
+    assert [f.kind for f in fuser.tick(34.0)] == ["loss_spike"]

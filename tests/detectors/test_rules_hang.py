@@ -101,3 +101,50 @@ def test_no_hang_while_steps_complete_and_rearmed_after_progress() -> None:
     assert len(det.poll(40.0)) == 1
     det.process_step(batch(30, {"step_time": np.full(4, 1.0)}, time=41.0))
     assert len(det.poll(45.0)) == 1
+
+
+def _rank_frame(rank: int, step: int | None, t: float, **values: float) -> Frame:
+    return Frame(Subject(rank // 2, rank, f"n{rank // 2}"), step, t, values)
+
+
+def test_exited_ranks_leave_the_wait_for_graph_and_launched_ones_get_a_grace() -> None:
+    det = CollectiveHang(k=2.0, startup_grace_s=30.0)
+    for s in range(5):
+        for r in range(4):
+            det.process(_rank_frame(r, s, float(s), step_time=1.0))
+    for r in range(4):  # the job ends: every rank exits
+        det.process(_rank_frame(r, 4, 4.5, exit_code=0.0))
+    assert det.poll(20.0) == ()
+    for r in range(4):  # relaunched: start-up is slow, not a hang
+        det.process(_rank_frame(r, None, 21.0, launched=1.0))
+    assert det.poll(40.0) == ()
+    for r in (0, 1, 3):
+        det.process(_rank_frame(r, 5, 42.0, step_time=1.0))
+        det.process(_rank_frame(r, 6, 43.0, in_collective=1.0))
+    assert det.poll(60.0) == ()  # rank 2 is still within its start-up grace
+    # Rank 2 never stepped after its launch: once the grace is over, it is the hang.
+    found = det.poll(75.0)
+    assert [(f.kind, f.subject) for f in found] == [("hang", Subject(1, 2, "n1"))]
+
+
+def test_an_exit_in_a_step_batch_is_not_taken_for_silence() -> None:
+    det = CollectiveHang()
+    t = _steps(det, 4, 10)
+    exits = batch(10, {"exit_code": np.zeros(4)}, time=t + 5.0)
+    assert list(det.process_step(exits)) == []
+
+
+def test_a_nan_loss_spread_by_the_all_reduce_names_only_its_source() -> None:
+    b = batch(7, {"loss": [2.0, math.nan, 2.1, 2.0], "grad_norm": np.full(4, math.nan)})
+    b = StepBatch(
+        b.step,
+        b.time,
+        b.ranks,
+        b.nodes,
+        b.replicas,
+        b.features,
+        b.values,
+        np.ones(b.values.shape, dtype=bool),
+    )  # every NaN here was reported
+    found = NonFiniteLoss().process_step(b)
+    assert [(f.subject.rank, sorted(f.evidence)) for f in found] == [(1, ["grad_norm", "loss"])]

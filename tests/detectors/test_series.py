@@ -65,3 +65,23 @@ def test_divergence_needs_a_lasting_climb_not_a_spike() -> None:
     assert [f.kind for f in found] == ["divergence"]
     assert 250 < found[0].step < 330
     assert found[0].evidence["ratio"] > 1.3
+
+
+def test_loss_spike_on_one_rank_is_seen_in_max_mode_and_names_the_rank() -> None:
+    import pytest
+
+    from detectors.errors import DetectorError
+    from tests.detectors._batches import batch
+
+    median, highest = SeriesSpike(warmup=5), SeriesSpike(warmup=5, reduce="max")
+    found = []
+    for s in range(30):
+        loss = 3.0 - 0.01 * s + 0.01 * np.arange(8)
+        if s == 25:
+            loss[6] *= 10
+        b = batch(s, {"loss": loss})
+        assert list(median.process_step(b)) == []  # one rank of eight: the median hides it
+        found += highest.process_step(b)
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("loss_spike", 6, 25)]
+    with pytest.raises(DetectorError, match="reduce"):
+        SeriesSpike(reduce="mean")

@@ -49,6 +49,9 @@ def test_every_subcommand_is_listed_and_explains_itself() -> None:
         (["run", "-m", "no_such_module_xyz"], "module 'no_such_module_xyz' not found"),
         (["run", "--inject", "explode:rank=0@step=1", "x.py"], "unknown fault kind 'explode'"),
         (["run", "--nproc-per-node", "3", "--replicas", "2", "x.py"], "cannot be split"),
+        (["detect", "x.py", "--live", "--config", "c.toml"], "--live and --config"),
+        (["eval", "export", ".", "out.txt"], "OUT must end in .csv or .parquet"),
+        (["eval", "export", "nowhere", "out.csv"], "no run store at nowhere"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_no_traceback(tmp_path, args, message) -> None:

@@ -29,6 +29,9 @@ def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path
     assert "process_exit on rank 3" in output
     assert "Final parameters of the 4 ranks that finished: bitwise identical" in output
     assert "Effective training time ratio (ETTR)" in output
+    # Each injected fault's finding, with its evidence.
+    assert "The finding that answered each fault, with its evidence" in output
+    assert "exit_code=-9" in output
     (run,) = [p for p in tmp_path.iterdir() if not p.name.endswith("-reference")]
     reader = RunReader(run)
     assert reader.faults().iloc[0]["spec"] == "kill:rank=3@step=10"

@@ -15,6 +15,7 @@ from ft_runtime.layout import JobLayout
 from ft_runtime.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
+FINDING = r'eagleeye_findings_total\{[^}]*kind="process_exit"[^}]*\} 1\.0'
 
 
 def scrape(port: int) -> str:
@@ -60,12 +61,13 @@ def test_a_running_job_exports_its_training_metrics_and_findings(tmp_path) -> No
             int(float(v))
             for v in re.findall(r'^eagleeye_training_step\{replica="0"\} (\S+)$', text, re.M)
         )
-        if "process_exit" in text and len(seen_steps) > 3:
+        # The counter exists from the start (at 0): wait for the finding itself.
+        if re.search(FINDING, text) and len(seen_steps) > 3:
             break
         time.sleep(0.2)
     job.join(200)
     assert results[0].succeeded
     assert len(seen_steps) > 3, "the step gauge did not move while the job trained"
-    assert re.search(r'eagleeye_findings_total\{[^}]*kind="process_exit"[^}]*\} 1\.0', text)
+    assert re.search(FINDING, text)
     with pytest.raises(urllib.error.URLError):
         scrape(port)  # the exporter stops with the run

@@ -1,0 +1,124 @@
+"""The live detector set on synthetic frames: feature derivation, fusion, lifecycle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collector.nccl import read_flight_record
+from collector.nccl_hang import flight_record_events
+from collector.types import Frame, Subject
+from detectors.hang import CollectiveHang
+from detectors.types import Severity
+from eagleeye.cli import main
+from eagleeye.detection import (
+    FusedDetectors,
+    flight_record_frames,
+    live_config,
+    live_detectors,
+    peer_features,
+)
+from eagleeye.errors import EagleEyeError
+from eagleeye.recorded import recorded_trace
+from eagleeye.store import RunStore
+
+
+def test_peer_features_leave_collectives_data_and_checkpoints_out_of_compute() -> None:
+    values = {
+        "step_time": 1.0,
+        "collective_time": 0.2,
+        "section.data": 0.1,
+        "section.checkpoint": 0.3,
+    }
+    out = peer_features(values)
+    assert out["compute_ms"] == pytest.approx(400.0)
+    assert (out["comm_ms"], out["data_wait_ms"]) == pytest.approx((200.0, 100.0))
+    assert peer_features({"loss": 2.0}) == {"loss": 2.0}  # no step report, nothing derived
+
+
+def _step_frames(step: int, rng: np.random.Generator, slow: float = 0.0) -> list[Frame]:
+    frames = []
+    for rank in range(4):
+        compute = 0.05 * (1 + 0.3 * rng.random()) + (slow if rank == 2 else 0.0)
+        wait = 0.02 * rng.random()
+        values = {
+            "step_time": compute + wait,
+            "collective_time": wait,
+            "section.data": 0.001,
+            "loss": 3.0 - 0.01 * step + 0.05 * rng.random(),
+            "grad_norm": 1.0 + 0.2 * rng.random(),
+        }
+        frames.append(Frame(Subject(0, rank, f"node{rank // 2}"), step, 100.0 + step, values))
+    return frames
+
+
+def _run(slow_from: int | None, steps: int = 40) -> list:
+    rng = np.random.default_rng(7)
+    fused = FusedDetectors(live_config().build())
+    found = []
+    for step in range(steps):
+        slow = 0.3 if slow_from is not None and step >= slow_from else 0.0
+        for frame in _step_frames(step, rng, slow):
+            found += fused.process(frame)
+        found += fused.poll(100.0 + step)
+    return found + fused.flush()
+
+
+def test_jitter_of_a_loaded_host_gives_no_finding() -> None:
+    assert _run(slow_from=None) == []
+
+
+def test_a_straggler_is_one_slow_rank_finding_with_its_evidence() -> None:
+    found = _run(slow_from=12)
+    assert [(f.kind, f.subject.rank, f.severity) for f in found] == [
+        ("slow_rank", 2, Severity.WARN)
+    ]
+    assert 12 <= (found[0].step or 0) <= 16
+    assert found[0].evidence["compute_ms"] > 5 * found[0].evidence["compute_ms_peer_median"]
+
+
+def test_hard_rules_and_progress_stall_stay_outside_fusion() -> None:
+    names = [d.name for d in live_detectors()]
+    assert names == ["process_exit", "non_finite_loss", "progress_stall", "fused"]
+
+
+def test_export_of_a_run_without_steps_is_a_clear_error(tmp_path) -> None:
+    store = RunStore(tmp_path)
+    store.set_meta("run_id", "empty")
+    store.close()
+    with pytest.raises(EagleEyeError, match="recorded no completed step"):
+        recorded_trace(tmp_path)
+
+
+def test_export_wants_a_trace_file_name(tmp_path, capsys) -> None:
+    assert main(["eval", "export", str(tmp_path), str(tmp_path / "out.txt")]) == 2
+    assert "OUT must end in .csv or .parquet" in capsys.readouterr().err
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
+
+
+def _hung_job(dumps: bool) -> list:
+    """Three ranks step, then hang; none of them reports its collective waits."""
+    det = CollectiveHang(k=2.0)
+    for step in range(5):
+        for rank in range(3):
+            det.process(Frame(Subject(0, rank, "n0"), step, float(step), {"step_time": 1.0}))
+    if dumps:
+        records = [read_flight_record(FIXTURES / f"nccl_trace_rank_{r}.json") for r in range(3)]
+        events = flight_record_events(records, time=5.0).events
+        for frame in flight_record_frames(e.to_sample() for e in events):
+            det.process(frame)
+    return list(det.poll(10.0))
+
+
+def test_flight_recorder_dumps_name_the_rank_that_never_joined() -> None:
+    (blind,) = _hung_job(dumps=False)
+    assert str(blind.subject) == "job"  # nobody said who waits: the whole job
+    (found,) = _hung_job(dumps=True)
+    assert (found.kind, found.subject.rank) == ("hang", 1)
+    assert found.evidence["flight_recorder"] == 1.0
+    assert found.evidence["never_entered_seq"] == 5.0
+    assert found.evidence["ranks_joined"] == 2.0
