@@ -84,7 +84,7 @@ class CollectiveHang:
         ranks = np.array([frame.subject.rank])
         nodes = np.array([frame.subject.node or ""], dtype=object)
         replicas = np.array([frame.subject.replica or 0])
-        if "exit_code" in frame.values or "launched" in frame.values:
+        if frame.values.keys() & {"exit_code", "launched", "closing"}:
             self._lifecycle(ranks, nodes, replicas, frame)
             return ()
         if FR_BEHIND in frame.values or FR_PENDING in frame.values:
@@ -180,10 +180,11 @@ class CollectiveHang:
     def _lifecycle(
         self, ranks: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, frame: Frame
     ) -> None:
-        """An exit takes the rank out of the graph; a launch starts its grace period."""
+        """An exit takes the rank out of the graph; a launch starts its grace period, and so
+        does the end of training (``closing``): shutting down is slower than a step."""
         slots = self._slots(ranks, nodes, replicas, frame.time)
         slot = 0 if slots is None else int(slots[0])
-        launched = "launched" in frame.values
+        launched = "launched" in frame.values or "closing" in frame.values
         self._alive[slot] = launched
         self._starting[slot] = launched
         self._joined[slot] = False

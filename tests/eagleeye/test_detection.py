@@ -122,3 +122,20 @@ def test_flight_recorder_dumps_name_the_rank_that_never_joined() -> None:
     assert found.evidence["flight_recorder"] == 1.0
     assert found.evidence["never_entered_seq"] == 5.0
     assert found.evidence["ranks_joined"] == 2.0
+
+
+def test_ranks_that_closed_their_sessions_are_not_hung_while_they_shut_down() -> None:
+    detectors = live_detectors(hang_k=10.0, hang_min_silence_s=5.0)
+    rng = np.random.default_rng(3)
+    for step in range(20):
+        for frame in _step_frames(step, rng):
+            for detector in detectors:
+                detector.process(frame)
+    for rank in range(4):  # training over: a last checkpoint, results, then the exit
+        closing = Frame(Subject(0, rank, f"node{rank // 2}"), 19, 120.0, {"closing": 1.0})
+        for detector in detectors:
+            detector.process(closing)
+    found = [f for detector in detectors for f in detector.poll(150.0)]
+    assert found == []
+    late = [f for detector in detectors for f in detector.poll(120.0 + 121.0)]
+    assert {f.kind for f in late} == {"hang"}  # a shut-down past the grace is still one
