@@ -16,7 +16,7 @@ from collector.hooks import TrainingHook
 from collector.transport import TelemetryPublisher
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEEP, ENV_TELEMETRY
 from eagleeye.snapshots import RankSnapshots
-from ft_runtime.checkpoint import DiskCheckpointer
+from ft_runtime.checkpoint import DiskCheckpointer, SavedCheckpoint
 from ft_runtime.faults import FaultInjector, FaultSpec
 from ft_runtime.layout import ENV_ATTEMPT, ENV_NODE, ENV_REPLICA
 
@@ -100,7 +100,10 @@ class RankSession:
         if self.snapshots is not None:
             self._snapshot(state, step)
             return
-        saved = self.checkpoints.save(state, step)
+        self.report_saved(self.checkpoints.save(state, step), step)
+
+    def report_saved(self, saved: SavedCheckpoint, step: int) -> None:
+        """Reports a checkpoint written to disk (the store's checkpoints table)."""
         self.hook.event(
             "event.checkpoint",
             float(step),

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
 from ft_runtime.layout import RankSpec
+from ft_runtime.membership import Membership
 from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService
 from ft_runtime.storehost import StoreHost
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec, _Rank, _signal
@@ -90,7 +91,7 @@ class ReplicaSupervisor(JobSupervisor):
             self.quorum.store_address = self.store_host.start()
         self.quorum.start()
         self._emit("job", Phase.LAUNCH, world_size=self.launch.layout.world_size)
-        self._emit("quorum", Phase.RUNNING, epoch=0, members=list(self.quorum.current.members))
+        self._emit_membership(self.quorum.current)
         for replica in range(self.launch.layout.replicas):
             self._launch_replica(replica)
         self.phase = Phase.RUNNING
@@ -163,7 +164,7 @@ class ReplicaSupervisor(JobSupervisor):
             self.isolate(replica, "hung: never entered the exchange the others wait in")
         joined = self.quorum.poll_joins()
         if joined is not None:
-            self._emit("quorum", Phase.RUNNING, epoch=joined.epoch, members=list(joined.members))
+            self._emit_membership(joined)
             for replica in joined.joining:
                 self.replica_phase[replica] = Phase.RUNNING
                 self._emit(f"replica:{replica}", Phase.RUNNING, joined_epoch=joined.epoch)
@@ -196,14 +197,7 @@ class ReplicaSupervisor(JobSupervisor):
         self._lost.add(replica)
         membership = self.quorum.remove(replica, reason)
         if membership is not None:
-            self._emit(
-                "quorum",
-                Phase.RUNNING,
-                epoch=membership.epoch,
-                members=list(membership.members),
-                removed=replica,
-                reason=reason,
-            )
+            self._emit_membership(membership, removed=replica, reason=reason)
         self._emit(f"replica:{replica}", Phase.EXITED, reason=reason)
         for rank in self._replica_ranks(replica):
             _signal(rank.process, signal.SIGKILL)  # fencing: a dropped replica must not go on
@@ -281,14 +275,17 @@ class ReplicaSupervisor(JobSupervisor):
             log=log,
         )
         self.quorum.start()
-        current = self.quorum.current
+        self._emit_membership(self.quorum.current, resumed=True, reason=reason)
+
+    def _emit_membership(self, membership: Membership, **detail: object) -> None:
+        """Records a membership epoch as a lifecycle event of the quorum."""
         self._emit(
             "quorum",
             Phase.RUNNING,
-            epoch=current.epoch,
-            members=list(current.members),
-            resumed=True,
-            reason=reason,
+            None,
+            epoch=membership.epoch,
+            members=list(membership.members),
+            **detail,
         )
 
     def restart_replica(self, replica: int, reason: str) -> bool:
@@ -345,9 +342,7 @@ class ReplicaSupervisor(JobSupervisor):
         self.restarts += 1
         self.attempt += 1
         membership = self.quorum.restart_all(reason)
-        self._emit(
-            "quorum", Phase.RUNNING, epoch=membership.epoch, members=list(membership.members)
-        )
+        self._emit_membership(membership)
         self._failed_at.clear()
         self._culprits.clear()
         self._clean.clear()

@@ -209,14 +209,7 @@ class _Replica:
 
     def _write(self, state: dict[str, Any], step: int, done: Callable[[str], None]) -> None:
         saved = self.disk.save(state, step)
-        self.ee.hook.event(
-            "event.checkpoint",
-            float(step),
-            tier="disk",
-            path=saved.path,
-            bytes=str(saved.nbytes),
-            seconds=f"{saved.seconds:.6f}",
-        )
+        self.ee.report_saved(saved, step)
         done(saved.path)
 
     def flush(self) -> None:
