@@ -121,8 +121,7 @@ class TrainingHook:
     def collective_enter(self, op: str, group: str = "world") -> int:
         """Opens a collective; returns the token that :meth:`collective_exit` closes."""
         token = next(self._tokens)
-        seq = self._sequence.get(group, 0)
-        self._sequence[group] = seq + 1
+        seq = self._next_seq(group)
         self._open[token] = _OpenCollective(op, group, seq, time.perf_counter(), self._step)
         return token
 
@@ -131,20 +130,24 @@ class TrainingHook:
         try:
             entry = self._open.pop(token)
             duration = time.perf_counter() - entry.started
-            extra = {"op": entry.op, "group": entry.group, "seq": str(entry.seq)}
             if entry.reported:  # the wait that was reported is over
-                self._enqueue([["in_collective", 0.0, self._clock(), entry.step, extra]])
-            extra["bytes"] = str(nbytes)
+                self._enqueue([["in_collective", 0.0, self._clock(), entry.step, entry.labels()]])
+            extra = {**entry.labels(), "bytes": str(nbytes)}
             self._rows.append(["collective", duration, self._clock(), self._step, extra])
         except Exception as exc:
             self._note_error(exc)
 
     def record_collective(self, op: str, nbytes: int, group: str, duration: float) -> None:
         """Records one collective that took ``duration`` seconds and ended now."""
-        seq = self._sequence.get(group, 0)
-        self._sequence[group] = seq + 1
+        seq = self._next_seq(group)
         extra = {"op": op, "group": group, "seq": str(seq), "bytes": str(nbytes)}
         self._rows.append(["collective", duration, self._clock(), self._step, extra])
+
+    def _next_seq(self, group: str) -> int:
+        """The group's next collective sequence number, as NCCL's flight recorder counts."""
+        seq = self._sequence.get(group, 0)
+        self._sequence[group] = seq + 1
+        return seq
 
     def record(self, name: str, value: float) -> None:
         """Adds a metric to the current step."""
@@ -205,8 +208,7 @@ class TrainingHook:
             if entry.reported or waited < self.wait_report_s:
                 continue
             entry.reported = True
-            extra = {"op": entry.op, "group": entry.group, "seq": str(entry.seq)}
-            row = ["in_collective", waited, self._clock(), entry.step, extra]
+            row = ["in_collective", waited, self._clock(), entry.step, entry.labels()]
             try:
                 if not self._send(self.labels, [row]):
                     self.dropped += 1
@@ -229,6 +231,9 @@ class _OpenCollective:
     started: float
     step: int | None
     reported: bool = False
+
+    def labels(self) -> dict[str, str]:
+        return {"op": self.op, "group": self.group, "seq": str(self.seq)}
 
 
 def _number(value: Any) -> float:
