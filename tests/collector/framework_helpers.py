@@ -1,7 +1,10 @@
-"""A real TrainingHook whose batches land in a list, read back per step."""
+"""Shared by the framework-callback tests: a real TrainingHook whose batches land in a
+list, and the error a callback factory gives when its framework is missing."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -21,3 +24,20 @@ class Recorder:
             for name, value, _time, step, *_ in batch:
                 out[step][name] = value
         return dict(out)
+
+
+def missing_framework_error(hidden: tuple[str, ...], factory: str, check: str = "") -> str:
+    """In a fresh interpreter that cannot import the ``hidden`` modules (after running
+    ``check``), the message of ``MissingFrameworkError`` raised by ``factory(None)``."""
+    code = (
+        "import sys\n"
+        f"{check}"
+        + "".join(f"sys.modules[{name!r}] = None\n" for name in hidden)
+        + f"from collector.frameworks import MissingFrameworkError, {factory}\n"
+        "try:\n"
+        f"    {factory}(None)\n"
+        "except MissingFrameworkError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.collector.framework_helpers import Recorder
+from tests.collector.framework_helpers import Recorder, missing_framework_error
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("accelerate", reason="the hf extra is not installed")
@@ -93,17 +91,8 @@ def test_steps_between_logs_close_at_once_without_loss(tmp_path: Path) -> None:
 
 
 def test_a_clear_error_when_transformers_is_missing() -> None:
-    code = (
-        "import sys\n"
-        "sys.modules['transformers'] = None\n"
-        "from collector.frameworks import MissingFrameworkError, hf_callback\n"
-        "try:\n"
-        "    hf_callback(None)\n"
-        "except MissingFrameworkError as exc:\n"
-        "    print(exc)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "pip install 'eagleeye[hf]'" in out.stdout
+    message = missing_framework_error(("transformers",), "hf_callback")
+    assert "pip install 'eagleeye[hf]'" in message
 
 
 def test_the_session_hands_out_the_callback(tmp_path: Path) -> None:

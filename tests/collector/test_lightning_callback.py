@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tests.collector.framework_helpers import Recorder
+from tests.collector.framework_helpers import Recorder, missing_framework_error
 
 pl = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
 
@@ -99,19 +97,15 @@ def test_options_and_unreadable_batches_never_stop_training(
 
 
 def test_a_clear_error_when_lightning_is_missing_and_no_import_without_it() -> None:
-    code = (
-        "import sys\n"
-        "import collector, collector.frameworks, eagleeye\n"
-        "assert 'lightning' not in sys.modules and 'transformers' not in sys.modules\n"
-        "sys.modules['lightning'] = sys.modules['pytorch_lightning'] = None\n"
-        "from collector.frameworks import MissingFrameworkError, lightning_callback\n"
-        "try:\n"
-        "    lightning_callback(None)\n"
-        "except MissingFrameworkError as exc:\n"
-        "    print(exc)\n"
+    message = missing_framework_error(
+        ("lightning", "pytorch_lightning"),
+        "lightning_callback",
+        check=(
+            "import collector, collector.frameworks, eagleeye\n"
+            "assert 'lightning' not in sys.modules and 'transformers' not in sys.modules\n"
+        ),
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "pip install 'eagleeye[lightning]'" in out.stdout
+    assert "pip install 'eagleeye[lightning]'" in message
 
 
 def test_the_session_hands_out_the_callback(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from eagleeye.launch import JobConfig, run_job
 from ft_runtime.layout import JobLayout
+from tests.workload_args import tiny_workload
 
 
 @pytest.fixture(scope="session")
@@ -15,18 +16,7 @@ def recorded_run(tmp_path_factory) -> Path:
     config = JobConfig(
         script="eagleeye.workload.train",
         module=True,
-        script_args=[
-            "--preset",
-            "tiny",
-            "--steps",
-            "24",
-            "--batch-size",
-            "2",
-            "--block-size",
-            "32",
-            "--checkpoint-every",
-            "6",
-        ],
+        script_args=tiny_workload(24, 6),
         layout=JobLayout(2, 2, 2),
         remediate=True,
         inject=("kill:rank=3@step=10",),

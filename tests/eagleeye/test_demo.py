@@ -3,6 +3,7 @@ restarting only its replica, which catches up and ends bitwise equal to the othe
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,18 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420
 
 
 def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path) -> None:
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "eagleeye", "demo", "--steps", "90", "--kill-step", "10"),
-            *("--runs-dir", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={"COLUMNS": "160", **_env()},
-    )
-    output = " ".join((result.stdout + result.stderr).split())
-    assert result.returncode == 0, output[-3000:]
+    output = run_demo("--steps", "90", "--kill-step", "10", "--runs-dir", str(tmp_path))
     assert "process_exit on rank 3" in output
     assert "Final parameters of the 4 ranks that finished: bitwise identical" in output
     assert "Effective training time ratio (ETTR)" in output
@@ -54,27 +44,27 @@ def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path
     assert "replica" in action["reason"]
 
 
-def _env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
+def run_demo(*args: str) -> str:
+    """Runs `eagleeye demo` with these arguments; its output, whitespace collapsed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "eagleeye", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={"COLUMNS": "160", **os.environ},
+    )
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, output[-3000:]
+    return output
 
 
 def test_demo_with_synchronous_restarts_restores_every_rank_from_memory(tmp_path) -> None:
     """`--recovery job`: the ranks snapshot into their node's holder; after the kill every
     rank restores from the holder's memory, and the summary names the tier and the time."""
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "eagleeye", "demo", "--steps", "30", "--kill-step", "24"),
-            *("--recovery", "job", "--no-reference", "--runs-dir", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={"COLUMNS": "160", **_env()},
+    output = run_demo(
+        *("--steps", "30", "--kill-step", "24", "--recovery", "job", "--no-reference"),
+        *("--runs-dir", str(tmp_path)),
     )
-    output = " ".join((result.stdout + result.stderr).split())
-    assert result.returncode == 0, output[-3000:]
     (run,) = list(tmp_path.iterdir())
     reader = RunReader(run)
     table = reader.checkpoints()

@@ -21,6 +21,7 @@ from eagleeye.recorded import recorded_trace
 from eagleeye.store import RunReader
 from eagleeye.summary import fault_findings, summarize
 from ft_runtime.layout import JobLayout
+from tests.workload_args import tiny_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -38,18 +39,7 @@ def _run(
     config = JobConfig(
         script="eagleeye.workload.train",
         module=True,
-        script_args=[
-            "--preset",
-            "tiny",
-            "--steps",
-            str(steps),
-            "--batch-size",
-            "2",
-            "--block-size",
-            "32",
-            "--checkpoint-every",
-            "5",
-        ],
+        script_args=tiny_workload(steps, 5),
         layout=JobLayout(nnodes=2, nproc_per_node=2),
         remediate=remediate,
         inject=inject,

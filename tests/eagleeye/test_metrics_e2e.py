@@ -13,6 +13,7 @@ import pytest
 from eagleeye.launch import JobConfig, run_job
 from ft_runtime.layout import JobLayout
 from ft_runtime.ports import free_port
+from tests.workload_args import tiny_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 FINDING = r'eagleeye_findings_total\{[^}]*kind="process_exit"[^}]*\} 1\.0'
@@ -28,18 +29,7 @@ def test_a_running_job_exports_its_training_metrics_and_findings(tmp_path) -> No
     config = JobConfig(
         script="eagleeye.workload.train",
         module=True,
-        script_args=[
-            "--preset",
-            "tiny",
-            "--steps",
-            "60",
-            "--batch-size",
-            "2",
-            "--block-size",
-            "32",
-            "--checkpoint-every",
-            "10",
-        ],
+        script_args=tiny_workload(60, 10),
         layout=JobLayout(1, 2, 2),
         remediate=True,
         inject=("kill:rank=1@step=20",),

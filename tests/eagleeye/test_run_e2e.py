@@ -11,20 +11,10 @@ import pytest
 from eagleeye.launch import JobConfig, run_job
 from eagleeye.store import RunReader, newest_run
 from ft_runtime.layout import JobLayout
+from tests.workload_args import tiny_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
-WORKLOAD = [
-    "--preset",
-    "tiny",
-    "--steps",
-    "20",
-    "--batch-size",
-    "2",
-    "--block-size",
-    "32",
-    "--checkpoint-every",
-    "5",
-]
+WORKLOAD = tiny_workload(20, 5)
 
 
 def eagleeye_run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:

@@ -12,19 +12,9 @@ import torch
 
 from eagleeye.workload.data import CharTokenizer, ShardedSampler, load_corpus
 from eagleeye.workload.model import GPT, PRESETS, GPTConfig
+from tests.workload_args import tiny_workload
 
-ARGS = [
-    "--preset",
-    "tiny",
-    "--steps",
-    "12",
-    "--batch-size",
-    "2",
-    "--block-size",
-    "32",
-    "--checkpoint-every",
-    "5",
-]
+ARGS = tiny_workload(12, 5)
 
 
 def train(tmp_path, name: str, inject: str = "") -> subprocess.CompletedProcess[str]:
