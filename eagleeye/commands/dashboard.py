@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,4 +66,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         "EAGLEEYE_RUNS_DIR": str(Path(args.runs_dir).resolve()),
     }
     print(f"Eagle Eye dashboard for {run} on http://{args.address}:{args.port}", flush=True)
-    return subprocess.call(command(args), env=env)
+    # Streamlit takes this process's place, so a signal to it (Ctrl-C, a supervisor's
+    # SIGTERM) reaches the server itself instead of leaving it running orphaned.
+    argv = command(args)
+    os.execve(argv[0], argv, env)
