@@ -152,9 +152,11 @@ class ReplicaSupervisor(JobSupervisor):
             except queue.Empty:
                 break
             rank = self._ranks.get(rank_id)
-            if rank is None or attempt != rank.attempt or rank.expected_stop:
+            if rank is None or attempt != rank.attempt:
                 continue
-            self._on_exit(rank, code, when)
+            rank.exit_collected = True
+            if not rank.expected_stop:
+                self._on_exit(rank, code, when)
         try:
             stalled = self.quorum.stalled()
         except RuntimeError as exc:  # the coordinator lost its store connection
@@ -214,7 +216,9 @@ class ReplicaSupervisor(JobSupervisor):
     def _check_finished(self) -> None:
         if self.phase is not Phase.RUNNING:
             return
-        live = [r for r in self._ranks.values() if r.process.poll() is None]
+        # Live until its exit is collected: a process the waiter thread has reaped but not
+        # yet queued would otherwise end the job before its exit code is known.
+        live = [r for r in self._ranks.values() if not r.exit_collected]
         healthy_done = [r for r in self.quorum.healthy if self._replica_clean(r)]
         if live and healthy_done and all(r.spec.replica not in self.quorum.healthy for r in live):
             for rank in live:  # joiners the job finished without: nobody left to catch up from

@@ -53,6 +53,7 @@ class _Rank:
     process: subprocess.Popen[bytes]
     attempt: int
     expected_stop: bool = False
+    exit_collected: bool = False  # its exit left the queue: only then is it not live
 
 
 class JobSupervisor:

@@ -26,12 +26,14 @@ sys.exit(3 if (rank, inc) == ("1", "0") else 0)
 """
 
 
-def supervisor(tmp_path: Path, restarts: int = 1) -> ReplicaSupervisor:
+def supervisor(
+    tmp_path: Path, restarts: int = 1, script_text: str = SCRIPT, kind=ReplicaSupervisor
+) -> ReplicaSupervisor:
     script = tmp_path / "rank.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     layout = JobLayout(2, 1, 2)
     spec = LaunchSpec([str(script)], layout, "test", str(tmp_path / "logs"), stop_grace_s=1.0)
-    return ReplicaSupervisor(spec, QuorumService(2, 1), max_restarts=restarts)
+    return kind(spec, QuorumService(2, 1), max_restarts=restarts)
 
 
 def poll_until(sup: ReplicaSupervisor, done, timeout_s: float = 20.0) -> list:
@@ -86,5 +88,26 @@ def test_evicting_a_node_moves_its_replica_to_a_spare(tmp_path) -> None:
         assert evicted[0].phase is Phase.EVICTED
         launches = [e for e in events if e.subject == "rank:1" and e.phase is Phase.LAUNCH]
         assert launches[-1].detail["node"] == "spare1"
+    finally:
+        sup.stop_all()
+
+
+class _LateExits(ReplicaSupervisor):
+    """Queues each exit well after the process was reaped, as a loaded host may."""
+
+    def _wait(self, rank) -> None:
+        rank.process.wait()
+        time.sleep(0.5)
+        super()._wait(rank)
+
+
+def test_an_exit_reaped_but_not_yet_queued_does_not_end_the_job(tmp_path) -> None:
+    sup = supervisor(tmp_path, script_text="import time; time.sleep(0.2)", kind=_LateExits)
+    sup.start()
+    try:
+        events = poll_until(sup, lambda ev: sup.finished)
+        assert sup.phase is Phase.SUCCEEDED
+        exits = [e for e in events if e.phase is Phase.EXITED and e.subject.startswith("rank:")]
+        assert sorted(e.detail["exit_code"] for e in exits) == [0, 0]
     finally:
         sup.stop_all()
