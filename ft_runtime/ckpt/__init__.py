@@ -6,7 +6,7 @@ See docs/checkpointing.md for the design and the failure coverage.
 
 from __future__ import annotations
 
-from ft_runtime.ckpt._persist import CorruptCheckpoint
+from ft_runtime.ckpt._manifest import CorruptCheckpoint
 from ft_runtime.ckpt._rpc import HolderUnavailable
 from ft_runtime.ckpt.action import CheckpointRuntime, StateWatcher
 from ft_runtime.ckpt.client import CheckpointClient

@@ -8,11 +8,12 @@ zero-padded to ``L`` so every replica's segment has the same layout. Shape, dtyp
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -136,16 +137,51 @@ def copy_in(
         torch._foreach_copy_(dsts, srcs, non_blocking=True)
 
 
+Task = Callable[[], None]
+
+
+class Source(Protocol):
+    """Where one shard's bytes come from during a restore."""
+
+    # True when its tasks mostly wait on storage: more threads than cores then help
+    io_bound: bool
+
+    def add(self, e: Entry, dst: np.ndarray[Any, Any]) -> None:
+        """Asks for the first ``len(dst)`` bytes of ``e``'s shard to land in ``dst``."""
+
+    def tasks(self) -> list[Task]:
+        """The work that fills every ``dst`` added so far (the bulk of it releases the GIL)."""
+        ...
+
+
 class BufferSource:
     """A shard held in a uint8 tensor: a mapped holder segment (the memory tier), or bytes
-    fetched from a peer or read from storage."""
+    fetched from a peer."""
+
+    io_bound = False
 
     def __init__(self, buf: torch.Tensor) -> None:
         self.buf = buf
+        self._jobs: list[Task] = []
+
+    def add(self, e: Entry, dst: np.ndarray[Any, Any]) -> None:
+        """Raises CheckpointError when the buffer ends before the tensor does."""
+        n = len(dst)
+        if self.buf.numel() < e.offset + n:
+            raise CheckpointError(f"the shard ends before tensor {e.name} does")
+        src = self.buf[e.offset : e.offset + n].numpy()
+        self._jobs += [
+            functools.partial(np.copyto, dst[i : i + _CHUNK], src[i : i + _CHUNK])
+            for i in range(0, n, _CHUNK)
+        ]
+
+    def tasks(self) -> list[Task]:
+        jobs, self._jobs = self._jobs, []
+        return jobs
 
 
-Source = BufferSource
 _CHUNK = 16 << 20  # bytes per copy task: big tensors are split so every thread has work
+IO_THREADS = 8  # threads for restores that read storage (measured: 2 -> 8 took 1.1 -> 0.8 s)
 
 
 def _memcpy(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -164,12 +200,16 @@ def assemble(
 
     A tensor of ``into`` with the entry's name, dtype and shape is filled in place (no new
     allocation, as a restarted trainer's model already holds its tensors); any other entry
-    gets a new tensor. Each byte is copied once, straight from the source buffer into the
-    tensor, by ``threads`` threads (default: up to 4, one per core) working on chunks of at
-    most 16 MiB; the copies release the GIL.
+    gets a new tensor. Each byte goes once, straight from the source into the tensor, by
+    the sources' tasks (memory: copies of at most 16 MiB; storage: verified reads of one
+    checksum block each) run in ``threads`` threads (default: up to 4, one per core, or 8
+    when a source reads storage, whose reads wait on the device more than on a core).
+
+    Raises:
+        CheckpointError: a source cannot supply a tensor, or fails verification (then the
+            tensors of ``into`` may hold partial content).
     """
     out: list[torch.Tensor] = []
-    jobs: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
     for e in entries:
         t = into.get(e.name) if into is not None else None
         fits = (
@@ -190,25 +230,32 @@ def assemble(
             n = max(0, min(e.numel, lo + e.shard_len) - lo)
             if n and dst_bytes is not None:
                 size = e.torch_dtype.itemsize
-                dst = dst_bytes[lo * size : (lo + n) * size]
-                if src.buf.numel() < e.offset + n * size:
-                    raise CheckpointError(f"shard {r} ends before tensor {e.name} does")
-                s = src.buf[e.offset : e.offset + n * size].numpy()
-                jobs += [(dst[i : i + _CHUNK], s[i : i + _CHUNK]) for i in range(0, len(s), _CHUNK)]
+                try:
+                    src.add(e, dst_bytes[lo * size : (lo + n) * size])
+                except CheckpointError as exc:
+                    raise type(exc)(f"shard {r}: {exc}") from exc
         out.append(t if fits and t is not None else whole.view(e.shape))
-    _copy_all(jobs, threads)
+    if threads is None and any(src.io_bound for src in shards):
+        threads = IO_THREADS
+    run_tasks([task for src in shards for task in src.tasks()], threads)
     return out
 
 
-def _copy_all(
-    jobs: Sequence[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]], threads: int | None
-) -> None:
+def run_tasks(tasks: Sequence[Task], threads: int | None = None) -> None:
+    """Runs ``tasks`` in ``threads`` threads (default: up to 4, one per core); the first
+    error is raised once the running tasks are done, and the tasks not started are
+    dropped."""
     n = threads or min(4, os.cpu_count() or 1)
-    if n <= 1 or len(jobs) <= 1:
-        for dst, src in jobs:
-            np.copyto(dst, src)
+    if n <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            task()
         return
     with ThreadPoolExecutor(n, thread_name_prefix="ckpt-restore") as pool:
-        # consume the iterator so an error in a copy surfaces here
-        for _ in pool.map(lambda j: np.copyto(j[0], j[1]), jobs):
-            pass
+        futures = [pool.submit(task) for task in tasks]
+        try:
+            for fut in futures:
+                fut.result()
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise

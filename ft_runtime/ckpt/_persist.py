@@ -5,16 +5,14 @@ Layout under the storage root (a directory or an fsspec URL)::
     step_0000000042/shard_0-of-2/{.metadata, __0_0.distcp, manifest.json}
 
 Each shard directory is a ``torch.distributed.checkpoint`` checkpoint of the flat shard
-tensors, so ``dcp.load`` reads it. Our own loader never touches the pickled ``.metadata``:
-it reads ``manifest.json`` (JSON), verifies every file's sha256 and reads each tensor's
-byte range with ``torch.load(weights_only=True)``.
+tensors, so ``dcp.load`` reads it. ``manifest.json`` (JSON) adds what our own loader
+(``_stored``) needs instead of DCP's pickled ``.metadata``: each file's size and block
+checksums (``_manifest``) and where each tensor's raw bytes lie in the ``.distcp`` file.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
-import io
 import json
 import os
 import re
@@ -31,25 +29,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ft_runtime.ckpt import _manifest, _torchzip
 from ft_runtime.ckpt._layout import Entry, view
+from ft_runtime.ckpt._manifest import MANIFEST
+from ft_runtime.ckpt._stored import is_local, shard_dir
 from ft_runtime.errors import CheckpointError
 
-MANIFEST = "manifest.json"
-FORMAT = "eagleeye-ckpt/1"
 _STEP = re.compile(r"^step_(\d+)$")
 _SHARD = re.compile(r"^shard_(\d+)-of-(\d+)$")
-
-
-class CorruptCheckpoint(CheckpointError):
-    """A persisted shard fails verification (checksum, size or manifest)."""
-
-
-def shard_dir(step: int, shard: int, nshards: int) -> str:
-    return f"step_{step:010d}/shard_{shard}-of-{nshards}"
-
-
-def _is_local(root: str) -> bool:
-    return "://" not in root or root.startswith("file://")
 
 
 def _local(root: str) -> Path:
@@ -64,14 +51,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_shard(
     tmp: Path, buf: torch.Tensor, meta: dict[str, Any], step: int, shard: int, nshards: int
 ) -> None:
@@ -84,16 +63,15 @@ def _write_shard(
         idx.fqn: [info.relative_path, info.offset, info.length]
         for idx, info in md.storage_data.items()
     }
-    files = {
-        p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())
-    }
+    files = {p.name: _file_entry(p) for p in sorted(tmp.iterdir())}
     manifest = {
-        "format": FORMAT,
+        "format": _manifest.FORMAT,
         "step": step,
         "shard": shard,
         "nshards": nshards,
         "meta": meta,
         "tensors": tensors,
+        "data": _locate_data(tmp, tensors, {e.name: e.nbytes for e in entries}),
         "files": files,
     }
     with (tmp / MANIFEST).open("w") as f:
@@ -101,6 +79,32 @@ def _write_shard(
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
+
+
+def _file_entry(p: Path) -> dict[str, Any]:
+    size = p.stat().st_size
+    with p.open("rb", buffering=0) as f:
+        return {
+            "bytes": size,
+            "checksum": _manifest.compute(f, size, _manifest.BLOCK_BYTES).to_json(),
+        }
+
+
+def _locate_data(
+    tmp: Path, tensors: dict[str, list[Any]], nbytes: dict[str, int]
+) -> dict[str, list[Any]]:
+    """Where each tensor's raw bytes lie: ``{name: [file, offset, length]}``."""
+    out: dict[str, list[Any]] = {}
+    for name, (rel, off, length) in tensors.items():
+        with (tmp / rel).open("rb") as f:
+            try:
+                start, n = _torchzip.tensor_data(f, off, length)
+            except ValueError as exc:
+                raise CheckpointError(f"DCP wrote tensor {name} in an unknown form: {exc}") from exc
+        if n != nbytes[name]:
+            raise CheckpointError(f"DCP wrote {n} bytes for tensor {name}, not {nbytes[name]}")
+        out[name] = [rel, start, n]
+    return out
 
 
 def _dcp_save(sd: dict[str, torch.Tensor], writer: FileSystemWriter) -> Any:
@@ -146,7 +150,7 @@ def persist(
     whole or not at all. Raises OSError (e.g. ENOSPC) with the temporary files removed.
     """
     rel = shard_dir(step, shard, nshards)
-    stage_root = _local(root) if _is_local(root) else Path(tempfile.mkdtemp(prefix="eeckpt-"))
+    stage_root = _local(root) if is_local(root) else Path(tempfile.mkdtemp(prefix="eeckpt-"))
     final = stage_root / rel
     tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
@@ -158,7 +162,7 @@ def persist(
             # torch.save reports a short write as a RuntimeError; name the real cause
             _check_space(stage_root, 0, cause=exc)
             raise
-        if _is_local(root):
+        if is_local(root):
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)
@@ -169,7 +173,7 @@ def persist(
             fs.mv(f"{path}/{rel}.tmp", f"{path}/{rel}", recursive=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not _is_local(root):
+        if not is_local(root):
             shutil.rmtree(stage_root, ignore_errors=True)
     retain(root, shard, nshards, keep_last)
     return f"{root.rstrip('/')}/{rel}"
@@ -205,42 +209,3 @@ def retain(root: str, shard: int, nshards: int, keep_last: int) -> None:
                 fs.rmdir(f"{path}/step_{st:010d}")
         except OSError:
             pass  # another shard's owner got there first, or is still writing
-
-
-def read(root: str, step: int, shard: int, nshards: int) -> tuple[dict[str, Any], torch.Tensor]:
-    """Reads one persisted shard back as ``(meta, uint8 buffer)``, verifying checksums.
-
-    Raises:
-        CorruptCheckpoint: a missing, truncated or altered file, or a bad manifest.
-    """
-    fs, path = fsspec.core.url_to_fs(root)
-    base = f"{path}/{shard_dir(step, shard, nshards)}"
-    try:
-        with fs.open(f"{base}/{MANIFEST}", "rb") as f:
-            manifest = json.load(f)
-        if manifest.get("format") != FORMAT:
-            raise CorruptCheckpoint(f"{base}: unknown format {manifest.get('format')!r}")
-        blobs = {
-            name: _verified(fs, f"{base}/{name}", info) for name, info in manifest["files"].items()
-        }
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CorruptCheckpoint(f"{base}: unreadable manifest or file ({exc})") from exc
-    meta = manifest["meta"]
-    entries = [Entry.from_json(e) for e in meta["entries"]]
-    size = max((e.offset + e.nbytes for e in entries), default=0)
-    buf = torch.empty(size, dtype=torch.uint8)
-    for e in entries:
-        rel, off, length = manifest["tensors"][e.name]
-        t = torch.load(io.BytesIO(blobs[rel][off : off + length]), weights_only=True)
-        view(buf, e).copy_(t)
-    return meta, buf
-
-
-def _verified(fs: Any, path: str, info: dict[str, Any]) -> bytes:
-    with fs.open(path, "rb") as f:
-        data: bytes = f.read()
-    if len(data) != info["bytes"]:
-        raise CorruptCheckpoint(f"{path}: {len(data)} bytes, the manifest says {info['bytes']}")
-    if hashlib.sha256(data).hexdigest() != info["sha256"]:
-        raise CorruptCheckpoint(f"{path}: sha256 mismatch (the file was altered)")
-    return data

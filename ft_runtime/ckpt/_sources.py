@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ft_runtime.ckpt import _persist, _shm
+from ft_runtime.ckpt import _persist, _shm, _stored
 from ft_runtime.ckpt._layout import BufferSource, Source
 from ft_runtime.ckpt._rpc import Rpc, fetch_into
 from ft_runtime.ckpt.config import ClientConfig
@@ -70,8 +70,9 @@ class Catalog:
         if (step, shard, nshards) in self.stored:
             assert self.cfg.storage is not None
             try:
-                meta, buf = _persist.read(self.cfg.storage, step, shard, nshards)
-                return meta, BufferSource(buf), Tier.STORAGE
+                # sizes are checked now, contents while they are read into the tensors
+                meta, src = _stored.open_shard(self.cfg.storage, step, shard, nshards)
+                return meta, src, Tier.STORAGE
             except CheckpointError as exc:
                 skipped.append(f"step {step} shard {shard} in storage: {exc}")
         return None

@@ -219,7 +219,9 @@ class CheckpointClient:
                 shape are filled in place and returned, which saves allocating them again.
 
         Returns None when no checkpoint exists anywhere. Never unpickles: tensors come from
-        raw bytes or ``torch.load(weights_only=True)``, plain data from JSON.
+        raw bytes (storage: at the offsets the manifest records, checksums verified while
+        reading), plain data from JSON. The tensors of ``into`` are written while a step is
+        read: when every step fails, they may hold partial content.
         """
         self.fence()
         template = dict(_tree.flatten(into)[1]) if into is not None else None
@@ -242,6 +244,10 @@ class CheckpointClient:
                 cat.finish()
             except CheckpointError as exc:
                 skipped.append(f"step {step}: {exc}")
+                try:
+                    cat.finish()  # unmap this step's segments before trying an older one
+                except CheckpointError:
+                    pass
                 continue
             return LoadResult(
                 _tree.unflatten(meta["tree"], tensors),

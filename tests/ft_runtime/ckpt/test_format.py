@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ft_runtime.ckpt import CorruptCheckpoint, _layout, _persist, _tree
+from ft_runtime.ckpt import CorruptCheckpoint, _layout, _persist, _stored, _tree
 from ft_runtime.ckpt.config import ClientConfig, HolderConfig, Ring
 from ft_runtime.errors import CheckpointError
 
@@ -114,7 +114,7 @@ def _persisted(root: Path | str, step: int, keep_last: int = 5) -> dict[str, obj
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_persisted_shard_reads_back_bitwise_and_is_a_dcp_checkpoint(tmp_path: Path) -> None:
     state = _persisted(tmp_path, 3)
-    meta, buf = _persist.read(str(tmp_path), 3, 0, 1)
+    meta, buf = _stored.read(str(tmp_path), 3, 0, 1)
     _assert_same(state, _unpack(meta, [buf]))
     import torch.distributed.checkpoint as dcp
 
@@ -138,7 +138,7 @@ def test_damaged_persisted_files_are_detected(tmp_path: Path, damage: str) -> No
     else:
         (d / "manifest.json").write_text("{not json")
     with pytest.raises(CorruptCheckpoint):
-        _persist.read(str(tmp_path), 1, 0, 1)
+        _stored.read(str(tmp_path), 1, 0, 1)
 
 
 def test_retention_keeps_the_newest_k(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_fsspec_urls_are_persisted_read_and_retained(tmp_path: Path) -> None:
     url = f"memory://ckpt-{tmp_path.name}"
     states = [_persisted(url, step, keep_last=2) for step in (1, 2, 3)]
     assert [s for s, _, _ in _persist.catalog(url)] == [3, 2]
-    meta, buf = _persist.read(url, 3, 0, 1)
+    meta, buf = _stored.read(url, 3, 0, 1)
     _assert_same(states[2], _unpack(meta, [buf]))
 
 
