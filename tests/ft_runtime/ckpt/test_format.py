@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import OrderedDict
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ft_runtime.ckpt import CorruptCheckpoint, _layout, _persist, _stored, _tree
+from ft_runtime.ckpt import CorruptCheckpoint, _layout, _manifest, _persist, _stored, _tree
 from ft_runtime.ckpt.config import ClientConfig, HolderConfig, Ring
 from ft_runtime.errors import CheckpointError
 
@@ -168,3 +169,90 @@ def test_configs_reject_bad_values_with_clear_messages() -> None:
         ClientConfig("node0", ring, dp_rank=2, dp_size=2)
     with pytest.raises(CheckpointError, match="not a valid name"):
         HolderConfig("bad job/..", "node0", ring)
+
+
+def _shard_files(root: Path, step: int) -> Path:
+    return root / f"step_{step:010d}/shard_0-of-1"
+
+
+def test_block_checksums_catch_a_flip_in_any_block_and_name_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_manifest, "BLOCK_BYTES", 1000)  # many blocks, some across tensors
+    state = {"a": torch.randn(700), "b": torch.arange(900, dtype=torch.int64), "c": torch.ones(3)}
+    meta, bufs = _pack(state, 1)
+    _persist.persist(str(tmp_path), bufs[0], meta, 1, 0, 1, 5)
+    d = _shard_files(tmp_path, 1)
+    manifest = json.loads((d / "manifest.json").read_text())
+    data = d / "__0_0.distcp"
+    check = manifest["files"][data.name]["checksum"]
+    assert check["algorithm"] == "sha256"
+    assert len(check["digests"]) == -(-data.stat().st_size // 1000) > 8
+    got_meta, buf = _stored.read(str(tmp_path), 1, 0, 1)
+    _assert_same(state, _unpack(got_meta, [buf]))
+    clean = data.read_bytes()
+    for pos in (5, 2500, len(clean) - 3):  # a header, a tensor's bytes, the zip's end
+        raw = bytearray(clean)
+        raw[pos] ^= 0x04
+        data.write_bytes(bytes(raw))
+        block = pos // 1000
+        span = f"bytes {block * 1000}-{min(len(clean), block * 1000 + 1000)}"
+        with pytest.raises(CorruptCheckpoint, match=f"sha256 mismatch in {span}"):
+            _stored.read(str(tmp_path), 1, 0, 1)
+    data.write_bytes(clean)
+    got_meta, buf = _stored.read(str(tmp_path), 1, 0, 1)
+    _assert_same(state, _unpack(got_meta, [buf]))
+
+
+def _as_first_format(d: Path) -> None:
+    """Rewrites a shard's manifest as the first format wrote it: one sha256 per file, no
+    offsets of the raw tensor bytes."""
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["format"] = "eagleeye-ckpt/1"
+    del manifest["data"]
+    manifest["files"] = {
+        name: {"sha256": hashlib.sha256((d / name).read_bytes()).hexdigest(), "bytes": f["bytes"]}
+        for name, f in manifest["files"].items()
+    }
+    (d / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_first_format_manifests_still_load_and_are_verified(tmp_path: Path) -> None:
+    state = _persisted(tmp_path, 4)
+    d = _shard_files(tmp_path, 4)
+    _as_first_format(d)
+    meta, buf = _stored.read(str(tmp_path), 4, 0, 1)
+    _assert_same(state, _unpack(meta, [buf]))
+    data = d / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CorruptCheckpoint, match="sha256 mismatch"):
+        _stored.read(str(tmp_path), 4, 0, 1)
+
+
+def test_unknown_checksum_algorithm_is_refused_by_name(tmp_path: Path) -> None:
+    _persisted(tmp_path, 2)
+    m = _shard_files(tmp_path, 2) / "manifest.json"
+    manifest = json.loads(m.read_text())
+    for f in manifest["files"].values():
+        f["checksum"]["algorithm"] = "crc7"
+    m.write_text(json.dumps(manifest))
+    with pytest.raises(CorruptCheckpoint, match="algorithm 'crc7' is not one of"):
+        _stored.read(str(tmp_path), 2, 0, 1)
+
+
+@pytest.mark.parametrize("nshards", [1, 3])
+def test_storage_restore_fills_the_given_tensors_in_place(tmp_path: Path, nshards: int) -> None:
+    state = {"w": torch.randn(5, 7), "n": torch.arange(11, dtype=torch.int32), "s": 3}
+    meta, bufs = _pack(state, nshards)
+    for r, buf in enumerate(bufs):
+        _persist.persist(str(tmp_path), buf, meta, 6, r, nshards, 5)
+    into = {"w": torch.zeros(5, 7), "n": torch.zeros(11, dtype=torch.int32)}
+    ptrs = {k: t.data_ptr() for k, t in into.items()}
+    srcs = [_stored.open_shard(str(tmp_path), 6, r, nshards)[1] for r in range(nshards)]
+    entries = [_layout.Entry.from_json(e) for e in meta["entries"]]  # type: ignore[attr-defined]
+    out = _layout.assemble(entries, srcs, into)
+    assert [t.data_ptr() for t in out] == [ptrs["w"], ptrs["n"]]
+    assert torch.equal(into["w"], state["w"])  # type: ignore[arg-type]
+    assert torch.equal(into["n"], state["n"])  # type: ignore[arg-type]
