@@ -11,10 +11,13 @@ their longest stall, the sender's step time while it serves the catch-up, and ho
 median step times it took to find the stopped rank.
 
 The restarted replica's ranks start 10 nice levels lower until they have caught up;
-``--nice-baseline`` adds the same kill with them at full priority, for comparison.
+``--nice-baseline`` adds the same kill with them at full priority, for comparison. The
+sending replica's catch-up server threads run 10 nice levels below its training thread;
+``--serve-baseline N`` adds N pairs of the same kill, one with the server at the training
+thread's priority and one lowered, alternating, and reports the sender's step ratio of each.
 
 Run: python benchmarks/bench_recovery.py [--steps 240] [--kill-step 40] [--preset small]
-     [--nice-baseline]
+     [--nice-baseline] [--serve-baseline N]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def run(
     recovery: str,
     fault: str,
     joiner_nice: int = 10,
+    serve_nice: int = 10,
 ) -> Path:
     workload = ["--preset", args.preset, "--steps", str(args.steps), "--batch-size", "2"]
     workload += ["--block-size", "32", "--checkpoint-every", str(args.checkpoint_every)]
@@ -55,6 +59,7 @@ def run(
         runs_dir=str(root),
         run_id=name,
         joiner_nice=joiner_nice,
+        serve_nice=serve_nice,
     )
     result = run_job(config)
     if not result.succeeded:
@@ -88,6 +93,9 @@ def survivors(run_dir: Path, kill_step: int) -> dict[str, float]:
     joining = mine.loc[join - 1 : join + 1, "value"] if join >= 0 else pd.Series([float("nan")])
     serving = steps[(steps["rank"] == 0) & (steps["name"] == "serving_catch_up")]
     sending = mine.loc[[s for s in serving[serving["value"] > 0]["step"] if s < join]]
+    # The same outage without the sending: a fairer baseline on a machine where a survivor
+    # speeds up whenever a rank is gone.
+    idle = mine.loc[[s for s in outage[1:] if s not in sending.index and s < join - 1]]
     return {
         "steady_step_s": steady,
         "outage_steps": float(len(outage)),
@@ -95,6 +103,9 @@ def survivors(run_dir: Path, kill_step: int) -> dict[str, float]:
         "stall_s": float(mine.loc[kill_step : kill_step + 1, "value"].max() - steady),
         "sender_steps_while_sending": float(len(sending)),
         "sender_step_ratio_while_sending": float(sending["value"].median() / steady),
+        "sender_step_ratio_vs_outage_not_sending": float(
+            sending["value"].median() / idle["value"].median()
+        ),
         "sender_step_ratio_at_join": float(joining.max() / steady),
     }
 
@@ -121,6 +132,14 @@ def main() -> None:
         action="store_true",
         help="also run the replica kill with the joiner at full priority (joiner_nice 0)",
     )
+    p.add_argument(
+        "--serve-baseline",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N pairs of the replica kill: catch-up server at the training "
+        "thread's priority (serve_nice 0) and lowered (10), alternating",
+    )
     args = p.parse_args()
     kill = f"kill:rank=1@step={args.kill_step}"
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,6 +153,13 @@ def main() -> None:
         if args.nice_baseline:
             full = run(root, "replica-nice0", args, "replica", kill, joiner_nice=0)
             baseline = (ettr(full), survivors(full, args.kill_step))
+        served: dict[int, list[float]] = {0: [], 10: []}
+        for pair in range(args.serve_baseline):
+            for nice in (0, 10):
+                run_dir = run(root, f"serve{nice}-{pair}", args, "replica", kill, serve_nice=nice)
+                served[nice].append(
+                    survivors(run_dir, args.kill_step)["sender_step_ratio_while_sending"]
+                )
         stop_spec = kill.replace("kill", "stop")
         stop = None if args.no_stop else detection(run(root, "stop", args, "replica", stop_spec))
     lost_clean = clean[1]
@@ -150,6 +176,13 @@ def main() -> None:
         print(f"joiner at full priority: ETTR {ratio0:.1%}, lost {lost0 - lost_clean:.2f} s")
         for key, value in figures0.items():
             print(f"joiner at full priority, {key}: {value:.3f}")
+    if args.serve_baseline:
+        for nice, ratios in served.items():
+            shown = ", ".join(f"{r:.2f}" for r in ratios)
+            print(
+                f"sender's step while serving, vs steady, server at nice +{nice}: "
+                f"median {statistics.median(ratios):.2f}x ({shown})"
+            )
     if stop is not None:
         print(f"SIGSTOP found after {stop[0]:.3f} s = {stop[1]:.2f} median step times")
 

@@ -23,7 +23,7 @@ from eagleeye.exporter import EagleEyeExporter
 from eagleeye.snapshots import Holders
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
-from ft_runtime.layout import ENV_CATCHUP_TOKEN, JobLayout
+from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
@@ -55,6 +55,7 @@ class JobConfig:
     stall_floor_s: float = 0.15
     min_replicas: int = 1
     joiner_nice: int = 10
+    serve_nice: int = 10
     policy: str | None = None
     metrics_port: int | None = None
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
@@ -168,6 +169,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         ENV_INJECT: ";".join(config.inject),
     }
     env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    # A source's catch-up server runs below its training thread (0: at the same priority).
+    env.setdefault(ENV_SERVE_NICE, str(config.serve_nice))
     # Peers serve their state to each other only with this run's token.
     env.setdefault(ENV_CATCHUP_TOKEN, secrets.token_hex(16))
     holders = _holders(config, run_id, run_dir)
