@@ -275,6 +275,7 @@ class ReplicaSupervisor(JobSupervisor):
             min_replicas=old.min_replicas,
             stall_factor=old.stall_factor,
             stall_floor_s=old.stall_floor_s,
+            lateness_factor=old.lateness_factor,
             clock=old.clock,
             log=log,
         )
