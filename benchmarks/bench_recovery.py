@@ -120,13 +120,21 @@ def detection(run_dir: Path) -> tuple[float, float]:
     return delay, delay / float(before["value"].median())
 
 
+def hang_isolations(run_dir: Path) -> int:
+    """How many times the quorum dropped a replica as hung in this run."""
+    events = samples(run_dir)[1]
+    quorum = events[events["subject"] == "quorum"]["detail"]
+    return sum(str(d.get("reason", "")).startswith("hung") for d in quorum)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=240)
     p.add_argument("--kill-step", type=int, default=40)
     p.add_argument("--preset", default="small")
     p.add_argument("--checkpoint-every", type=int, default=20)
-    p.add_argument("--no-stop", action="store_true", help="skip the SIGSTOP run")
+    p.add_argument("--no-stop", action="store_true", help="skip the SIGSTOP runs")
+    p.add_argument("--stop-runs", type=int, default=1, help="SIGSTOP runs (default: 1)")
     p.add_argument(
         "--nice-baseline",
         action="store_true",
@@ -153,15 +161,17 @@ def main() -> None:
         if args.nice_baseline:
             full = run(root, "replica-nice0", args, "replica", kill, joiner_nice=0)
             baseline = (ettr(full), survivors(full, args.kill_step))
-        served: dict[int, list[float]] = {0: [], 10: []}
+        served: dict[int, list[dict[str, float]]] = {0: [], 10: []}
         for pair in range(args.serve_baseline):
             for nice in (0, 10):
                 run_dir = run(root, f"serve{nice}-{pair}", args, "replica", kill, serve_nice=nice)
-                served[nice].append(
-                    survivors(run_dir, args.kill_step)["sender_step_ratio_while_sending"]
-                )
+                served[nice].append(survivors(run_dir, args.kill_step))
         stop_spec = kill.replace("kill", "stop")
-        stop = None if args.no_stop else detection(run(root, "stop", args, "replica", stop_spec))
+        stops = [
+            detection(run(root, f"stop{n}", args, "replica", stop_spec))
+            for n in range(0 if args.no_stop else args.stop_runs)
+        ]
+        false_hangs = sum(hang_isolations(d) for d in root.iterdir() if "stop" not in d.name)
     lost_clean = clean[1]
     print(f"fault-free: ETTR {clean[0]:.1%}, {clean[1]:.2f} s below the median pace")
     for name, (ratio, lost) in (("job restart", job), ("replica isolation", replica)):
@@ -177,14 +187,20 @@ def main() -> None:
         for key, value in figures0.items():
             print(f"joiner at full priority, {key}: {value:.3f}")
     if args.serve_baseline:
-        for nice, ratios in served.items():
-            shown = ", ".join(f"{r:.2f}" for r in ratios)
-            print(
-                f"sender's step while serving, vs steady, server at nice +{nice}: "
-                f"median {statistics.median(ratios):.2f}x ({shown})"
-            )
-    if stop is not None:
-        print(f"SIGSTOP found after {stop[0]:.3f} s = {stop[1]:.2f} median step times")
+        for nice, runs in served.items():
+            for key in (
+                "sender_step_ratio_while_sending",
+                "sender_step_ratio_vs_outage_not_sending",
+            ):
+                ratios = [figures[key] for figures in runs]
+                shown = ", ".join(f"{r:.2f}" for r in ratios)
+                print(
+                    f"server at nice +{nice}, {key}: "
+                    f"median {statistics.median(ratios):.2f}x ({shown})"
+                )
+    for delay, steps in stops:
+        print(f"SIGSTOP found after {delay:.3f} s = {steps:.2f} median step times")
+    print(f"replicas isolated as hung in the runs without a SIGSTOP: {false_hangs}")
 
 
 if __name__ == "__main__":
