@@ -125,6 +125,8 @@ class QuorumService:
         self._last_hb: dict[int, tuple[int, float]] = {}
         self._arrivals: dict[int, dict[int, float]] = {}  # step -> rank -> when it entered
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)
+        self.waited_s = 0.0  # how long the first rank in the newest exchange has waited
+        self.late_ranks: list[int] = []  # the ranks that the last stall found missing
         self._incarnation: dict[int, int] = {}
         self.log = log
         self.store_address = store_address
@@ -260,9 +262,11 @@ class QuorumService:
         front = max(step for step, _ in beats.values())
         waiting = [t for step, t in beats.values() if step == front]
         limit = self.stall_limit()
-        if limit is None or now - min(waiting) < limit:
+        self.waited_s = now - min(waiting)
+        if limit is None or self.waited_s < limit:
             return []
-        late = {rank // self.replica_size for rank, (step, _) in beats.items() if step < front}
+        self.late_ranks = sorted(rank for rank, (step, _) in beats.items() if step < front)
+        late = {rank // self.replica_size for rank in self.late_ranks}
         return sorted(r for r in late if r in self.current.members)
 
     def stall_limit(self) -> float | None:
