@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+HAS_PROC = Path("/proc/self/stat").exists()
+
 
 @dataclass(frozen=True, slots=True)
 class ProcSample:
@@ -47,3 +49,11 @@ def running(before: ProcSample | None, now: ProcSample | None) -> bool:
     if now.state == "R":
         return True
     return before is not None and now.cpu_ns > before.cpu_ns and now.state not in "TtZX"
+
+
+def exited(now: ProcSample | None) -> bool:
+    """Whether a process has ended: a zombie not yet reaped, or gone from /proc (on a
+    system that has /proc)."""
+    if now is None:
+        return HAS_PROC
+    return now.state in "ZX"

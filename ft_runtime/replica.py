@@ -174,6 +174,8 @@ class ReplicaSupervisor(JobSupervisor):
         for replica in stalled:
             if self._straggling(replica, looks):
                 continue  # running, only slow: a busy machine, not a hang (yet)
+            if self._exiting(replica, looks):
+                continue  # dead, its exit not collected yet: the next poll names the cause
             self.isolate(replica, "hung: never entered the exchange the others wait in")
         joined = self.quorum.poll_joins()
         if joined is not None:
@@ -208,6 +210,13 @@ class ReplicaSupervisor(JobSupervisor):
             return False
         late = [r for r in self.quorum.late_ranks if self.launch.layout.rank(r).replica == replica]
         return bool(late) and all(procstat.running(*looks.get(r, (None, None))) for r in late)
+
+    def _exiting(
+        self, replica: int, looks: dict[int, tuple[ProcSample | None, ProcSample | None]]
+    ) -> bool:
+        """Whether a late rank of ``replica`` has ended but its exit is not collected."""
+        late = [r for r in self.quorum.late_ranks if self.launch.layout.rank(r).replica == replica]
+        return any(r in looks and procstat.exited(looks[r][1]) for r in late)
 
     def _on_exit(self, rank: _Rank, code: int, when: float) -> None:
         replica = rank.spec.replica

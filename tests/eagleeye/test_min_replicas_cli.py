@@ -30,6 +30,9 @@ def test_too_few_replicas_left_restart_the_job_from_the_cli(tmp_path) -> None:
         config = reader.meta()["config"]
         events = reader.events()
     assert config["min_replicas"] == 2
+    quorum = events[events["subject"] == "quorum"]["detail"]
+    removals = [d["reason"] for d in quorum if "removed" in d]
+    assert removals == ["rank 1 exited with -9"]  # the kill, not taken for a hang
     job = events[events["subject"] == "job"]
     recovering = job[job["phase"] == "recovering"]
     assert len(recovering) == 1  # the last resort, not a replica restart

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ft_runtime.procstat import ProcSample, running, sample
+from ft_runtime.procstat import ProcSample, exited, running, sample
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
 
@@ -50,8 +50,13 @@ def test_a_blocked_process_is_not_running_and_an_unknown_one_is_not_either() -> 
         assert before is not None
         assert now.cpu_ns == before.cpu_ns
         assert not running(before, now)
+        assert not exited(now)
+        blocked.kill()
+        time.sleep(0.1)
+        assert exited(sample(blocked.pid))  # a zombie until reaped
     finally:
         blocked.kill()
         blocked.wait()
     assert sample(blocked.pid) is None  # reaped: /proc has nothing on it
+    assert exited(None)
     assert not running(None, None)
