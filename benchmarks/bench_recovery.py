@@ -16,8 +16,11 @@ sending replica's catch-up server threads run 10 nice levels below its training 
 ``--serve-baseline N`` adds N pairs of the same kill, one with the server at the training
 thread's priority and one lowered, alternating, and reports the sender's step ratio of each.
 
+``--stop-runs N`` repeats the SIGSTOP run; every run without a SIGSTOP is checked for
+replicas the quorum isolated as hung (false hang findings).
+
 Run: python benchmarks/bench_recovery.py [--steps 240] [--kill-step 40] [--preset small]
-     [--nice-baseline] [--serve-baseline N]
+     [--nice-baseline] [--serve-baseline N] [--stop-runs N] [--no-stop]
 """
 
 from __future__ import annotations
