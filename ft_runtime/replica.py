@@ -77,7 +77,7 @@ class ReplicaSupervisor(JobSupervisor):
         self.command_timeout_s = command_timeout_s
         self.joiner_nice = joiner_nice
         self.straggler_factor = straggler_factor
-        self._looks: dict[int, ProcSample] = {}
+        self._looks: dict[int, ProcSample] = {}  # by pid: the last look at each rank
         replicas = launch.layout.replicas
         self.incarnation = dict.fromkeys(range(replicas), 0)
         self.replica_restarts = dict.fromkeys(range(replicas), 0)
@@ -193,10 +193,11 @@ class ReplicaSupervisor(JobSupervisor):
         for rank_id, rank in self._ranks.items():
             if rank.exit_collected:
                 continue
-            now = procstat.sample(rank.process.pid)
-            looks[rank_id] = (self._looks.get(rank_id), now)
+            pid = rank.process.pid  # a relaunched rank is a new process: a fresh history
+            now = procstat.sample(pid)
+            looks[rank_id] = (self._looks.get(pid), now)
             if now is not None:
-                self._looks[rank_id] = now
+                self._looks[pid] = now
         return looks
 
     def _straggling(
