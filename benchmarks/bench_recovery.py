@@ -11,10 +11,16 @@ their longest stall, the sender's step time while it serves the catch-up, and ho
 median step times it took to find the stopped rank.
 
 The restarted replica's ranks start 10 nice levels lower until they have caught up;
-``--nice-baseline`` adds the same kill with them at full priority, for comparison.
+``--nice-baseline`` adds the same kill with them at full priority, for comparison. The
+sending replica's catch-up server threads run 10 nice levels below its training thread;
+``--serve-baseline N`` adds N pairs of the same kill, one with the server at the training
+thread's priority and one lowered, alternating, and reports the sender's step ratio of each.
+
+``--stop-runs N`` repeats the SIGSTOP run; every run without a SIGSTOP is checked for
+replicas the quorum isolated as hung (false hang findings).
 
 Run: python benchmarks/bench_recovery.py [--steps 240] [--kill-step 40] [--preset small]
-     [--nice-baseline]
+     [--nice-baseline] [--serve-baseline N] [--stop-runs N] [--no-stop]
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ def run(
     recovery: str,
     fault: str,
     joiner_nice: int = 10,
+    serve_nice: int = 10,
 ) -> Path:
     workload = ["--preset", args.preset, "--steps", str(args.steps), "--batch-size", "2"]
     workload += ["--block-size", "32", "--checkpoint-every", str(args.checkpoint_every)]
@@ -55,6 +62,7 @@ def run(
         runs_dir=str(root),
         run_id=name,
         joiner_nice=joiner_nice,
+        serve_nice=serve_nice,
     )
     result = run_job(config)
     if not result.succeeded:
@@ -88,6 +96,9 @@ def survivors(run_dir: Path, kill_step: int) -> dict[str, float]:
     joining = mine.loc[join - 1 : join + 1, "value"] if join >= 0 else pd.Series([float("nan")])
     serving = steps[(steps["rank"] == 0) & (steps["name"] == "serving_catch_up")]
     sending = mine.loc[[s for s in serving[serving["value"] > 0]["step"] if s < join]]
+    # The same outage without the sending: a fairer baseline on a machine where a survivor
+    # speeds up whenever a rank is gone.
+    idle = mine.loc[[s for s in outage[1:] if s not in sending.index and s < join - 1]]
     return {
         "steady_step_s": steady,
         "outage_steps": float(len(outage)),
@@ -95,6 +106,9 @@ def survivors(run_dir: Path, kill_step: int) -> dict[str, float]:
         "stall_s": float(mine.loc[kill_step : kill_step + 1, "value"].max() - steady),
         "sender_steps_while_sending": float(len(sending)),
         "sender_step_ratio_while_sending": float(sending["value"].median() / steady),
+        "sender_step_ratio_vs_outage_not_sending": float(
+            sending["value"].median() / idle["value"].median()
+        ),
         "sender_step_ratio_at_join": float(joining.max() / steady),
     }
 
@@ -109,17 +123,33 @@ def detection(run_dir: Path) -> tuple[float, float]:
     return delay, delay / float(before["value"].median())
 
 
+def hang_isolations(run_dir: Path) -> int:
+    """How many times the quorum dropped a replica as hung in this run."""
+    events = samples(run_dir)[1]
+    quorum = events[events["subject"] == "quorum"]["detail"]
+    return sum(str(d.get("reason", "")).startswith("hung") for d in quorum)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=240)
     p.add_argument("--kill-step", type=int, default=40)
     p.add_argument("--preset", default="small")
     p.add_argument("--checkpoint-every", type=int, default=20)
-    p.add_argument("--no-stop", action="store_true", help="skip the SIGSTOP run")
+    p.add_argument("--no-stop", action="store_true", help="skip the SIGSTOP runs")
+    p.add_argument("--stop-runs", type=int, default=1, help="SIGSTOP runs (default: 1)")
     p.add_argument(
         "--nice-baseline",
         action="store_true",
         help="also run the replica kill with the joiner at full priority (joiner_nice 0)",
+    )
+    p.add_argument(
+        "--serve-baseline",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run N pairs of the replica kill: catch-up server at the training "
+        "thread's priority (serve_nice 0) and lowered (10), alternating",
     )
     args = p.parse_args()
     kill = f"kill:rank=1@step={args.kill_step}"
@@ -134,8 +164,17 @@ def main() -> None:
         if args.nice_baseline:
             full = run(root, "replica-nice0", args, "replica", kill, joiner_nice=0)
             baseline = (ettr(full), survivors(full, args.kill_step))
+        served: dict[int, list[dict[str, float]]] = {0: [], 10: []}
+        for pair in range(args.serve_baseline):
+            for nice in (0, 10):
+                run_dir = run(root, f"serve{nice}-{pair}", args, "replica", kill, serve_nice=nice)
+                served[nice].append(survivors(run_dir, args.kill_step))
         stop_spec = kill.replace("kill", "stop")
-        stop = None if args.no_stop else detection(run(root, "stop", args, "replica", stop_spec))
+        stops = [
+            detection(run(root, f"stop{n}", args, "replica", stop_spec))
+            for n in range(0 if args.no_stop else args.stop_runs)
+        ]
+        false_hangs = sum(hang_isolations(d) for d in root.iterdir() if "stop" not in d.name)
     lost_clean = clean[1]
     print(f"fault-free: ETTR {clean[0]:.1%}, {clean[1]:.2f} s below the median pace")
     for name, (ratio, lost) in (("job restart", job), ("replica isolation", replica)):
@@ -150,8 +189,21 @@ def main() -> None:
         print(f"joiner at full priority: ETTR {ratio0:.1%}, lost {lost0 - lost_clean:.2f} s")
         for key, value in figures0.items():
             print(f"joiner at full priority, {key}: {value:.3f}")
-    if stop is not None:
-        print(f"SIGSTOP found after {stop[0]:.3f} s = {stop[1]:.2f} median step times")
+    if args.serve_baseline:
+        for nice, runs in served.items():
+            for key in (
+                "sender_step_ratio_while_sending",
+                "sender_step_ratio_vs_outage_not_sending",
+            ):
+                ratios = [figures[key] for figures in runs]
+                shown = ", ".join(f"{r:.2f}" for r in ratios)
+                print(
+                    f"server at nice +{nice}, {key}: "
+                    f"median {statistics.median(ratios):.2f}x ({shown})"
+                )
+    for delay, steps in stops:
+        print(f"SIGSTOP found after {delay:.3f} s = {steps:.2f} median step times")
+    print(f"replicas isolated as hung in the runs without a SIGSTOP: {false_hangs}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from eagleeye.exporter import EagleEyeExporter
 from eagleeye.snapshots import Holders
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
-from ft_runtime.layout import ENV_CATCHUP_TOKEN, JobLayout
+from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
@@ -51,10 +51,12 @@ class JobConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     hang_k: float = 10.0
     hang_min_silence_s: float = 5.0
-    stall_factor: float = 1.5
-    stall_floor_s: float = 0.15
+    stall_factor: float = 1.0  # the hang limit of replica recovery: QuorumService's
+    stall_floor_s: float = 0.05  # defaults (kept here so that flags need no torch import)
+    lateness_factor: float = 2.0
     min_replicas: int = 1
     joiner_nice: int = 10
+    serve_nice: int = 10
     policy: str | None = None
     metrics_port: int | None = None
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
@@ -63,6 +65,11 @@ class JobConfig:
         if self.recovery not in RECOVERIES:
             raise EagleEyeError(
                 f"unknown recovery {self.recovery!r}; use one of {', '.join(RECOVERIES)}"
+            )
+        if not 1 <= self.min_replicas <= self.layout.replicas:
+            raise EagleEyeError(
+                f"--min-replicas {self.min_replicas} is not between 1 and the job's "
+                f"{self.layout.replicas} replicas (--replicas); give a count in that range"
             )
         for spec in parse_specs(self.inject):  # a bad spec fails here, before any launch
             if spec.rank >= self.layout.world_size:
@@ -104,6 +111,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         script_args=script_args,
         module=args.module,
         layout=JobLayout(args.nnodes, args.nproc_per_node, args.replicas),
+        min_replicas=args.min_replicas,
         master_addr=args.master_addr,
         master_port=args.master_port,
         max_restarts=args.max_restarts,
@@ -146,6 +154,7 @@ def supervisor_for(
         min_replicas=config.min_replicas,
         stall_factor=config.stall_factor,
         stall_floor_s=config.stall_floor_s,
+        lateness_factor=config.lateness_factor,
         log=None if store is None else StoreMembershipLog(store),
     )
     return ReplicaSupervisor(
@@ -168,6 +177,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         ENV_INJECT: ";".join(config.inject),
     }
     env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    # A source's catch-up server runs below its training thread (0: at the same priority).
+    env.setdefault(ENV_SERVE_NICE, str(config.serve_nice))
     # Peers serve their state to each other only with this run's token.
     env.setdefault(ENV_CATCHUP_TOKEN, secrets.token_hex(16))
     holders = _holders(config, run_id, run_dir)
@@ -191,6 +202,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
             "nnodes": config.layout.nnodes,
             "nproc_per_node": config.layout.nproc_per_node,
             "replicas": config.layout.replicas,
+            "min_replicas": config.min_replicas,
             "recovery": config.recovery,
             "remediate": config.remediate,
             "inject": list(config.inject),

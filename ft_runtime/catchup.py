@@ -3,8 +3,12 @@
 The sending rank copies its tensors at a step boundary (a memory copy: the only time its
 training loop waits), then a background thread serialises the copy and an HTTP server
 thread serves it in fixed-size chunks, each with its SHA-256, at a bounded rate so the
-sender's own step time barely moves. The receiver verifies every chunk (and retries a bad
-one), then loads the whole with ``torch.load(weights_only=True)``.
+sender's own step time barely moves. Every thread of the server (accepting, serving,
+serialising, hashing) runs ``serve_nice`` nice levels below the thread that trains
+(``ft_runtime.priority``), so on a busy machine the scheduler gives the training loop the
+CPU first; a system that refuses the lower priority only costs that advantage. The
+receiver verifies every chunk (and retries a bad one), then loads the whole with
+``torch.load(weights_only=True)``.
 
 Endpoints (loopback by default; a bearer token when one is set)::
 
@@ -12,7 +16,8 @@ Endpoints (loopback by default; a bearer token when one is set)::
     GET /snapshot/<tag>/chunk/<i>   the i-th chunk
     GET /log/<step>                 the update the sender applied at that step (its SHA-256
                                     in the X-SHA256 header), so a receiver can replay the
-                                    steps trained since the snapshot
+                                    steps trained since the snapshot; the training loop
+                                    only copies it, a serving thread encodes it on request
 """
 
 from __future__ import annotations
@@ -24,15 +29,18 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import torch
 
 from ft_runtime.errors import CatchUpError
+from ft_runtime.priority import lower_this_thread, thread_nice
 
 CHUNK_BYTES = 4 << 20
+SERVE_NICE = 10
+"""Nice levels the server's threads run below the thread that created the server."""
 
 
 class _Snapshot:
@@ -43,7 +51,8 @@ class _Snapshot:
         self.digests: list[str] = []
         self._state = state
 
-    def serialise(self) -> None:
+    def serialise(self, lower: Callable[[], None]) -> None:
+        lower()
         buffer = io.BytesIO()
         torch.save(dict(self._state), buffer)
         self.payload = buffer.getvalue()
@@ -65,6 +74,26 @@ class _Snapshot:
         }
 
 
+class LoggedUpdate:
+    """One step's update as the training loop left it (a copy); a serving thread encodes
+    and hashes it on the first request, so the training loop never serialises."""
+
+    def __init__(self, update: torch.Tensor, lr: float) -> None:
+        self._entry: dict[str, Any] = {"update": update.detach().clone(), "lr": lr}
+        self._lock = threading.Lock()
+        self._body = b""
+        self._digest = ""
+
+    def encoded(self) -> tuple[bytes, str]:
+        """The entry as ``fetch_update`` reads it, and its SHA-256."""
+        with self._lock:
+            if not self._digest:
+                self._body = encode_update(self._entry)
+                self._digest = hashlib.sha256(self._body).hexdigest()
+                self._entry = {}
+            return self._body, self._digest
+
+
 class SnapshotServer:
     """Serves this rank's snapshots to recovering peers. Never raises into training.
 
@@ -73,6 +102,9 @@ class SnapshotServer:
         rate_bytes_s: upper bound of the bytes per second sent (all requests together).
         token: required as ``Authorization: Bearer <token>`` when not empty.
         chunk_bytes: size of one chunk.
+        serve_nice: how many nice levels below the creating thread (the training loop)
+            the server's threads run; 0 keeps them at its priority. A negative value
+            raises their priority, which needs the privilege to do so.
     """
 
     def __init__(
@@ -81,18 +113,31 @@ class SnapshotServer:
         rate_bytes_s: float = 200e6,
         token: str = "",
         chunk_bytes: int = CHUNK_BYTES,
+        serve_nice: int = SERVE_NICE,
     ) -> None:
         self.rate_bytes_s = rate_bytes_s
         self.token = token
         self.chunk_bytes = chunk_bytes
+        self.serve_nice = serve_nice
+        self.nice_target = thread_nice() + serve_nice
+        self.refused = False  # the system refused the priority: the threads run unlowered
         self.snapshots: dict[str, _Snapshot] = {}
-        self.log: dict[int, bytes] = {}
+        self.log: dict[int, LoggedUpdate] = {}
         self.bytes_sent = 0
         self._lock = threading.Lock()
         self._next_send = 0.0
-        self._server = ThreadingHTTPServer((host, 0), _handler(self))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True, name="snapshots").start()
+        self._server = _LoweredHTTPServer((host, 0), _handler(self), self.lower_priority)
+        threading.Thread(target=self._serve, daemon=True, name="snapshots").start()
+
+    def _serve(self) -> None:
+        self.lower_priority()
+        self._server.serve_forever()
+
+    def lower_priority(self) -> None:
+        """Puts the calling thread (one of the server's) at ``nice_target``; a refusal is
+        logged once and serving goes on at the thread's priority."""
+        if lower_this_thread(self.nice_target, warn=not self.refused) is None:
+            self.refused = True
 
     @property
     def address(self) -> str:
@@ -104,7 +149,14 @@ class SnapshotServer:
         copied = {k: _copy(v) for k, v in state.items()}
         snapshot = _Snapshot(tag, step, copied, self.chunk_bytes)
         self.snapshots = {tag: snapshot}  # only the newest is kept: memory stays bounded
-        threading.Thread(target=snapshot.serialise, daemon=True, name="serialise").start()
+        threading.Thread(
+            target=snapshot.serialise, args=(self.lower_priority,), daemon=True, name="serialise"
+        ).start()
+
+    def log_update(self, step: int, update: torch.Tensor, lr: float) -> None:
+        """Keeps the update applied at ``step`` for a joiner's replay (a copy; encoded by
+        the serving thread that first sends it)."""
+        self.log[step] = LoggedUpdate(update, lr)
 
     def throttle(self, nbytes: int) -> None:
         """Blocks the sending thread so that the rate stays under ``rate_bytes_s``."""
@@ -119,6 +171,26 @@ class SnapshotServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _LoweredHTTPServer(ThreadingHTTPServer):
+    """One thread per request, each at the server's lowered priority."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        lower: Callable[[], None],
+    ) -> None:
+        super().__init__(address, handler)
+        self.lower = lower
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        threading.current_thread().name = "catchup-serve"
+        self.lower()
+        super().process_request_thread(request, client_address)
 
 
 def _copy(value: Any) -> Any:
@@ -143,8 +215,9 @@ def _handler(server: SnapshotServer) -> type[BaseHTTPRequestHandler]:
                 if entry is None:
                     self.send_error(404, f"no update logged for step {parts[1]}")
                 else:
-                    server.throttle(len(entry))
-                    self._send(entry, hashlib.sha256(entry).hexdigest())
+                    body, digest = entry.encoded()
+                    server.throttle(len(body))
+                    self._send(body, digest)
                 return
             if len(parts) < 3 or parts[0] != "snapshot" or parts[1] not in server.snapshots:
                 self.send_error(404, f"no snapshot at {self.path}")

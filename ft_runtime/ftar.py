@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ft_runtime import _dist as dist
-from ft_runtime.catchup import SnapshotServer
+from ft_runtime.catchup import SERVE_NICE, SnapshotServer
 from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
 from ft_runtime.errors import LeftQuorum
 from ft_runtime.quorum import Membership, key_broken, key_members, key_start
@@ -63,6 +63,8 @@ class ReplicaComm:
             boundary when this rank is the source of a catch-up.
         cross_timeout_s: last-resort timeout of a cross-replica exchange.
         lr_scaling: scale the lr by sqrt(contributors / replicas) while some are missing.
+        serve_nice: nice levels below this thread at which the catch-up server's threads
+            run (``SnapshotServer``).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class ReplicaComm:
         intra_timeout_s: float = 120.0,
         lr_scaling: bool = True,
         token: str = "",
+        serve_nice: int = SERVE_NICE,
     ) -> None:
         self.store, self.store_address = store, store_address
         self.replica, self.replica_rank = replica, replica_rank
@@ -93,7 +96,7 @@ class ReplicaComm:
         if replica_size > 1:
             prefix = dist.PrefixStore(f"intra/{replica}/{incarnation}", self._client())
             self.intra = dist.gloo_group(prefix, replica_rank, replica_size, intra_timeout_s)
-        self.server = SnapshotServer(token=token)
+        self.server = SnapshotServer(token=token, serve_nice=serve_nice)
         store.set(f"addr/{self.rank}", self.server.address)
         self.membership = self._latest()  # epoch 0, or the epoch a job restart published
         self._cross: dist.Group | None = None

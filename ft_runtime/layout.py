@@ -25,6 +25,8 @@ ENV_NODE = "EAGLEEYE_NODE"
 """Id of the (possibly virtual) node the rank runs on."""
 ENV_CATCHUP_TOKEN = "EAGLEEYE_CATCHUP_TOKEN"
 """Bearer token the ranks of a run require from each other for catch-up transfers."""
+ENV_SERVE_NICE = "EAGLEEYE_SERVE_NICE"
+"""Nice levels below the training thread at which a rank's catch-up server threads run."""
 ENV_ATTEMPT = "TORCHELASTIC_RESTART_COUNT"
 """Restart attempt, as torchrun names it; scripts use it to prefix store keys."""
 

@@ -16,8 +16,13 @@ writes the membership. Keys, all under ``q/``::
 Membership changes at step boundaries: a failure breaks the current epoch (survivors abort
 and retry in the next one); a join is proposed in a new epoch that the members adopt at
 the next step boundary they agree on. A hung member is found from the heartbeats: the
-others have waited in the exchange for ``stall_factor`` times the median step time while
-it never entered.
+others have waited in the exchange for longer than the stall limit while it never entered.
+The limit follows the job's own pace and noise: ``stall_factor`` median step times, but
+never less than ``lateness_factor`` times the worst lateness seen among healthy members
+lately (how long the first rank to enter an exchange waited for the last one, measured
+from the same heartbeats), nor less than ``stall_floor_s``. A steady job is found hung in
+about two step times; a job whose ranks arrive unevenly on a busy machine gets a limit
+wide enough that its ordinary stragglers are not taken for hangs.
 
 The coordinator is restartable. Every membership it decides is first recorded through a
 ``MembershipLog`` (the run store, in Eagle Eye) and only then published; the store itself
@@ -48,6 +53,14 @@ __all__ = [
     "key_start",
 ]
 
+STALL_FACTOR = 1.0
+STALL_FLOOR_S = 0.05
+LATENESS_FACTOR = 2.0
+LATENESS_WINDOW = 64
+"""Steps whose lateness the noise guard remembers."""
+FIRST_TIMED_STEP = 2
+"""Steps before this one (start-up: imports, first allocations) are no sample of noise."""
+
 ENV_QUORUM = "EAGLEEYE_QUORUM"
 """``host:port`` of the quorum's TCPStore; set for ranks of a replica-recovery job."""
 
@@ -73,8 +86,10 @@ class QuorumService:
         host: address the store listens on (loopback unless told otherwise).
         min_replicas: fewer healthy members than this and ``degraded_below_min`` is True.
         stall_factor: a member that has not entered the exchange while the others waited
-            this many median step times is hung.
-        stall_floor_s: least waiting time that counts as a stall (noise guard).
+            this many median step times is hung (unless the noise guard says otherwise).
+        stall_floor_s: least waiting time that counts as a stall, whatever the pace.
+        lateness_factor: the noise guard: the limit is at least this many times the
+            largest lateness of the recent steps in which every member entered.
         clock: wall-clock time, seconds.
         log: where each membership is recorded before it is published; a service whose
             log holds a record resumes from it instead of starting at epoch 0.
@@ -88,8 +103,9 @@ class QuorumService:
         replica_size: int,
         host: str = "127.0.0.1",
         min_replicas: int = 1,
-        stall_factor: float = 1.5,
-        stall_floor_s: float = 0.15,
+        stall_factor: float = STALL_FACTOR,
+        stall_floor_s: float = STALL_FLOOR_S,
+        lateness_factor: float = LATENESS_FACTOR,
         clock: Callable[[], float] = time.time,
         log: MembershipLog | None = None,
         store_address: str | None = None,
@@ -100,12 +116,17 @@ class QuorumService:
         self.min_replicas = min_replicas
         self.stall_factor = stall_factor
         self.stall_floor_s = stall_floor_s
+        self.lateness_factor = lateness_factor
         self.clock = clock
         self.store: dist.TCPStore | None = None
         self.current = Membership(0, tuple(range(replicas)))
         self.history: list[Membership] = []
         self._step_times: deque[float] = deque(maxlen=64)
         self._last_hb: dict[int, tuple[int, float]] = {}
+        self._arrivals: dict[int, dict[int, float]] = {}  # step -> rank -> when it entered
+        self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)
+        self.waited_s = 0.0  # how long the first rank in the newest exchange has waited
+        self.late_ranks: list[int] = []  # the ranks that the last stall found missing
         self._incarnation: dict[int, int] = {}
         self.log = log
         self.store_address = store_address
@@ -183,6 +204,8 @@ class QuorumService:
         for replica in range(self.replicas):
             self.store.delete_key(f"q/join/{replica}")
         self._step_times.clear()
+        self._lateness.clear()
+        self._arrivals.clear()
         self.forget_heartbeats(range(self.replicas * self.replica_size))
         self._publish(Membership(self.current.epoch + 1, tuple(range(self.replicas))))
         return self.current
@@ -239,16 +262,36 @@ class QuorumService:
         front = max(step for step, _ in beats.values())
         waiting = [t for step, t in beats.values() if step == front]
         limit = self.stall_limit()
-        if limit is None or now - min(waiting) < limit:
+        self.waited_s = now - min(waiting)
+        if limit is None or self.waited_s < limit:
             return []
-        late = {rank // self.replica_size for rank, (step, _) in beats.items() if step < front}
+        self.late_ranks = sorted(rank for rank, (step, _) in beats.items() if step < front)
+        late = {rank // self.replica_size for rank in self.late_ranks}
         return sorted(r for r in late if r in self.current.members)
 
     def stall_limit(self) -> float | None:
         """Seconds of waiting that mark a stall; None before any step time is known."""
         if not self._step_times:
             return None
-        return max(self.stall_factor * statistics.median(self._step_times), self.stall_floor_s)
+        pace = self.stall_factor * statistics.median(self._step_times)
+        noise = self.lateness_factor * max(self._lateness, default=0.0)
+        return max(pace, noise, self.stall_floor_s)
+
+    def _note_arrivals(self, beats: dict[int, tuple[int, float]]) -> None:
+        """Lateness samples: for a step every member rank was seen to enter, how long the
+        first to enter waited for the last."""
+        for rank, (step, when) in beats.items():
+            if step >= FIRST_TIMED_STEP:
+                self._arrivals.setdefault(step, {})[rank] = when
+        front = max(step for step, _ in beats.values())
+        for step in sorted(self._arrivals):
+            arrived = self._arrivals[step]
+            if all(rank in arrived for rank in beats):
+                times = [arrived[rank] for rank in beats]
+                self._lateness.append(max(times) - min(times))
+                del self._arrivals[step]
+            elif not front - 8 <= step <= front:  # a beat overwritten unseen, or a rollback
+                del self._arrivals[step]
 
     def _heartbeats(self) -> dict[int, tuple[int, float]]:
         assert self.store is not None
@@ -270,6 +313,7 @@ class QuorumService:
                 self._step_times.append(beat[1] - previous[1])
             self._last_hb[rank] = beat
             beats[rank] = beat
+        self._note_arrivals(beats)
         return beats
 
     def forget_heartbeats(self, ranks: Sequence[int]) -> None:
@@ -278,6 +322,8 @@ class QuorumService:
             return
         for rank in ranks:
             self._last_hb.pop(rank, None)
+            for arrived in self._arrivals.values():
+                arrived.pop(rank, None)
             self.store.delete_key(f"hb/{rank}")
 
     def close(self) -> None:

@@ -20,12 +20,7 @@ from typing import Any
 import torch
 
 from ft_runtime import _dist as dist
-from ft_runtime.catchup import (
-    SnapshotServer,
-    encode_update,
-    fetch_snapshot,
-    fetch_update,
-)
+from ft_runtime.catchup import SnapshotServer, fetch_snapshot, fetch_update
 from ft_runtime.errors import CatchUpError, LeftQuorum
 
 Apply = Callable[[torch.Tensor, float], object]
@@ -50,7 +45,7 @@ class CatchUpSource:
     def after_step(self, step: int, update: torch.Tensor, lr: float) -> None:
         """Logs this step's update for open requests, then takes new requests."""
         if self._open:
-            self.server.log[step] = encode_update({"update": update, "lr": lr})
+            self.server.log_update(step, update, lr)
             self._close_done()
         count = int(self.store.add("q/wants", 0))
         for want in range(self._seen + 1, count + 1):

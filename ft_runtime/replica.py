@@ -25,9 +25,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ft_runtime import procstat
 from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
 from ft_runtime.layout import RankSpec
 from ft_runtime.membership import Membership
+from ft_runtime.procstat import ProcSample
 from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService
 from ft_runtime.storehost import StoreHost
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec, _Rank, _signal
@@ -52,6 +54,9 @@ class ReplicaSupervisor(JobSupervisor):
             waits for the replicas' answers.
         joiner_nice: how much lower a relaunched replica's ranks run until they caught up
             (0: not at all), so their start-up does not slow the replicas that train.
+        straggler_factor: a replica the quorum finds stalled whose late ranks are all
+            running (``ft_runtime.procstat``) is given up to this many stall limits before
+            it counts as hung; a stopped or blocked rank counts at once.
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class ReplicaSupervisor(JobSupervisor):
         max_job_restarts: int = 1,
         command_timeout_s: float = 30.0,
         joiner_nice: int = 10,
+        straggler_factor: float = 5.0,
     ) -> None:
         super().__init__(launch, max_restarts, clock)
         self.quorum = quorum
@@ -70,6 +76,8 @@ class ReplicaSupervisor(JobSupervisor):
         self.job_restarts = 0
         self.command_timeout_s = command_timeout_s
         self.joiner_nice = joiner_nice
+        self.straggler_factor = straggler_factor
+        self._looks: dict[int, ProcSample] = {}  # by pid: the last look at each rank
         replicas = launch.layout.replicas
         self.incarnation = dict.fromkeys(range(replicas), 0)
         self.replica_restarts = dict.fromkeys(range(replicas), 0)
@@ -162,7 +170,12 @@ class ReplicaSupervisor(JobSupervisor):
         except RuntimeError as exc:  # the coordinator lost its store connection
             self.restart_coordinator(f"coordinator failed: {exc}")
             stalled = []
+        looks = self._look_at_ranks()
         for replica in stalled:
+            if self._straggling(replica, looks):
+                continue  # running, only slow: a busy machine, not a hang (yet)
+            if self._exiting(replica, looks):
+                continue  # dead, its exit not collected yet: the next poll names the cause
             self.isolate(replica, "hung: never entered the exchange the others wait in")
         joined = self.quorum.poll_joins()
         if joined is not None:
@@ -173,6 +186,38 @@ class ReplicaSupervisor(JobSupervisor):
         self.quorum.settle_joins()
         self._check_finished()
         return self._take_events()
+
+    def _look_at_ranks(self) -> dict[int, tuple[ProcSample | None, ProcSample | None]]:
+        """Each live rank's previous and current look (state, CPU time) from /proc."""
+        looks = {}
+        for rank_id, rank in self._ranks.items():
+            if rank.exit_collected:
+                continue
+            pid = rank.process.pid  # a relaunched rank is a new process: a fresh history
+            now = procstat.sample(pid)
+            looks[rank_id] = (self._looks.get(pid), now)
+            if now is not None:
+                self._looks[pid] = now
+        return looks
+
+    def _straggling(
+        self, replica: int, looks: dict[int, tuple[ProcSample | None, ProcSample | None]]
+    ) -> bool:
+        """Whether every late rank of ``replica`` is running (runnable, or it got CPU time
+        since the last look) and the others have waited less than ``straggler_factor``
+        stall limits: such a rank is slow, not hung. A stopped or blocked one is hung."""
+        limit = self.quorum.stall_limit()
+        if limit is None or self.quorum.waited_s >= self.straggler_factor * limit:
+            return False
+        late = [r for r in self.quorum.late_ranks if self.launch.layout.rank(r).replica == replica]
+        return bool(late) and all(procstat.running(*looks.get(r, (None, None))) for r in late)
+
+    def _exiting(
+        self, replica: int, looks: dict[int, tuple[ProcSample | None, ProcSample | None]]
+    ) -> bool:
+        """Whether a late rank of ``replica`` has ended but its exit is not collected."""
+        late = [r for r in self.quorum.late_ranks if self.launch.layout.rank(r).replica == replica]
+        return any(r in looks and procstat.exited(looks[r][1]) for r in late)
 
     def _on_exit(self, rank: _Rank, code: int, when: float) -> None:
         replica = rank.spec.replica
@@ -275,6 +320,7 @@ class ReplicaSupervisor(JobSupervisor):
             min_replicas=old.min_replicas,
             stall_factor=old.stall_factor,
             stall_floor_s=old.stall_floor_s,
+            lateness_factor=old.lateness_factor,
             clock=old.clock,
             log=log,
         )

@@ -49,6 +49,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="data-parallel replicas the world is split into (default: 1)",
     )
     g.add_argument(
+        "--min-replicas",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="under --recovery replica: fewer healthy replicas than N left and the whole "
+        "job restarts from its newest checkpoint; at most --replicas (default: 1)",
+    )
+    g.add_argument(
         "--master-addr",
         "--master_addr",
         dest="master_addr",

@@ -31,10 +31,11 @@ import eagleeye
 from eagleeye.workload.data import ShardedSampler
 from eagleeye.workload.model import GPT
 from ft_runtime import _dist as dist
+from ft_runtime.catchup import SERVE_NICE
 from ft_runtime.checkpoint import DiskCheckpointer
 from ft_runtime.commands import CHECKPOINT, ROLLBACK, Command
 from ft_runtime.ftar import ExchangeResult, ReplicaComm
-from ft_runtime.layout import ENV_CATCHUP_TOKEN
+from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE
 from ft_runtime.quorum import ENV_QUORUM
 from ft_runtime.replica import restore_priority
 
@@ -62,6 +63,7 @@ def connect(ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimiz
         cross_timeout_s=float(env.get(ENV_CROSS_TIMEOUT, 30.0)),
         lr_scaling=env.get(ENV_LR_SCALING, "sqrt") != "none",
         token=env.get(ENV_CATCHUP_TOKEN, ""),
+        serve_nice=int(env.get(ENV_SERVE_NICE, SERVE_NICE)),
     )
 
 

@@ -49,6 +49,11 @@ def test_every_subcommand_is_listed_and_explains_itself() -> None:
         (["run", "-m", "no_such_module_xyz"], "module 'no_such_module_xyz' not found"),
         (["run", "--inject", "explode:rank=0@step=1", "x.py"], "unknown fault kind 'explode'"),
         (["run", "--nproc-per-node", "3", "--replicas", "2", "x.py"], "cannot be split"),
+        (["run", "--min-replicas", "0", "x.py"], "--min-replicas: must be at least 1, got 0"),
+        (
+            ["run", "--nnodes", "2", "--replicas", "2", "--min-replicas", "3", "x.py"],
+            "--min-replicas 3 is not between 1 and the job's 2 replicas",
+        ),
         (["detect", "x.py", "--live", "--config", "c.toml"], "--live and --config"),
         (["eval", "export", ".", "out.txt"], "OUT must end in .csv or .parquet"),
         (["eval", "export", "nowhere", "out.csv"], "no run store at nowhere"),

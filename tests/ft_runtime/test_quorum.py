@@ -86,11 +86,67 @@ def test_a_replica_that_never_enters_the_exchange_is_found_stalled(quorum, clock
         assert quorum.stalled() == []
         clock.advance(0.1)
     beat(5, range(4))  # replicas 0 and 1 wait at step 5; replica 2 (ranks 4, 5) is stuck
-    clock.advance(0.1)
-    assert quorum.stalled() == []  # within the limit of 1.5 median steps
-    clock.advance(0.1)
-    assert quorum.stall_limit() == pytest.approx(0.15)
+    clock.advance(0.08)
+    assert quorum.stalled() == []  # within the limit of one median step
+    clock.advance(0.04)
+    assert quorum.stall_limit() == pytest.approx(0.1)
     assert quorum.stalled() == [2]
+
+
+def lateness_run(quorum, clock, lateness: float, steps: int = 8) -> None:
+    """Steps of 0.1 s in which replica 2 enters each exchange ``lateness`` s after the
+    others; the quorum polls after every arrival, as the controller does."""
+    store = quorum.store
+    for step in range(steps):
+        for rank in range(4):
+            store.set(f"hb/{rank}", f"{step} {clock()}")
+        assert quorum.stalled() == []
+        clock.advance(lateness)
+        for rank in (4, 5):
+            store.set(f"hb/{rank}", f"{step} {clock()}")
+        assert quorum.stalled() == []
+        clock.advance(0.1 - lateness)
+
+
+def test_the_stall_limit_widens_with_the_lateness_of_healthy_members(quorum, clock) -> None:
+    lateness_run(quorum, clock, lateness=0.08)
+    # One median step (0.1 s) would take a 0.12 s straggler for a hang; twice the worst
+    # lateness seen (0.16 s) does not.
+    assert quorum.stall_limit() == pytest.approx(0.16)
+    for rank in range(4):
+        quorum.store.set(f"hb/{rank}", f"8 {clock()}")
+    clock.advance(0.12)
+    assert quorum.stalled() == []
+    clock.advance(0.05)
+    assert quorum.stalled() == [2]
+
+
+def test_start_up_steps_are_no_sample_of_lateness(quorum, clock) -> None:
+    store = quorum.store
+    for rank in range(6):  # the ranks start seconds apart: step 0 is no sign of noise
+        store.set(f"hb/{rank}", f"0 {clock()}")
+        quorum.stalled()
+        clock.advance(1.0)
+    for step in range(1, 6):
+        for rank in range(6):
+            store.set(f"hb/{rank}", f"{step} {clock()}")
+        quorum.stalled()
+        clock.advance(0.1)
+    assert quorum.stall_limit() == pytest.approx(0.1)
+
+
+def test_a_steady_job_has_the_floor_as_its_least_limit(clock) -> None:
+    service = QuorumService(replicas=2, replica_size=1, clock=clock, stall_floor_s=0.3)
+    service.start()
+    try:
+        for step in range(5):
+            for rank in range(2):
+                service.store.set(f"hb/{rank}", f"{step} {clock()}")
+            assert service.stalled() == []
+            clock.advance(0.1)
+        assert service.stall_limit() == pytest.approx(0.3)
+    finally:
+        service.close()
 
 
 def test_membership_round_trips_through_json() -> None:

@@ -1,0 +1,54 @@
+"""Per-thread CPU priority, so that background work of a rank yields to its training loop.
+
+On Linux a nice value belongs to a thread, not to the whole process:
+``os.setpriority(os.PRIO_PROCESS, tid, value)`` with a thread id changes that one thread.
+The catch-up server runs its threads (HTTP serving, serialisation, checksums) a few nice
+levels below the thread that trains, so the scheduler gives the training thread the CPU
+first; hashing and socket I/O release the GIL, so the lowered threads rarely hold it while
+waiting for a CPU.
+
+>>> base = thread_nice()
+>>> lower_this_thread(base) == base  # the same level is always allowed
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+log = logging.getLogger(__name__)
+
+NICE_MAX = 19
+"""The lowest priority Linux gives a thread."""
+
+
+def thread_nice(native_id: int | None = None) -> int:
+    """The nice value of a thread (the calling one by default)."""
+    tid = threading.get_native_id() if native_id is None else native_id
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def lower_this_thread(target: int, warn: bool = True) -> int | None:
+    """Sets the calling thread's nice value to ``target`` (clamped to 19).
+
+    Returns the nice value it runs at, or None when the system refused (for example a
+    raise of the priority without the privilege for it): the thread then goes on at the
+    priority it had, and the refusal is logged (when ``warn``), never raised.
+    """
+    target = min(target, NICE_MAX)
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), target)
+    except OSError as exc:
+        if not warn:
+            return None
+        log.warning(
+            "thread %s stays at nice %d: could not set nice %d (%s)",
+            threading.current_thread().name,
+            thread_nice(),
+            target,
+            exc,
+        )
+        return None
+    return thread_nice()

@@ -1,0 +1,62 @@
+"""Telling a running rank from a stopped or blocked one, with real processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ft_runtime.procstat import ProcSample, exited, running, sample
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
+
+
+def child(code: str) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen([sys.executable, "-c", code])
+    time.sleep(0.3)  # past the interpreter's start
+    return process
+
+
+def two_looks(pid: int) -> tuple[ProcSample | None, ProcSample | None]:
+    before = sample(pid)
+    time.sleep(0.05)
+    return before, sample(pid)
+
+
+def test_a_busy_process_is_running_and_a_stopped_one_is_not() -> None:
+    busy = child("while True: pass")
+    try:
+        assert running(*two_looks(busy.pid))
+        busy.send_signal(signal.SIGSTOP)
+        time.sleep(0.05)
+        before, now = two_looks(busy.pid)
+        assert now is not None
+        assert now.state == "T"
+        assert not running(before, now)
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_a_blocked_process_is_not_running_and_an_unknown_one_is_not_either() -> None:
+    blocked = child("import time; time.sleep(60)")
+    try:
+        before, now = two_looks(blocked.pid)
+        assert now is not None
+        assert now.state == "S"
+        assert before is not None
+        assert now.cpu_ns == before.cpu_ns
+        assert not running(before, now)
+        assert not exited(now)
+        blocked.kill()
+        time.sleep(0.1)
+        assert exited(sample(blocked.pid))  # a zombie until reaped
+    finally:
+        blocked.kill()
+        blocked.wait()
+    assert sample(blocked.pid) is None  # reaped: /proc has nothing on it
+    assert exited(None)
+    assert not running(None, None)
