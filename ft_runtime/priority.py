@@ -24,6 +24,15 @@ NICE_MAX = 19
 """The lowest priority Linux gives a thread."""
 
 
+def process_thread_ids() -> list[int]:
+    """The native ids of this process's threads (``/proc/self/task``); where there is no
+    /proc, only the calling thread's."""
+    try:
+        return [int(name) for name in os.listdir("/proc/self/task")]
+    except OSError:
+        return [threading.get_native_id()]
+
+
 def thread_nice(native_id: int | None = None) -> int:
     """The nice value of a thread (the calling one by default)."""
     tid = threading.get_native_id() if native_id is None else native_id

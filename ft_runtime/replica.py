@@ -29,6 +29,7 @@ from ft_runtime import procstat
 from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
 from ft_runtime.layout import RankSpec
 from ft_runtime.membership import Membership
+from ft_runtime.priority import process_thread_ids
 from ft_runtime.procstat import ProcSample
 from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService
 from ft_runtime.storehost import StoreHost
@@ -610,16 +611,22 @@ def _lower_priority(pid: int, nice: int) -> None:
 
 
 def restore_priority() -> None:
-    """Called by a joining rank once caught up: back to the priority it was launched
-    with (``ENV_BASE_NICE``). Raising a priority may need privileges; without them the
-    rank stays lower and says so."""
+    """Called by a joining rank once caught up: every thread of the process goes back to
+    the priority the rank was launched with (``ENV_BASE_NICE``). A nice value belongs to
+    a thread, and threads started while the rank ran lowered (torch's, the hook's) inherit
+    the lowered value, so each is restored, not only the caller. Raising a priority may
+    need privileges; without them the rank stays lower and says so."""
     base = os.environ.get(ENV_BASE_NICE)
     if base is None:
         return
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, int(base))
-    except OSError as exc:
-        log.warning("joined at a lowered priority; could not restore it: %s", exc)
+    for tid in process_thread_ids():
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, int(base))
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
+        except OSError as exc:
+            log.warning("joined at a lowered priority; could not restore it: %s", exc)
+            return
 
 
 def _nodes(specs: list[RankSpec]) -> list[str]:

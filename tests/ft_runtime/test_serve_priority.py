@@ -110,3 +110,36 @@ def test_a_refused_priority_change_never_breaks_serving() -> None:
     assert report["refused"]
     assert report["serving"] == report["base"]  # went on at the priority it had
     assert child.stderr.count("could not set nice") == 1  # said so once, not per request
+
+
+RESTORE = """
+import json, os, threading
+from ft_runtime.replica import restore_priority
+
+os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # launched lowered
+release = threading.Event()
+worker = threading.Thread(target=release.wait)  # started while lowered: inherits it
+worker.start()
+lowered = os.getpriority(os.PRIO_PROCESS, worker.native_id)
+restore_priority()
+print(json.dumps({
+    "lowered": lowered,
+    "main": os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
+    "worker": os.getpriority(os.PRIO_PROCESS, worker.native_id),
+}))
+release.set()
+"""
+
+
+def test_a_joiner_that_caught_up_restores_every_thread_not_only_the_caller() -> None:
+    base = thread_nice()
+    env = {**os.environ, "EAGLEEYE_BASE_NICE": str(base), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", RESTORE], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    if "could not restore" in done.stderr:
+        pytest.skip("raising a priority needs a privilege this process lacks")
+    nices = json.loads(done.stdout)
+    assert nices["lowered"] == 10
+    assert (nices["main"], nices["worker"]) == (base, base)
