@@ -18,7 +18,7 @@ from collector.transport import TelemetryReceiver
 from collector.types import Frame, Sample
 from detectors.base import Detector
 from detectors.types import Finding
-from eagleeye.ingest import ingest_samples, lifecycle_frames
+from eagleeye.ingest import LaunchedAttempts, ingest_samples, lifecycle_frames
 from eagleeye.store import RunStore
 from ft_runtime.supervisor import JobSupervisor
 from ft_runtime.types import LifecycleEvent, Phase
@@ -74,6 +74,7 @@ class Controller:
         self.report = ControllerReport()
         self._last_step: dict[int, int] = {}
         self.aggregator = StepAggregator()
+        self.launched = LaunchedAttempts()
 
     def run(self) -> ControllerReport:
         self.report.started = self.clock()
@@ -91,7 +92,7 @@ class Controller:
 
     def tick(self) -> None:
         samples = self.receiver.receive(timeout_s=self.tick_s)
-        frames = ingest_samples(self.store, samples)
+        frames = ingest_samples(self.store, samples, self.launched.current)
         if samples:
             self.on_samples(samples)
         frames += self._lifecycle(self.supervisor.poll())
@@ -159,6 +160,7 @@ class Controller:
             self.on_update(decision)
 
     def _lifecycle(self, events: list[LifecycleEvent]) -> list[Frame]:
+        self.launched.note(events)
         for event in events:
             self.store.add_event(event)
             self.report.events.append(event)
@@ -178,7 +180,7 @@ class Controller:
             samples = self.receiver.receive(timeout_s=0.1)
             if not samples:
                 break
-            frames = ingest_samples(self.store, samples)
+            frames = ingest_samples(self.store, samples, self.launched.current)
             for finding in self._detect(frames + self._aggregate(frames), poll=False):
                 self._answer(finding)
 

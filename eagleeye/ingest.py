@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from collector.frames import COLLECTIVE, frames_from_samples, subject_of
 from collector.types import Frame, Sample
@@ -10,9 +10,36 @@ from eagleeye.store import RunStore
 from ft_runtime.types import LifecycleEvent, Phase
 
 
-def ingest_samples(store: RunStore, samples: list[Sample]) -> list[Frame]:
+class LaunchedAttempts:
+    """The attempt each rank was last launched as, from the supervisor's events.
+
+    A rank killed for a restart may still have telemetry on its way; arriving after the
+    relaunch, it would tell the detectors that the new process has already stepped (and so
+    needs no start-up grace). Such samples are stale: they are stored, never turned into
+    frames.
+    """
+
+    def __init__(self) -> None:
+        self._attempt: dict[str, int] = {}
+
+    def note(self, events: Iterable[LifecycleEvent]) -> None:
+        for event in events:
+            if event.subject.startswith("rank:") and event.phase is Phase.LAUNCH:
+                rank = event.subject.removeprefix("rank:")
+                self._attempt[rank] = int(event.detail.get("attempt", event.attempt))
+
+    def current(self, sample: Sample) -> bool:
+        """Whether ``sample`` comes from its rank's newest launch (True when unknown)."""
+        launched = self._attempt.get(sample.labels.get("rank", ""))
+        attempt = _int(sample.labels.get("attempt"))
+        return launched is None or attempt is None or attempt >= launched
+
+
+def ingest_samples(
+    store: RunStore, samples: list[Sample], current: Callable[[Sample], bool] | None = None
+) -> list[Frame]:
     """Stores telemetry (step samples, collectives, checkpoint and fault events) and returns
-    the frames it completes."""
+    the frames it completes, from the samples that are ``current`` (all by default)."""
     steps = []
     for sample in samples:
         name = sample.name
@@ -33,7 +60,7 @@ def ingest_samples(store: RunStore, samples: list[Sample]) -> list[Frame]:
         if not name.startswith("event."):
             steps.append(sample)
     store.add_samples(s for s in steps if s.name != COLLECTIVE)
-    return frames_from_samples(steps)
+    return frames_from_samples([s for s in steps if current is None or current(s)])
 
 
 def _store_checkpoint(store: RunStore, sample: Sample) -> None:

@@ -137,6 +137,7 @@ class ReplicaSupervisor(JobSupervisor):
                 node=spec.node,
                 replica=replica,
                 pid=rank.process.pid,
+                attempt=incarnation,  # the rank's own attempt: its samples carry it
             )
         # Pre-check: the processes started on nodes that are not evicted.
         alive = all(self._ranks[s.rank].process.poll() is None for s in specs)
