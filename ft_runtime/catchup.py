@@ -118,7 +118,6 @@ class SnapshotServer:
         self.rate_bytes_s = rate_bytes_s
         self.token = token
         self.chunk_bytes = chunk_bytes
-        self.serve_nice = serve_nice
         self.nice_target = thread_nice() + serve_nice
         self.refused = False  # the system refused the priority: the threads run unlowered
         self.snapshots: dict[str, _Snapshot] = {}

@@ -38,6 +38,8 @@ from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, Outcom
 
 log = logging.getLogger(__name__)
 ENV_BASE_NICE = "EAGLEEYE_BASE_NICE"
+Looks = dict[int, tuple[ProcSample | None, ProcSample | None]]
+"""Per live rank: its previous and its current look in /proc."""
 """Niceness a joining rank returns to once caught up (set when it starts lowered)."""
 
 
@@ -189,7 +191,7 @@ class ReplicaSupervisor(JobSupervisor):
         self._check_finished()
         return self._take_events()
 
-    def _look_at_ranks(self) -> dict[int, tuple[ProcSample | None, ProcSample | None]]:
+    def _look_at_ranks(self) -> Looks:
         """Each live rank's previous and current look (state, CPU time) from /proc."""
         looks = {}
         for rank_id, rank in self._ranks.items():
@@ -202,24 +204,23 @@ class ReplicaSupervisor(JobSupervisor):
                 self._looks[pid] = now
         return looks
 
-    def _straggling(
-        self, replica: int, looks: dict[int, tuple[ProcSample | None, ProcSample | None]]
-    ) -> bool:
+    def _straggling(self, replica: int, looks: Looks) -> bool:
         """Whether every late rank of ``replica`` is running (runnable, or it got CPU time
         since the last look) and the others have waited less than ``straggler_factor``
         stall limits: such a rank is slow, not hung. A stopped or blocked one is hung."""
         limit = self.quorum.stall_limit()
         if limit is None or self.quorum.waited_s >= self.straggler_factor * limit:
             return False
-        late = [r for r in self.quorum.late_ranks if self.launch.layout.rank(r).replica == replica]
+        late = self._late_ranks(replica)
         return bool(late) and all(procstat.running(*looks.get(r, (None, None))) for r in late)
 
-    def _exiting(
-        self, replica: int, looks: dict[int, tuple[ProcSample | None, ProcSample | None]]
-    ) -> bool:
+    def _exiting(self, replica: int, looks: Looks) -> bool:
         """Whether a late rank of ``replica`` has ended but its exit is not collected."""
-        late = [r for r in self.quorum.late_ranks if self.launch.layout.rank(r).replica == replica]
-        return any(r in looks and procstat.exited(looks[r][1]) for r in late)
+        return any(r in looks and procstat.exited(looks[r][1]) for r in self._late_ranks(replica))
+
+    def _late_ranks(self, replica: int) -> list[int]:
+        """The ranks of ``replica`` that the quorum's last stall found missing."""
+        return [r for r in self.quorum.late_ranks if self.launch.layout.rank(r).replica == replica]
 
     def _on_exit(self, rank: _Rank, code: int, when: float) -> None:
         replica = rank.spec.replica
