@@ -8,6 +8,7 @@ zero-padded to ``L`` so every replica's segment has the same layout. Shape, dtyp
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -135,6 +136,54 @@ def copy_in(
             hook(i)
     if dsts:
         torch._foreach_copy_(dsts, srcs, non_blocking=True)
+
+
+ByteCopy = tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]  # (dst, src or zeros)
+
+
+def host_copies(
+    views: Sequence[torch.Tensor],
+    entries: Sequence[Entry],
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    rank: int,
+) -> list[ByteCopy] | None:
+    """The byte copies of :func:`copy_in`, built once and replayed by :func:`run_copies` for
+    as long as the same tensors are saved again; None unless every tensor is a contiguous
+    CPU tensor.
+
+    The source arrays are made from the tensors' addresses and keep no reference to them,
+    so a cached plan holds no memory of a state the trainer dropped: replay it only after
+    checking that the tensors being saved still have these addresses (:func:`addresses`).
+    """
+    out: list[ByteCopy] = []
+    for dst_t, e, (_, t) in zip(views, entries, tensors, strict=True):
+        if not (t.is_cpu and t.is_contiguous()):
+            return None
+        dst = dst_t.view(torch.uint8).numpy()
+        lo = rank * e.shard_len
+        n = max(0, min(e.numel, lo + e.shard_len) - lo)
+        size = e.torch_dtype.itemsize
+        if n:
+            raw = (ctypes.c_uint8 * (n * size)).from_address(t.data_ptr() + lo * size)
+            out.append((dst[: n * size], np.ctypeslib.as_array(raw)))
+        if n < e.shard_len:
+            out.append((dst[n * size :], None))  # padding is zero so equal states give equal bytes
+    return out
+
+
+def addresses(tensors: Sequence[tuple[str, torch.Tensor]]) -> tuple[tuple[int, bool, bool], ...]:
+    """What a cached :func:`host_copies` plan depends on: each tensor's address, contiguity
+    and device."""
+    return tuple((t.data_ptr(), t.is_contiguous(), t.is_cpu) for _, t in tensors)
+
+
+def run_copies(copies: Sequence[ByteCopy]) -> None:
+    """Replays :func:`host_copies`: single-threaded memcpys that release the GIL."""
+    for dst, src in copies:
+        if src is None:
+            dst.fill(0)
+        else:
+            np.copyto(dst, src)
 
 
 Task = Callable[[], None]

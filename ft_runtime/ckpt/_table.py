@@ -2,7 +2,10 @@
 
 Thread-safe: the holder's request loop and its background worker both use it. Segments of
 evicted iterations are recycled for the next save of the same size, so a trainer copies into
-pages that are already allocated and mapped.
+pages that are already allocated and mapped. After each commit a trainer's shard is lent the
+segment for its next save (a lease), so that save copies at once and needs one request (the
+commit) instead of two: a lease is no snapshot, and a trainer killed while copying into one
+leaves nothing loadable behind.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Table:
         self.lock = threading.RLock()
         self.slots: dict[Key, Slot] = {}
         self._pool: list[tuple[Path, int]] = []
+        self._leases: dict[tuple[str, int], tuple[Path, int]] = {}  # (owner, shard) -> segment
         self._events: deque[StateChange] = deque(maxlen=10_000)
         self._seq = 0
         self._counter = 0
@@ -76,7 +80,8 @@ class Table:
             p.unlink(missing_ok=True)
 
     def used_bytes(self) -> int:
-        return sum(s.nbytes for s in self.slots.values()) + sum(n for _, n in self._pool)
+        held = [*self._pool, *self._leases.values()]
+        return sum(s.nbytes for s in self.slots.values()) + sum(n for _, n in held)
 
     def set_state(self, slot: Slot, state: CkptState, error: str = "") -> None:
         """Records a transition (or an error on the current state) and tells the callback."""
@@ -97,9 +102,35 @@ class Table:
         with self.lock:
             return [e for e in self._events if e.seq > seq]
 
-    def allocate(self, owner: str, step: int, shard: int, nshards: int, nbytes: int) -> Slot:
-        """A PENDING slot for a new snapshot shard, evicting what it must to fit the cap."""
+    def allocate(
+        self,
+        owner: str,
+        step: int,
+        shard: int,
+        nshards: int,
+        nbytes: int,
+        leased: Path | None = None,
+    ) -> Slot:
+        """A PENDING slot for a new snapshot shard, evicting what it must to fit the cap.
+
+        With ``leased``, the slot takes the segment lent to ``(owner, shard)`` by
+        :meth:`lease`, which the trainer has already filled; otherwise a lease still held
+        for the shard (its trainer restarted) goes back to the pool.
+
+        Raises:
+            CheckpointError: ``leased`` is not the segment lent to this shard for ``nbytes``.
+        """
         with self.lock:
+            lent = self._leases.pop((owner, shard), None)
+            if leased is not None and lent != (leased, nbytes):
+                if lent is not None:
+                    self._leases[(owner, shard)] = lent
+                raise CheckpointError(
+                    f"segment {leased.name} is not lent to {owner} shard {shard} for {nbytes} "
+                    "bytes (the holder restarted?): save again without a lease"
+                )
+            if leased is None and lent is not None:
+                self._pool.append(lent)
             for s in list(self.slots.values()):
                 if s.owner == owner and s.shard == shard and s.state == CkptState.PENDING:
                     self.set_state(s, CkptState.BROKEN, "superseded before it was committed")
@@ -110,10 +141,34 @@ class Table:
             # keep at least one complete snapshot while this one is written: a trainer
             # killed mid-copy must find the previous step intact
             self._evict_window(owner, shard, keep=max(1, self.cfg.keep_in_memory - 1))
-            slot = Slot(owner, step, shard, nshards, nbytes, self._segment(nbytes))
+            path = leased if leased is not None else self._segment(nbytes)
+            slot = Slot(owner, step, shard, nshards, nbytes, path)
             self.slots[slot.key] = slot
             self.set_state(slot, CkptState.PENDING)
             return slot
+
+    def lease(self, owner: str, shard: int, nbytes: int) -> Path | None:
+        """Lends ``(owner, shard)`` a segment of ``nbytes`` for its next save.
+
+        A lease never evicts a snapshot: None when it fits neither the pool nor the room
+        left under the memory cap (the next save then allocates, evicting as it must).
+        """
+        with self.lock:
+            lent = self._leases.pop((owner, shard), None)
+            if lent is not None and lent[1] == nbytes:
+                self._leases[(owner, shard)] = lent
+                return lent[0]
+            if lent is not None:
+                self._pool.append(lent)
+            path = self._pooled(nbytes)
+            if path is None and self.used_bytes() + nbytes <= self.cfg.mem_cap_bytes:
+                try:
+                    path = self._create(nbytes)
+                except CheckpointError:
+                    return None  # the tmpfs is full: the next save reports it
+            if path is not None:
+                self._leases[(owner, shard)] = (path, nbytes)
+            return path
 
     def commit(self, key: Key, meta: dict[str, Any]) -> Slot:
         with self.lock:
@@ -145,6 +200,9 @@ class Table:
             for s in list(self.slots.values()):
                 if s.owner == owner and (step is None or s.step == step):
                     self._evict(s, reason)
+            if step is None:
+                for key in [k for k in self._leases if k[0] == owner]:
+                    self._pool.append(self._leases.pop(key))
 
     def _evict_window(self, owner: str, shard: int, keep: int) -> None:
         done = sorted(
@@ -171,12 +229,21 @@ class Table:
         self._pool.append((slot.path, slot.nbytes))
 
     def _segment(self, nbytes: int) -> Path:
+        pooled = self._pooled(nbytes)
+        if pooled is not None:
+            return pooled
+        if self.used_bytes() + nbytes > self.cfg.mem_cap_bytes:
+            self._make_room(nbytes)
+        return self._create(nbytes)
+
+    def _pooled(self, nbytes: int) -> Path | None:
         for i, (p, n) in enumerate(self._pool):
             if n == nbytes:
                 del self._pool[i]
                 return p
-        if self.used_bytes() + nbytes > self.cfg.mem_cap_bytes:
-            self._make_room(nbytes)
+        return None
+
+    def _create(self, nbytes: int) -> Path:
         self._counter += 1
         path = self.dir / f"{self.prefix}{time.time_ns()}.{self._counter}"
         _shm.create(path, nbytes)
@@ -222,7 +289,8 @@ class Table:
         with self.lock:
             for s in self.slots.values():
                 s.path.unlink(missing_ok=True)
-            for p, _ in self._pool:
+            for p, _ in [*self._pool, *self._leases.values()]:
                 p.unlink(missing_ok=True)
             self.slots.clear()
             self._pool.clear()
+            self._leases.clear()

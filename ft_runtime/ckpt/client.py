@@ -1,8 +1,9 @@
 """The trainer's side of the engine: ``save(state, step)`` and ``load()``.
 
-A save asks the local holder for a segment, copies this rank's 1/D shard of every tensor
-into it (the only part that blocks, or none of it with ``wait=False``) and commits; backup
-and persistence then run inside the holder. A load takes the newest step whose every shard
+A save copies this rank's 1/D shard of every tensor into a segment of the local holder (the
+only part that blocks, or none of it with ``wait=False``) and commits; the segment is the
+one the holder lent at the last commit, so only a rank's first save asks for one first.
+Backup and persistence then run inside the holder. A load takes the newest step whose every shard
 can be read, trying local memory, then peer holders, then storage, and falls back to older
 steps when a candidate is incomplete or corrupt.
 
@@ -27,7 +28,7 @@ import torch
 import zmq
 
 from ft_runtime.ckpt import _layout, _shm, _tree
-from ft_runtime.ckpt._rpc import Rpc
+from ft_runtime.ckpt._rpc import HolderUnavailable, Rpc
 from ft_runtime.ckpt._sources import Catalog
 from ft_runtime.ckpt.config import ClientConfig
 from ft_runtime.ckpt.types import LoadResult, SaveResult
@@ -65,6 +66,9 @@ class CheckpointClient:
         self._maps: dict[str, _shm.Mapping] = {}
         self._layout: _Plan | None = None
         self._views: dict[str, list[torch.Tensor]] = {}  # segment -> its entries' views
+        # segment -> (the tensors' addresses, the byte copies that save them there)
+        self._copies: dict[str, tuple[Any, list[_layout.ByteCopy] | None]] = {}
+        self._lease: tuple[str, int] | None = None  # (segment, nbytes) lent for the next save
         self._pending: threading.Thread | None = None
         self._last: SaveResult | None = None
         self._honoured = 0
@@ -134,51 +138,81 @@ class CheckpointClient:
         meta: dict[str, Any],
         t0: float,
     ) -> None:
-        entries, nbytes = plan.entries, plan.nbytes
         if threading.current_thread() is self._pending:
             # hand the GIL straight back: otherwise save() waits a whole switch interval
             # (5 ms) for it while this thread runs Python
             time.sleep(0)
         try:
-            head, _ = self._local.call(
-                {
-                    "op": "alloc",
-                    "step": step,
-                    "shard": self.cfg.dp_rank,
-                    "nshards": self.cfg.dp_size,
-                    "nbytes": nbytes,
-                }
-            )
-            segment = head["segment"]
-            buf = self._map(segment, nbytes).buf
-            views = self._views.get(segment)
-            if views is None:
-                views = self._views[segment] = [_layout.view(buf, e) for e in entries]
-
-            def copy() -> None:
-                _layout.copy_in(
-                    buf,
-                    entries,
-                    tensors,
-                    self.cfg.dp_rank,
-                    self._copy_hook,
-                    views=views,
-                )
-
-            if self._stream is not None:
-                self._stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(self._stream):
-                    copy()
-                self._stream.synchronize()
-            else:
-                copy()
-            head, _ = self._local.call(
-                {"op": "commit", "step": step, "shard": self.cfg.dp_rank, "meta": meta}
-            )
-            self._honoured = max(self._honoured, int(head.get("request_seq", 0)))
-            self._last = SaveResult(step, True, time.perf_counter() - t0, nbytes)
+            self._last = self._copy_and_commit(plan, tensors, step, meta, t0)
         except CheckpointError as exc:
             self._last = self._failed(step, t0, exc)
+
+    def _copy_and_commit(
+        self,
+        plan: _Plan,
+        tensors: list[tuple[str, torch.Tensor]],
+        step: int,
+        meta: dict[str, Any],
+        t0: float,
+    ) -> SaveResult:
+        """Copies into the segment the holder lent at the last commit (or allocates one)
+        and commits; a lease the holder no longer knows (it restarted) costs one retry."""
+        lease, self._lease = self._lease, None
+        if lease is not None and lease[1] != plan.nbytes:
+            lease = None
+        commit: dict[str, Any] = {"op": "commit", "step": step, "shard": self.cfg.dp_rank}
+        if lease is None:
+            head, _ = self._local.call({**commit, "op": "alloc", **self._sizes(plan)})
+            segment = head["segment"]
+        else:
+            segment = lease[0]
+            commit |= {"leased": segment, **self._sizes(plan)}
+        try:
+            self._copy(plan, tensors, segment)
+            head, _ = self._local.call({**commit, "meta": meta, "lease": True})
+        except HolderUnavailable:
+            raise
+        except CheckpointError:  # the lease's segment is gone, or the holder forgot it
+            if lease is None:
+                raise
+            return self._copy_and_commit(plan, tensors, step, meta, t0)
+        if head.get("lease"):
+            self._lease = (str(head["lease"]), plan.nbytes)
+        self._honoured = max(self._honoured, int(head.get("request_seq", 0)))
+        return SaveResult(step, True, time.perf_counter() - t0, plan.nbytes)
+
+    def _sizes(self, plan: _Plan) -> dict[str, int]:
+        return {"nshards": self.cfg.dp_size, "nbytes": plan.nbytes}
+
+    def _copy(self, plan: _Plan, tensors: list[tuple[str, torch.Tensor]], segment: str) -> None:
+        """Copies this rank's shard of ``tensors`` into ``segment``: CPU tensors by a plan of
+        byte copies kept while the same tensors are saved; CUDA ones on the side stream."""
+        buf = self._map(segment, plan.nbytes).buf
+        views = self._views.get(segment)
+        if views is None:
+            views = self._views[segment] = [_layout.view(buf, e) for e in plan.entries]
+        if self._copy_hook is None:
+            key = _layout.addresses(tensors)
+            cached = self._copies.get(segment)
+            if cached is None or cached[0] != key:
+                copies = _layout.host_copies(views, plan.entries, tensors, self.cfg.dp_rank)
+                cached = self._copies[segment] = (key, copies)
+            if cached[1] is not None:
+                _layout.run_copies(cached[1])
+                return
+
+        def copy() -> None:
+            _layout.copy_in(
+                buf, plan.entries, tensors, self.cfg.dp_rank, self._copy_hook, views=views
+            )
+
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                copy()
+            self._stream.synchronize()
+        else:
+            copy()
 
     def _failed(self, step: int, t0: float, exc: Exception) -> SaveResult:
         log.warning("checkpoint save of step %d failed: %s", step, exc)
@@ -191,6 +225,7 @@ class CheckpointClient:
             entries, n = _layout.plan(tensors, self.cfg.dp_size)
             self._layout = _Plan(sig, entries, [e.to_json() for e in entries], n, self.cfg.dp_size)
             self._views.clear()
+            self._copies.clear()
         return self._layout
 
     def _map(self, segment: str, nbytes: int) -> _shm.Mapping:
@@ -200,6 +235,7 @@ class CheckpointClient:
                 # the holder deleted (or resized) it: an unlinked file's pages stay
                 # allocated for as long as we keep them mapped
                 self._views.pop(name, None)
+                self._copies.pop(name, None)
                 self._maps.pop(name).close()
             m = _shm.open_mapping(Path(segment), nbytes)
             self._maps[segment] = m
@@ -264,6 +300,7 @@ class CheckpointClient:
         for r in [*self._rpcs.values(), self._poll]:
             r.close()
         self._views.clear()
+        self._copies.clear()
         for m in self._maps.values():
             m.close()
         self._maps.clear()

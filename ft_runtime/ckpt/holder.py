@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -104,10 +105,25 @@ class Holder:
         return {"segment": str(slot.path), "nbytes": slot.nbytes}, []
 
     def _op_commit(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
-        key = (self.cfg.node, int(req["step"]), int(req["shard"]))
-        self.table.commit(key, req["meta"])
+        """Commits a copied shard; with ``leased`` (a segment lent by the last commit) the
+        slot is made now. With ``lease`` the reply lends the segment for the next save."""
+        step, shard = int(req["step"]), int(req["shard"])
+        if "leased" in req:
+            self.table.allocate(
+                self.cfg.node,
+                step,
+                shard,
+                int(req["nshards"]),
+                int(req["nbytes"]),
+                leased=Path(req["leased"]),
+            )
+        key = (self.cfg.node, step, shard)
+        slot = self.table.commit(key, req["meta"])
         self.worker.submit(key)
-        return {}, []
+        if not req.get("lease"):
+            return {}, []
+        path = self.table.lease(self.cfg.node, shard, slot.nbytes)
+        return {"lease": None if path is None else str(path)}, []
 
     def _op_list(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
         return {

@@ -256,3 +256,43 @@ def test_storage_restore_fills_the_given_tensors_in_place(tmp_path: Path, nshard
     assert [t.data_ptr() for t in out] == [ptrs["w"], ptrs["n"]]
     assert torch.equal(into["w"], state["w"])  # type: ignore[arg-type]
     assert torch.equal(into["n"], state["n"])  # type: ignore[arg-type]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    numels=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    nshards=st.integers(1, 5),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.bool]),
+)
+def test_a_replayed_copy_plan_writes_what_copy_in_writes(
+    numels: list[int], nshards: int, dtype: torch.dtype
+) -> None:
+    tensors = [(f"t{i}", (torch.arange(n) % 5 + i).to(dtype)) for i, n in enumerate(numels)]
+    entries, size = _layout.plan(tensors, nshards)
+    for rank in range(nshards):
+        want = torch.zeros(size, dtype=torch.uint8)
+        _layout.copy_in(want, entries, tensors, rank)
+        got = torch.full((size,), 0xAB, dtype=torch.uint8)  # stale bytes of a recycled segment
+        views = [_layout.view(got, e) for e in entries]
+        copies = _layout.host_copies(views, entries, tensors, rank)
+        assert copies is not None
+        _layout.run_copies(copies)
+        for e in entries:  # every shard byte and its zero padding, alignment gaps aside
+            assert torch.equal(_layout.view(got, e), _layout.view(want, e))
+
+
+def test_a_copy_plan_replays_current_contents_and_refuses_strided_tensors() -> None:
+    w = torch.arange(12, dtype=torch.float32)
+    entries, size = _layout.plan([("w", w)], 1)
+    buf = torch.zeros(size, dtype=torch.uint8)
+    copies = _layout.host_copies([_layout.view(buf, entries[0])], entries, [("w", w)], 0)
+    assert copies is not None
+    w.mul_(3)  # trained in place: same address, new values
+    assert _layout.addresses([("w", w)]) == _layout.addresses([("w", w.detach())])
+    _layout.run_copies(copies)
+    assert torch.equal(_layout.view(buf, entries[0]), w)
+    strided = torch.arange(24, dtype=torch.float32).view(2, 12)[:, ::2]
+    s_entries, _ = _layout.plan([("s", strided)], 1)
+    s_view = [buf[:48].view(torch.float32)]
+    assert _layout.host_copies(s_view, s_entries, [("s", strided)], 0) is None
+    assert _layout.addresses([("s", strided)]) != _layout.addresses([("s", strided.contiguous())])
