@@ -49,6 +49,17 @@ class _Plan:
     nshards: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Save:
+    """One save in flight: what to copy, where it goes, and when the call began."""
+
+    plan: _Plan
+    tensors: list[tuple[str, torch.Tensor]]
+    step: int
+    meta: dict[str, Any]
+    t0: float
+
+
 class CheckpointClient:
     """One rank's checkpoint client. Not thread-safe; one per training process.
 
@@ -96,14 +107,14 @@ class CheckpointClient:
         tree, tensors = _tree.flatten(state)
         plan = self._plan(tensors)
         meta = {"entries": plan.entries_json, "tree": tree, "step": step, "nshards": plan.nshards}
-        args = (plan, tensors, step, meta, t0)
+        job = _Save(plan, tensors, step, meta, t0)
         if wait:
-            self._snapshot(*args)
+            self._snapshot(job)
             assert self._last is not None
             return self._last
         # Even the allocation request runs in the background: on a busy host, waking the
         # holder costs milliseconds the training step should not wait for.
-        self._pending = threading.Thread(target=self._snapshot, args=args, daemon=True)
+        self._pending = threading.Thread(target=self._snapshot, args=(job,), daemon=True)
         self._pending.start()
         return SaveResult(step, True, time.perf_counter() - t0, plan.nbytes)
 
@@ -130,33 +141,20 @@ class CheckpointClient:
             return False
         return int(head.get("request_seq", 0)) > self._honoured
 
-    def _snapshot(
-        self,
-        plan: _Plan,
-        tensors: list[tuple[str, torch.Tensor]],
-        step: int,
-        meta: dict[str, Any],
-        t0: float,
-    ) -> None:
+    def _snapshot(self, job: _Save) -> None:
         if threading.current_thread() is self._pending:
             # hand the GIL straight back: otherwise save() waits a whole switch interval
             # (5 ms) for it while this thread runs Python
             time.sleep(0)
         try:
-            self._last = self._copy_and_commit(plan, tensors, step, meta, t0)
+            self._last = self._copy_and_commit(job)
         except CheckpointError as exc:
-            self._last = self._failed(step, t0, exc)
+            self._last = self._failed(job.step, job.t0, exc)
 
-    def _copy_and_commit(
-        self,
-        plan: _Plan,
-        tensors: list[tuple[str, torch.Tensor]],
-        step: int,
-        meta: dict[str, Any],
-        t0: float,
-    ) -> SaveResult:
+    def _copy_and_commit(self, job: _Save) -> SaveResult:
         """Copies into the segment the holder lent at the last commit (or allocates one)
         and commits; a lease the holder no longer knows (it restarted) costs one retry."""
+        plan, step = job.plan, job.step
         lease, self._lease = self._lease, None
         if lease is not None and lease[1] != plan.nbytes:
             lease = None
@@ -168,18 +166,18 @@ class CheckpointClient:
             segment = lease[0]
             commit |= {"leased": segment, **self._sizes(plan)}
         try:
-            self._copy(plan, tensors, segment)
-            head, _ = self._local.call({**commit, "meta": meta, "lease": True})
+            self._copy(plan, job.tensors, segment)
+            head, _ = self._local.call({**commit, "meta": job.meta, "lease": True})
         except HolderUnavailable:
             raise
         except CheckpointError:  # the lease's segment is gone, or the holder forgot it
             if lease is None:
                 raise
-            return self._copy_and_commit(plan, tensors, step, meta, t0)
+            return self._copy_and_commit(job)
         if head.get("lease"):
             self._lease = (str(head["lease"]), plan.nbytes)
         self._honoured = max(self._honoured, int(head.get("request_seq", 0)))
-        return SaveResult(step, True, time.perf_counter() - t0, plan.nbytes)
+        return SaveResult(step, True, time.perf_counter() - job.t0, plan.nbytes)
 
     def _sizes(self, plan: _Plan) -> dict[str, int]:
         return {"nshards": self.cfg.dp_size, "nbytes": plan.nbytes}
