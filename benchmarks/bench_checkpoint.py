@@ -254,6 +254,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument(
+        "--shm-dir",
+        default="/dev/shm",
+        help="the holders' tmpfs (e.g. one mounted with huge=within_size)",
+    )
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -270,11 +275,18 @@ def main() -> None:
         keep_last=1,
         keep_in_memory=1,
         mem_cap_bytes=8 << 30,
+        shm_dir=a.shm_dir,
     )
     # the overhead run: snapshots every step, persisted every 1000 (long-tail persistence)
     ring2 = Ring((("node0", f"tcp://127.0.0.1:{port()}"),))
     cfg2 = HolderConfig(
-        job + "o", "node0", ring2, storage=str(tmp / "store2"), persist_every=1000, keep_in_memory=1
+        job + "o",
+        "node0",
+        ring2,
+        storage=str(tmp / "store2"),
+        persist_every=1000,
+        keep_in_memory=1,
+        shm_dir=a.shm_dir,
     )
     holder, holder2 = HolderProcess(cfg).launch(), HolderProcess(cfg2).launch()
     try:
@@ -285,6 +297,7 @@ def main() -> None:
         state = big_state(a.gib)
         nbytes = sum(t.numel() * 4 for t in state["model"].values())
         print(f"state: {nbytes / (1 << 30):.2f} GiB in {len(state['model'])} tensors")
+        print(f"segments in {a.shm_dir}, huge pages: {_shm.huge_pages(a.shm_dir)}")
         saves = bench_saves(state, client, watcher, tmp, a.reps)
         # a restarted node: its holder is up but empty, so only storage has the state
         storage_only = CheckpointClient(ClientConfig("node0", ring2, storage=str(tmp / "store")))

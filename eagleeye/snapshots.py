@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ft_runtime.ckpt import (
+    ENV_SHM_DIR,
     CheckpointClient,
     ClientConfig,
     HolderConfig,
@@ -127,7 +128,13 @@ class Holders:
         self.storage = storage
         self.configs = [
             HolderConfig(
-                _job_name(job), n, self.ring, storage=str(storage), persist_every=1, keep_last=2
+                _job_name(job),
+                n,
+                self.ring,
+                storage=str(storage),
+                persist_every=1,
+                keep_last=2,
+                shm_dir=os.environ.get(ENV_SHM_DIR, "/dev/shm"),
             )
             for n in nodes
         ]

@@ -36,6 +36,7 @@ MODULES = [
     "ft_runtime.testing",
     "ft_runtime.membership",
     "ft_runtime.commands",
+    "ft_runtime.ckpt._shm",
 ]
 
 

@@ -2,6 +2,10 @@
 
 The holder creates and deletes segments; a trainer only maps them. A trainer killed with
 SIGKILL therefore loses nothing: the pages belong to the file, not to the trainer.
+
+A tmpfs mounted with ``huge=within_size`` (or ``huge=always``) backs the segments with
+2 MiB pages: mapping one and copying through it then costs far fewer page-table entries and
+TLB misses than on ``/dev/shm``'s usual 4 KiB pages (:func:`huge_pages` tells which).
 """
 
 from __future__ import annotations
@@ -14,6 +18,34 @@ from pathlib import Path
 import torch
 
 from ft_runtime.errors import CheckpointError
+
+
+def huge_pages(directory: str, mounts: str | None = None) -> bool:
+    """True when ``directory`` lies on a tmpfs whose files get huge pages.
+
+    ``mounts`` is the text of ``/proc/self/mounts`` (read when None; unreadable counts as
+    no huge pages).
+
+    >>> huge_pages("/dev/shm", "tmpfs /dev/shm tmpfs rw,relatime 0 0\\n")
+    False
+    >>> huge_pages("/mnt/snap/x", "tmpfs /mnt/snap tmpfs rw,size=8g,huge=within_size 0 0\\n")
+    True
+    """
+    if mounts is None:
+        try:
+            mounts = Path("/proc/self/mounts").read_text()
+        except OSError:
+            return False
+    target = os.path.realpath(directory)
+    point, fstype, options = "", "", ""
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        inside = target == fields[1] or target.startswith(fields[1].rstrip("/") + "/")
+        if inside and len(fields[1]) >= len(point):
+            point, fstype, options = fields[1], fields[2], fields[3]
+    return fstype == "tmpfs" and bool({"huge=always", "huge=within_size"} & set(options.split(",")))
 
 
 def create(path: Path, size: int) -> None:

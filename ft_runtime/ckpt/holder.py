@@ -62,6 +62,13 @@ class Holder:
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(self.cfg.endpoint)
+        if not _shm.huge_pages(self.cfg.shm_dir):
+            log.info(
+                "snapshot segments in %s use 4 KiB pages: a tmpfs mounted with "
+                "huge=within_size as the shm dir (%s) makes saves and restores copy faster",
+                self.cfg.shm_dir,
+                ENV_SHM_DIR,
+            )
         self.worker.start()
         if ready is not None:
             ready()

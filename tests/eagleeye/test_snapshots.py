@@ -7,6 +7,7 @@ import torch
 
 from eagleeye.session import RankSession
 from eagleeye.snapshots import ENV_SNAPSHOT_RING, Holders, parse_ring
+from ft_runtime.ckpt import ENV_SHM_DIR
 from ft_runtime.layout import JobLayout
 
 
@@ -48,3 +49,17 @@ def test_a_restarted_rank_restores_both_shards_of_its_node_from_memory(tmp_path)
     assert restored["data"] == {"pos": 3}
     assert ENV_SNAPSHOT_RING in envs[0]
     assert not (tmp_path / "disk").exists() or not any((tmp_path / "disk").iterdir())
+
+
+def test_the_holders_keep_their_segments_where_ee_ckpt_shm_dir_says(tmp_path, monkeypatch) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv(ENV_SHM_DIR, str(shm))
+    layout = JobLayout(nnodes=1, nproc_per_node=1, replicas=1)
+    with Holders(layout, "t-dir", tmp_path / "snapshots") as holders:
+        env = {**holders.env, "EAGLEEYE_NODE": "node0", "LOCAL_RANK": "0", "RANK": "0"}
+        env |= {"LOCAL_WORLD_SIZE": "1", "EAGLEEYE_CHECKPOINT_DIR": str(tmp_path / "disk")}
+        with RankSession(env) as session:
+            session.save_checkpoint({"w": torch.arange(10)}, 1)
+        assert list(shm.glob("eeckpt.*"))  # the snapshot's segment, not in /dev/shm
+    assert not list(shm.glob("eeckpt.*"))  # deleted when the holders stop

@@ -12,7 +12,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ft_runtime.ckpt import CorruptCheckpoint, _layout, _manifest, _persist, _stored, _tree
+from ft_runtime.ckpt import (
+    CorruptCheckpoint,
+    _layout,
+    _manifest,
+    _persist,
+    _shm,
+    _stored,
+    _tree,
+)
 from ft_runtime.ckpt.config import ClientConfig, HolderConfig, Ring
 from ft_runtime.errors import CheckpointError
 
@@ -296,3 +304,30 @@ def test_a_copy_plan_replays_current_contents_and_refuses_strided_tensors() -> N
     s_view = [buf[:48].view(torch.float32)]
     assert _layout.host_copies(s_view, s_entries, [("s", strided)], 0) is None
     assert _layout.addresses([("s", strided)]) != _layout.addresses([("s", strided.contiguous())])
+
+
+MOUNTS = """\
+tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0
+tmpfs /mnt/snap tmpfs rw,size=8388608k,huge=within_size 0 0
+tmpfs /mnt/snap/plain tmpfs rw,size=1g 0 0
+tmpfs /mnt/always tmpfs rw,huge=always 0 0
+tmpfs /mnt/advise tmpfs rw,huge=advise 0 0
+/dev/vda / ext4 rw,huge=always 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("directory", "huge"),
+    [
+        ("/dev/shm", False),
+        ("/mnt/snap", True),
+        ("/mnt/snap/job1", True),
+        ("/mnt/snap/plain/job1", False),  # the innermost mount decides
+        ("/mnt/snapshots", False),  # a name that only starts like a mount point
+        ("/mnt/always", True),
+        ("/mnt/advise", False),  # files there get huge pages only where madvise asks
+        ("/var/tmp", False),  # not a tmpfs at all
+    ],
+)
+def test_huge_page_tmpfs_mounts_are_told_apart(directory: str, huge: bool) -> None:
+    assert _shm.huge_pages(directory, MOUNTS) is huge
