@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from ft_runtime.ckpt import CheckpointClient, CkptState, HolderConfig, HolderProcess, Tier
+from ft_runtime.ckpt import (
+    CheckpointClient,
+    CkptState,
+    HolderConfig,
+    HolderProcess,
+    LoadResult,
+    Tier,
+)
 from ft_runtime.ckpt._shm import open_mapping
 from tests.ft_runtime.ckpt.conftest import RingFactory
 from tests.ft_runtime.ckpt.test_holder import Events, client, same, state
@@ -36,6 +43,15 @@ def segments(job: str) -> list[Path]:
     return list(Path("/dev/shm").glob(f"eeckpt.{job}.node0.*"))
 
 
+def restores(c: CheckpointClient, step: int, want: object) -> LoadResult:
+    """Loads through ``c`` and checks it got ``step``, bitwise equal to ``want``."""
+    got = c.load()
+    assert got is not None
+    assert got.step == step
+    assert same(got.state, want)
+    return got
+
+
 def test_a_save_after_the_first_copies_into_its_lease_with_one_request(
     holders: RingFactory,
 ) -> None:
@@ -50,11 +66,7 @@ def test_a_save_after_the_first_copies_into_its_lease_with_one_request(
         assert c.save(state(step), step).ok
     assert ops == ["commit", "commit"]
     assert ev.states(3) == [CkptState.PENDING, CkptState.CACHED]
-    got = client(ring).load()
-    assert got is not None
-    assert got.step == 3
-    assert got.tiers == (Tier.MEMORY,)
-    assert same(got.state, state(3))
+    assert restores(client(ring), 3, state(3)).tiers == (Tier.MEMORY,)
 
 
 def test_a_lease_lost_with_a_restarted_holder_costs_one_retry(
@@ -69,10 +81,7 @@ def test_a_lease_lost_with_a_restarted_holder_costs_one_retry(
         ops = record_ops(c)
         assert c.save(state(4), 4).ok
         assert ops == ["commit", "alloc", "commit"]  # the commit of the lent segment refused
-        got = client(ring).load()
-        assert got is not None
-        assert got.step == 4
-        assert same(got.state, state(4))
+        restores(client(ring), 4, state(4))
         c.close()  # unmaps the deleted segment
         fresh = client(ring)
         assert fresh.save(state(5), 5).ok
@@ -95,17 +104,11 @@ def test_a_trainer_killed_while_copying_into_its_lease_leaves_the_last_snapshot(
     half.buf[: nbytes // 2].fill_(0xFF)  # the copy of step 3 got halfway, then SIGKILL
     half.close()
     restarted = client(ring)
-    got = restarted.load()
-    assert got is not None
-    assert got.step == 2
-    assert same(got.state, state(2))
+    restores(restarted, 2, state(2))
     for step in (3, 4, 5):  # the dead trainer's lease goes back to the pool, not to waste
         assert restarted.save(state(step), step).ok
     assert len(segments(job)) <= 3  # two snapshots in memory and one lease
-    got = client(ring).load()
-    assert got is not None
-    assert got.step == 5
-    assert same(got.state, state(5))
+    restores(client(ring), 5, state(5))
 
 
 def test_a_replaced_tensor_is_saved_from_its_new_memory(holders: RingFactory) -> None:
@@ -117,7 +120,4 @@ def test_a_replaced_tensor_is_saved_from_its_new_memory(holders: RingFactory) ->
         assert c.save(s, step).ok
     s["model"]["w"] = torch.full((10_000,), 7.0)  # type: ignore[index]
     assert c.save(s, 4).ok
-    got = client(ring).load()
-    assert got is not None
-    assert got.step == 4
-    assert same(got.state, s)
+    restores(client(ring), 4, s)
