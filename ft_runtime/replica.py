@@ -38,9 +38,9 @@ from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, Outcom
 
 log = logging.getLogger(__name__)
 ENV_BASE_NICE = "EAGLEEYE_BASE_NICE"
+"""Niceness a joining rank returns to once caught up (set when it starts lowered)."""
 Looks = dict[int, tuple[ProcSample | None, ProcSample | None]]
 """Per live rank: its previous and its current look in /proc."""
-"""Niceness a joining rank returns to once caught up (set when it starts lowered)."""
 
 
 class ReplicaSupervisor(JobSupervisor):
