@@ -121,16 +121,15 @@ class Table:
             CheckpointError: ``leased`` is not the segment lent to this shard for ``nbytes``.
         """
         with self.lock:
-            lent = self._leases.pop((owner, shard), None)
-            if leased is not None and lent != (leased, nbytes):
-                if lent is not None:
-                    self._leases[(owner, shard)] = lent
+            if leased is None:
+                self._return_lease((owner, shard))
+            elif self._leases.get((owner, shard)) != (leased, nbytes):
                 raise CheckpointError(
                     f"segment {leased.name} is not lent to {owner} shard {shard} for {nbytes} "
                     "bytes (the holder restarted?): save again without a lease"
                 )
-            if leased is None and lent is not None:
-                self._pool.append(lent)
+            else:
+                del self._leases[(owner, shard)]
             for s in list(self.slots.values()):
                 if s.owner == owner and s.shard == shard and s.state == CkptState.PENDING:
                     self.set_state(s, CkptState.BROKEN, "superseded before it was committed")
@@ -154,12 +153,10 @@ class Table:
         left under the memory cap (the next save then allocates, evicting as it must).
         """
         with self.lock:
-            lent = self._leases.pop((owner, shard), None)
+            lent = self._leases.get((owner, shard))
             if lent is not None and lent[1] == nbytes:
-                self._leases[(owner, shard)] = lent
                 return lent[0]
-            if lent is not None:
-                self._pool.append(lent)
+            self._return_lease((owner, shard))
             path = self._pooled(nbytes)
             if path is None and self.used_bytes() + nbytes <= self.cfg.mem_cap_bytes:
                 try:
@@ -202,7 +199,13 @@ class Table:
                     self._evict(s, reason)
             if step is None:
                 for key in [k for k in self._leases if k[0] == owner]:
-                    self._pool.append(self._leases.pop(key))
+                    self._return_lease(key)
+
+    def _return_lease(self, key: tuple[str, int]) -> None:
+        """Puts the segment lent to ``(owner, shard)``, if any, back in the pool."""
+        lent = self._leases.pop(key, None)
+        if lent is not None:
+            self._pool.append(lent)
 
     def _evict_window(self, owner: str, shard: int, keep: int) -> None:
         done = sorted(
