@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from ft_runtime.ckpt import (
-    ENV_SHM_DIR,
     CheckpointClient,
     ClientConfig,
     HolderConfig,
     HolderProcess,
     Ring,
+    shm_dir_from,
 )
 from ft_runtime.layout import JobLayout
 
@@ -134,7 +134,7 @@ class Holders:
                 storage=str(storage),
                 persist_every=1,
                 keep_last=2,
-                shm_dir=os.environ.get(ENV_SHM_DIR, "/dev/shm"),
+                shm_dir=shm_dir_from(os.environ),
             )
             for n in nodes
         ]

@@ -37,6 +37,7 @@ MODULES = [
     "ft_runtime.membership",
     "ft_runtime.commands",
     "ft_runtime.ckpt._shm",
+    "ft_runtime.ckpt.config",
 ]
 
 

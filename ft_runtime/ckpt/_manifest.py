@@ -24,7 +24,7 @@ FORMAT = "eagleeye-ckpt/2"
 FORMATS = ("eagleeye-ckpt/1", FORMAT)  # what a reader accepts
 BLOCK_BYTES = 16 << 20
 _ALGORITHMS = ("sha256",)
-_PIECE = 4 << 20  # bytes per read while hashing: the piece is still in cache when hashed
+PIECE_BYTES = 4 << 20  # bytes per read while hashing: the piece is still in cache when hashed
 
 
 class CorruptCheckpoint(CheckpointError):
@@ -87,7 +87,7 @@ def compute(f: BinaryIO, nbytes: int, block_bytes: int = BLOCK_BYTES) -> Checksu
         OSError: the file is shorter than ``nbytes``.
     """
     digests = []
-    scratch = memoryview(bytearray(min(_PIECE, max(nbytes, 1))))
+    scratch = memoryview(bytearray(min(PIECE_BYTES, max(nbytes, 1))))
     for i in range(n_blocks(nbytes, block_bytes)):
         h = hashlib.sha256()
         left = min(nbytes, (i + 1) * block_bytes) - i * block_bytes

@@ -29,9 +29,14 @@ import torch
 
 from ft_runtime.ckpt import _layout, _torchzip
 from ft_runtime.ckpt._layout import Entry, Task, run_tasks
-from ft_runtime.ckpt._manifest import FORMATS, MANIFEST, Checksum, CorruptCheckpoint
+from ft_runtime.ckpt._manifest import (
+    FORMATS,
+    MANIFEST,
+    PIECE_BYTES,
+    Checksum,
+    CorruptCheckpoint,
+)
 
-_PIECE = 4 << 20  # bytes per read: small enough to be hashed from cache right after
 Opener = Callable[[str], BinaryIO]
 # (file offset, length, destination bytes or None for bytes that only get hashed)
 Segment = tuple[int, int, "np.ndarray[Any, Any] | None"]
@@ -106,12 +111,12 @@ class StoredSource:
         start, end = f.checksum.block(i, f.nbytes)
         h = hashlib.new(f.checksum.algorithm)
         gap = max((n for _, n, d in segs if d is None), default=0)
-        scratch = memoryview(bytearray(min(_PIECE, gap))) if gap else None
+        scratch = memoryview(bytearray(min(PIECE_BYTES, gap))) if gap else None
         with self._open(f.path) as fh:
             fh.seek(start)
             for _, length, dst in segs:
-                for j in range(0, length, _PIECE):
-                    k = min(_PIECE, length - j)
+                for j in range(0, length, PIECE_BYTES):
+                    k = min(PIECE_BYTES, length - j)
                     if dst is None:
                         assert scratch is not None
                         mv = scratch[:k]

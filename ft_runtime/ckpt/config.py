@@ -1,13 +1,15 @@
 """Configuration of the snapshot holder and the checkpoint client.
 
 Constructors do no work; relationships between values are checked once in
-``__post_init__``. Environment variables (read only by the holder's command line, never deep
-in the library) carry the prefix ``EE_CKPT_``.
+``__post_init__``. Environment variables (read only by the holder's command line and, through
+:func:`shm_dir_from`, the composition root; never deep in the library) carry the prefix
+``EE_CKPT_``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,6 +17,18 @@ from ft_runtime.errors import CheckpointError
 
 ENV_SHM_DIR = "EE_CKPT_SHM_DIR"
 """Directory of the shared-memory segments (default ``/dev/shm``)."""
+
+DEFAULT_SHM_DIR = "/dev/shm"
+
+
+def shm_dir_from(env: Mapping[str, str]) -> str:
+    """The segments' directory ``env`` names with :data:`ENV_SHM_DIR`, else the default.
+
+    >>> shm_dir_from({}), shm_dir_from({ENV_SHM_DIR: "/mnt/snapshots"})
+    ('/dev/shm', '/mnt/snapshots')
+    """
+    return env.get(ENV_SHM_DIR, DEFAULT_SHM_DIR)
+
 
 ENV_MEM_CAP_GB = "EE_CKPT_MEM_CAP_GB"
 """Memory cap of one holder in GiB (local snapshots plus backups of the previous node)."""
@@ -95,7 +109,7 @@ class HolderConfig:
     keep_last: int = 2
     keep_in_memory: int = 2
     mem_cap_bytes: int = 16 << 30
-    shm_dir: str = "/dev/shm"
+    shm_dir: str = DEFAULT_SHM_DIR
     chunk_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:

@@ -25,7 +25,13 @@ from ft_runtime.ckpt import _shm
 from ft_runtime.ckpt._rpc import decode, encode
 from ft_runtime.ckpt._table import Slot, Table
 from ft_runtime.ckpt._worker import Worker
-from ft_runtime.ckpt.config import ENV_MEM_CAP_GB, ENV_SHM_DIR, HolderConfig, Ring
+from ft_runtime.ckpt.config import (
+    ENV_MEM_CAP_GB,
+    ENV_SHM_DIR,
+    HolderConfig,
+    Ring,
+    shm_dir_from,
+)
 from ft_runtime.ckpt.types import LOADABLE, CkptState, StateChange
 from ft_runtime.errors import CheckpointError
 
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-last", type=int, default=2)
     ap.add_argument("--keep-in-memory", type=int, default=2)
     ap.add_argument("--mem-cap-gb", type=float, default=float(os.environ.get(ENV_MEM_CAP_GB, 16)))
-    ap.add_argument("--shm-dir", default=os.environ.get(ENV_SHM_DIR, "/dev/shm"))
+    ap.add_argument("--shm-dir", default=shm_dir_from(os.environ))
     a = ap.parse_args(argv)
     cfg = HolderConfig(
         a.job,
