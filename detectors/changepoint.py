@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from collector.types import Frame, Subject
+from collector.vocabulary import canonical_name
 from detectors._series import JobSeries, RobustWindow, finite
 from detectors.types import Finding, Severity
 
@@ -53,7 +54,7 @@ class ThroughputChange(JobSeries):
         window: int = 64,
         warmup: int = 16,
     ) -> None:
-        self.feature, self.min_shift, self.h = feature, min_shift, h
+        self.feature, self.min_shift, self.h = canonical_name(feature), min_shift, h
         self.window, self.warmup = window, warmup
         self._states: dict[Subject, _State] = {}
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from collector.types import Frame
+from collector.vocabulary import canonical_name
 from detectors.errors import DetectorError
 from detectors.gates import QuantileGate
 
@@ -127,7 +128,7 @@ class WindowedBatch:
             raise DetectorError("WindowedBatch needs at least one feature name")
         if min_fit > window:
             raise DetectorError(f"min_fit ({min_fit}) cannot exceed window ({window})")
-        self.model, self.features = model, tuple(features)
+        self.model, self.features = model, tuple(canonical_name(f) for f in features)
         self.window, self.refit_every, self.min_fit = window, refit_every, min_fit
         self._rows: deque[np.ndarray] = deque(maxlen=window)
         self._since_fit = 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collector.types import JOB, Frame, Subject
+from collector.vocabulary import canonical_name
 from detectors._series import JobSeries, RobustWindow, finite
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
@@ -55,7 +56,7 @@ class SeriesSpike(JobSeries):
         if reduce not in ("median", "max"):
             raise DetectorError(f"reduce must be 'median' or 'max', got {reduce!r}")
         self.reduce = reduce
-        self.feature, self.kind = feature, kind
+        self.feature, self.kind = canonical_name(feature), kind
         self.name = kind
         self.z, self.min_ratio = z, min_ratio
         self.window, self.warmup, self.clear = window, warmup, clear
@@ -164,7 +165,7 @@ class Divergence(JobSeries):
         persistence: int = 20,
         warmup: int = 50,
     ) -> None:
-        self.feature, self.alpha, self.rise = feature, alpha, rise
+        self.feature, self.alpha, self.rise = canonical_name(feature), alpha, rise
         self.persistence, self.warmup = persistence, warmup
         self._ema: dict[Subject, float] = {}
         self._best: dict[Subject, float] = {}

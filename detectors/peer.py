@@ -15,6 +15,7 @@ from types import MappingProxyType
 import numpy as np
 
 from collector.types import Frame, Subject
+from collector.vocabulary import canonical_name
 from detectors._buffer import StepBuffer
 from detectors._layout import RankLayout, to_slots
 from detectors.stepbatch import StepBatch
@@ -81,7 +82,8 @@ class PeerOutlier:
         replica_fraction: float = 0.8,
     ) -> None:
         spec = dict(features) if features is not None else dict(DEFAULT_FEATURES)
-        self.features = {str(k): _entry(v) for k, v in spec.items()}
+        # Features may be named by any alias; frames arrive in canonical names.
+        self.features = {canonical_name(str(k)): _entry(v) for k, v in spec.items()}
         self.z, self.min_shift = z, min_shift
         self.persistence, self.clear = persistence, clear
         self.min_ranks, self.node_fraction = min_ranks, node_fraction

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from collector.types import JOB, Frame, Subject
+from detectors._canonical import canonical_batch, canonical_frame
 from detectors.base import Detector
 from detectors.fusion import (
     JOB_WIDE,
@@ -189,6 +190,9 @@ class Fuser:
 class DetectorPipeline:
     """Runs a list of Detectors over frames or whole steps and fuses what they find.
 
+    Frames and steps may name metrics by any alias of collector.vocabulary (DCGM's, NVML's,
+    another unit); the detectors see canonical names and units.
+
     It never raises into its caller: a detector that raises is logged once per error type
     and counted in ``errors``, and the others carry on. Detectors with ``process_step``
     take whole steps; the others get one Frame per rank (rules that declare ``FEATURES``
@@ -218,6 +222,7 @@ class DetectorPipeline:
         self._logged: set[tuple[str, str]] = set()
 
     def process(self, frame: Frame) -> list[Finding]:
+        frame = canonical_frame(frame)
         raw: list[Finding] = []
         for det in self.detectors:
             raw += self._call(det, det.process, frame)
@@ -238,6 +243,7 @@ class DetectorPipeline:
 
     def process_step(self, batch: StepBatch) -> list[Finding]:
         """Runs every detector over one step of all ranks."""
+        batch = canonical_batch(batch)
         raw: list[Finding] = []
         for det in self.detectors:
             step_fn = getattr(det, "process_step", None)

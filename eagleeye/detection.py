@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from collector.frames import subject_of
 from collector.types import Frame, Sample
+from collector.vocabulary import canonical_values
 from detectors.base import Detector
 from detectors.config import DetectorsConfig, DetectorSpec
 from detectors.fusion import FusionPolicy
@@ -87,15 +88,16 @@ def peer_features(values: Mapping[str, float]) -> dict[str, float]:
      'comm_ms': 100.0, 'data_wait_ms': 50.0, 'compute_ms': 350.0}
     """
     out = dict(values)
-    comm = values.get("collective_time", 0.0)
-    data = values.get("section.data", 0.0)
-    if "collective_time" in values:
-        out["comm_ms"] = 1000.0 * comm
-    if "section.data" in values:
-        out["data_wait_ms"] = 1000.0 * data
-    if "step_time" in values:
-        own = values["step_time"] - comm - data - values.get("section.checkpoint", 0.0)
-        out["compute_ms"] = 1000.0 * max(own, 0.0)
+    canon = canonical_values(values)  # the hook's names are aliases of the peer features
+    comm, data = canon.get("comm_ms"), canon.get("data_wait_ms")
+    if comm is not None:
+        out["comm_ms"] = comm
+    if data is not None:
+        out["data_wait_ms"] = data
+    if "step_time" in canon:
+        checkpoint = 1000.0 * canon.get("section.checkpoint", 0.0)
+        own = 1000.0 * canon["step_time"] - (comm or 0.0) - (data or 0.0) - checkpoint
+        out["compute_ms"] = max(own, 0.0)
     return out
 
 
