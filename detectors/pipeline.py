@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from collector.types import JOB, Frame, Subject
-from detectors._canonical import canonical_batch, canonical_frame
 from detectors.base import Detector
+from detectors.edge import Edge
 from detectors.fusion import (
     JOB_WIDE,
     SYMPTOMS,
@@ -190,8 +190,9 @@ class Fuser:
 class DetectorPipeline:
     """Runs a list of Detectors over frames or whole steps and fuses what they find.
 
-    Frames and steps may name metrics by any alias of collector.vocabulary (DCGM's, NVML's,
-    another unit); the detectors see canonical names and units.
+    Frames and steps pass the ``Edge`` first (detectors.edge): they may name metrics by any
+    alias of collector.vocabulary, and derived features (``compute_ms``, counter rates,
+    ``since_launch``) are added, so every detector reads canonical names and units.
 
     It never raises into its caller: a detector that raises is logged once per error type
     and counted in ``errors``, and the others carry on. Detectors with ``process_step``
@@ -213,6 +214,7 @@ class DetectorPipeline:
         release_after_s: float = 30.0,
     ) -> None:
         self.detectors = list(detectors)
+        self.edge = Edge()
         self.fuser = Fuser(policy)
         self.release_after_s = release_after_s
         self.errors: dict[str, int] = {}
@@ -222,7 +224,7 @@ class DetectorPipeline:
         self._logged: set[tuple[str, str]] = set()
 
     def process(self, frame: Frame) -> list[Finding]:
-        frame = canonical_frame(frame)
+        frame = self.edge.frame(frame)
         raw: list[Finding] = []
         for det in self.detectors:
             raw += self._call(det, det.process, frame)
@@ -243,7 +245,7 @@ class DetectorPipeline:
 
     def process_step(self, batch: StepBatch) -> list[Finding]:
         """Runs every detector over one step of all ranks."""
-        batch = canonical_batch(batch)
+        batch = self.edge.batch(batch)
         raw: list[Finding] = []
         for det in self.detectors:
             step_fn = getattr(det, "process_step", None)

@@ -59,6 +59,7 @@ def _register_builtins() -> None:
         ProcessExit,
         XidError,
     )
+    from detectors.trend import Trend
 
     register("process_exit", ProcessExit)
     register("non_finite_loss", NonFiniteLoss)
@@ -72,6 +73,7 @@ def _register_builtins() -> None:
     register("grad_norm_spike", grad_norm_spike)
     register("throughput_change", ThroughputChange)
     register("divergence", Divergence)
+    register("trend", Trend)
     register("isolation_forest", isolation_forest)
     register("pca_reconstruction", pca_reconstruction)
     register("autoencoder", autoencoder)

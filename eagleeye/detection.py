@@ -41,8 +41,8 @@ LIVE_PEER_FEATURES: Mapping[str, tuple[object, ...]] = {
 def live_specs(hang_k: float, hang_min_silence_s: float) -> tuple[DetectorSpec, ...]:
     """The statistical detectors of a live run.
 
-    Peer outliers need a 50 % shift held 4 steps (a loaded host's jitter stays well under
-    it; an injected straggler is far over it); change points need a replica's or node's
+    Peer outliers need a 50 % shift in three of five steps, held two (a loaded host's
+    jitter stays well under it; an injected straggler is far over it); change points need a replica's or node's
     step time doubled and held (on a shared 2-core host, healthy tiny steps of 25 to 35 ms
     jump to 50 to 70 ms for several steps at a time, which a 50 % shift with ``h`` = 2 took
     for a change point); the collective hang waits as long as the progress
@@ -51,7 +51,14 @@ def live_specs(hang_k: float, hang_min_silence_s: float) -> tuple[DetectorSpec, 
     return (
         DetectorSpec(
             "peer_outlier",
-            {"features": LIVE_PEER_FEATURES, "min_shift": 0.5, "persistence": 4, "z": 6.0},
+            {
+                "features": LIVE_PEER_FEATURES,
+                "min_shift": 0.5,
+                "persistence": 2,
+                "z": 6.0,
+                "warmup": 5,
+                "offset_alpha": 0.0,  # a 50 % bar: GPUs' few per cent of spread are moot
+            },
         ),
         DetectorSpec("loss_spike", {"reduce": "max"}),
         DetectorSpec("grad_norm_spike"),

@@ -86,7 +86,10 @@ class _Broken:
 
 
 def test_a_failing_detector_is_counted_not_raised() -> None:
-    pipe = DetectorPipeline([_Broken(), PeerOutlier(persistence=1)], FusionPolicy(hold_steps=0))
+    pipe = DetectorPipeline(
+        [_Broken(), PeerOutlier(persistence=1, warmup=0, offset_alpha=0)],
+        FusionPolicy(hold_steps=0),
+    )
     rng = np.random.default_rng(0)
     x = noisy(rng, 8)
     x[2] *= 2
@@ -102,7 +105,7 @@ def test_policy_validation() -> None:
 
 
 def test_flush_releases_held_findings() -> None:
-    pipe = DetectorPipeline([PeerOutlier(persistence=1)])
+    pipe = DetectorPipeline([PeerOutlier(persistence=1, warmup=0, offset_alpha=0)])
     rng = np.random.default_rng(0)
     x = noisy(rng, 8)
     x[2] *= 2
@@ -143,19 +146,19 @@ def test_frame_by_frame_pipeline_finds_every_fault_once() -> None:
 
 
 def test_a_stepless_lifecycle_frame_does_not_move_the_fusion_clock() -> None:
-    pipeline = DetectorPipeline([PeerOutlier(persistence=1, min_ranks=4)])
+    pipeline = DetectorPipeline([PeerOutlier(persistence=1, min_ranks=4, warmup=0, offset_alpha=0)])
     found = []
-    for step in range(3):
+    for step in range(2):
         for rank in range(4):
-            compute = 300.0 if rank == 2 and step >= 1 else 100.0 + rank
+            compute = 300.0 if rank == 2 else 100.0 + rank
             frame = Frame(Subject(0, rank, "n0"), step, 1e9 + step, {"compute_ms": compute})
             found += pipeline.process(frame)
-    assert found == []  # the finding of step 1 is held until step 3
+    assert found == []  # the finding of step 0 is held until step 2
     launched = Frame(Subject(0, 1, "n0"), None, 2e9, {"launched": 1.0})
     assert pipeline.process(launched) == []
     for rank in range(4):
-        found += pipeline.process(Frame(Subject(0, rank, "n0"), 3, 1e9 + 3, {"compute_ms": 100.0}))
-    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 2, 1)]
+        found += pipeline.process(Frame(Subject(0, rank, "n0"), 2, 1e9 + 2, {"compute_ms": 100.0}))
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 2, 0)]
 
 
 def test_a_finding_noted_from_outside_explains_symptoms_and_absorbs_duplicates() -> None:

@@ -1,0 +1,155 @@
+"""The peer comparison shared by the peer detectors: one step of every rank at once.
+
+For each watched feature, each rank's value (its own stable offset divided out) is
+compared with the median of its peers. A report beats the bar when its deviation, in the
+feature's direction, beats the largest of three bars: ``z`` robust standard deviations of the
+peers, ``min_shift`` times the median, and the feature's absolute floor (a shift too
+small to matter is no finding, however unusual). A rank is out when at least three of its
+last five reports of the feature beat the bar (so the hiccups of heavy-tailed step times,
+even two in a row, are no shift), and fires when it has been out for ``persistence``
+reports; it must be well inside (under half the bar) for ``clear`` reports before it may
+fire again.
+Ranks within ``warmup`` steps of their launch take no part.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from detectors._layout import RankLayout, to_slots
+from detectors._offsets import Offsets
+from detectors.stepbatch import StepBatch
+
+_SAMPLE = 8192  # ranks used to estimate median and MAD; a 1-2 % error at any job size
+_VOTES, _OF = 3, 5  # reports that must beat the bar among the last ones
+_POPCOUNT = np.array([bin(i).count("1") for i in range(1 << _OF)], dtype=np.int8)
+_KEEP = (1 << _OF) - 1
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One step's comparison, in slot order (rows are slots, columns features)."""
+
+    x: np.ndarray
+    med: np.ndarray
+    scale: np.ndarray
+    new: np.ndarray  # newly confirmed outliers
+    together: np.ndarray  # cells drifting out with them (for node and replica findings)
+
+
+class PeerCore:
+    """State of the comparison: features (which may be added), offsets, persistence."""
+
+    def __init__(
+        self, z: float, persistence: int, clear: int, warmup: int, offset_alpha: float
+    ) -> None:
+        self.z, self.persistence, self.clear, self.warmup = z, persistence, clear, warmup
+        self.names: list[str] = []
+        self._sign = np.zeros(0)
+        self._shift = np.zeros(0)
+        self._abs = np.zeros(0)
+        self._votes = np.zeros(0, dtype=np.int8)
+        self._persist = np.zeros(0, dtype=np.int32)
+        self.layout = RankLayout()
+        self.offsets = Offsets(np.zeros(0, dtype=bool), offset_alpha)
+        self.count = np.zeros((0, 0), dtype=np.int32)
+        self.normal = np.zeros((0, 0), dtype=np.int32)
+        self.fired = np.zeros((0, 0), dtype=bool)
+        self._bits = np.zeros((0, 0), dtype=np.uint8)  # which of the last reports beat it
+        self._seen = np.zeros((0, 0), dtype=np.int8)  # reports so far, up to _OF
+        self._rng = np.random.default_rng(0)
+        self._sample: np.ndarray | None = None
+        self._sample_n = 0
+
+    def add(
+        self,
+        name: str,
+        sign: int,
+        shift: float,
+        min_abs: float,
+        offset: bool,
+        votes: int = _VOTES,
+        persistence: int | None = None,
+    ) -> None:
+        """Watches one more feature (``sign`` +1 high is bad, -1 low is bad, 0 either);
+        ``votes`` of its last five reports must beat the bar (a clean flag needs one)."""
+        self.names.append(name)
+        self._votes = np.append(self._votes, np.int8(min(max(votes, 1), _OF)))
+        self._persist = np.append(self._persist, persistence or self.persistence)
+        self._sign = np.append(self._sign, float(sign))
+        self._shift = np.append(self._shift, shift)
+        self._abs = np.append(self._abs, min_abs)
+        self.offsets.enabled = np.append(self.offsets.enabled, offset)
+        pad = ((0, 0), (0, 1))
+        self.count, self.normal = np.pad(self.count, pad), np.pad(self.normal, pad)
+        self.fired = np.pad(self.fired, pad)
+        self._bits, self._seen = np.pad(self._bits, pad), np.pad(self._seen, pad)
+        self.offsets.factor = np.pad(self.offsets.factor, pad, constant_values=1.0)
+        self.offsets.count = np.pad(self.offsets.count, pad)
+
+    def compare(self, batch: StepBatch, raw: np.ndarray, min_ranks: int) -> Comparison | None:
+        """Updates persistence with one step's ``raw`` values (rows of ``batch``)."""
+        slots = self.layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
+        size = len(self.layout.ranks)
+        self._grow(size)
+        x = to_slots(raw, slots, size)
+        if "since_launch" in batch.features:  # warming ranks take no part
+            warming = to_slots(batch.column("since_launch"), slots, size) < self.warmup
+            x = np.where(warming[:, None], np.nan, x)
+            self.offsets.forget(warming)  # a relaunched rank may hold memory differently
+        reported = np.isfinite(x)
+        if reported.any(axis=1).sum() < min_ranks:
+            return None
+        x = self.offsets.remove(x)
+        med, scale = self._peer_stats(x)
+        signed = x - med
+        dev = np.where(self._sign == 0, np.abs(signed), signed * self._sign)
+        bar = np.maximum(np.maximum(self.z * scale, self._shift * np.abs(med)), self._abs)
+        learning = self.offsets.learning()  # offsets not known yet: learn, do not judge
+        with np.errstate(invalid="ignore"):
+            beats = (dev > bar) & ~learning
+            calm = (np.abs(signed) < 0.5 * bar) | learning
+        self.offsets.learn(x * self.offsets.factor, med, calm & reported)
+        out = self._vote(beats, reported) & beats  # fires on a report that is out itself
+        self.count = np.where(reported, (self.count + 1) * out, self.count)
+        self.normal = np.where(reported, (self.normal + 1) * calm, self.normal)
+        self.fired &= self.normal < self.clear
+        new = (self.count >= self._persist) & ~self.fired
+        with np.errstate(invalid="ignore"):
+            together = (dev > 0.5 * bar) | (self.count > 0)
+        return Comparison(x, med, scale, new, together)
+
+    def _vote(self, beats: np.ndarray, reported: np.ndarray) -> np.ndarray:
+        """Cells where at least ``votes`` of the last five reports beat the bar (all of
+        them while a cell has fewer reports than that)."""
+        bits = ((self._bits.astype(np.int16) << 1) | beats) & _KEEP
+        self._bits = np.where(reported, bits, self._bits).astype(np.uint8)
+        self._seen = np.where(reported, np.minimum(self._seen + 1, _OF), self._seen)
+        return _POPCOUNT[self._bits] >= np.minimum(self._seen, self._votes)
+
+    def _peer_stats(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Median and MAD-based scale per feature, from a sample of ranks at large scale."""
+        sample = x
+        if len(x) > _SAMPLE:
+            if self._sample is None or self._sample_n != len(x):
+                # A fixed random subset per layout: drawing anew each step costs a shuffle.
+                self._sample_n = len(x)
+                self._sample = np.sort(self._rng.choice(len(x), _SAMPLE, replace=False))
+            sample = x[self._sample]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a feature no rank reported
+            med = np.nanmedian(sample, axis=0)
+            mad = np.nanmedian(np.abs(sample - med), axis=0)
+        return med, np.maximum(1.4826 * mad, 1e-3 * np.abs(med) + 1e-12)
+
+    def _grow(self, size: int) -> None:
+        extra = size - len(self.count)
+        if extra > 0:
+            pad = ((0, extra), (0, 0))
+            self.count, self.normal = np.pad(self.count, pad), np.pad(self.normal, pad)
+            self.fired = np.pad(self.fired, pad)
+            self._bits, self._seen = np.pad(self._bits, pad), np.pad(self._seen, pad)
+            self.offsets.grow(size)
