@@ -37,6 +37,12 @@ launched 0/1 rank event the rank's process was (re)launched
 closing 0/1 rank event the rank's training loop ended and it is shutting down
 recovering 0/1 rank event the job was stopped to recover (traces recorded from runs)
 replicas count rank gauge replicas whose gradients made the step (replica mode)
+epoch count rank counter the quorum's membership epoch the step ran in (replica mode)
+exchange_retries count rank counter retries of the step's gradient exchange (replica mode)
+catch_up 0/1 rank event the rank's replica is catching up from a peer (replica mode)
+serving_catch_up 0/1 rank event the rank serves a catching-up peer (replica mode)
+replayed_steps count rank counter steps a rejoining replica replayed (replica mode)
+batch count rank counter index of the data batch the replica trained on (replica mode)
 nccl_last_seq count rank gauge highest collective sequence number the rank entered
 nccl_pending_collective seq rank event a flight-recorder dump: the rank waits in that collective
 nccl_rank_behind seq rank event a flight-recorder dump: the rank never entered that collective

@@ -14,7 +14,6 @@ Ranks within ``warmup`` steps of their launch take no part.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +37,18 @@ class Comparison:
     scale: np.ndarray
     new: np.ndarray  # newly confirmed outliers
     together: np.ndarray  # cells drifting out with them (for node and replica findings)
+
+
+def nanmedian_columns(x: np.ndarray) -> np.ndarray:
+    """The median of each column over its non-NaN values (NaN for a column without any):
+    np.nanmedian's result, without its slow masked path for small arrays."""
+    ordered = np.sort(x, axis=0)  # NaN sorts last
+    count = (~np.isnan(x)).sum(axis=0)
+    cols = np.arange(x.shape[1])
+    low = ordered[np.maximum((count - 1) // 2, 0), cols]
+    high = ordered[np.maximum(count // 2, 0), cols]
+    med: np.ndarray = np.where(count > 0, (low + high) / 2.0, np.nan)
+    return med
 
 
 class PeerCore:
@@ -118,8 +129,9 @@ class PeerCore:
         self.normal = np.where(reported, (self.normal + 1) * calm, self.normal)
         self.fired &= self.normal < self.clear
         new = (self.count >= self._persist) & ~self.fired
-        with np.errstate(invalid="ignore"):
-            together = (dev > 0.5 * bar) | (self.count > 0)
+        # A node's other ranks count as going out with it when they are out too, or beat
+        # the bar now: noise alone must not make one rank's fault its node's.
+        together = beats | (self.count > 0)
         return Comparison(x, med, scale, new, together)
 
     def _vote(self, beats: np.ndarray, reported: np.ndarray) -> np.ndarray:
@@ -139,10 +151,8 @@ class PeerCore:
                 self._sample_n = len(x)
                 self._sample = np.sort(self._rng.choice(len(x), _SAMPLE, replace=False))
             sample = x[self._sample]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a feature no rank reported
-            med = np.nanmedian(sample, axis=0)
-            mad = np.nanmedian(np.abs(sample - med), axis=0)
+        med = nanmedian_columns(sample)
+        mad = nanmedian_columns(np.abs(sample - med))
         return med, np.maximum(1.4826 * mad, 1e-3 * np.abs(med) + 1e-12)
 
     def _grow(self, size: int) -> None:

@@ -47,6 +47,7 @@ DEFAULT_SPECS: tuple[DetectorSpec, ...] = (
     DetectorSpec("collective_hang", {"k": 4.0, "min_silence_s": 15.0}),
     DetectorSpec("peer_outlier"),
     DetectorSpec("trend"),
+    DetectorSpec("generic_peer"),
     DetectorSpec("loss_spike"),
     DetectorSpec("grad_norm_spike"),
     DetectorSpec("throughput_change", {"h": 1.0}),

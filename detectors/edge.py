@@ -130,17 +130,19 @@ class Edge:
             extra[f"{name}_rate"] = rate if slots is None else rate[slots]
 
     def _launches(self, batch: StepBatch, slots: np.ndarray | None) -> np.ndarray | None:
-        """Steps since each rank's launch: a rank counts each new step it reports in."""
+        """Steps each rank reported since its launch, the current one included."""
         size = len(self._since)
         present = batch.present if batch.present is not None else np.isfinite(batch.values)
         here = to_slots(present.any(axis=1).astype(float), slots, size) > 0
         launched = to_slots(batch.reported("launched").astype(float), slots, size) > 0
         step = float(batch.step)
-        went_back = here & (step < self._last_step)
-        newer = here & (step > self._last_step)
-        self._since[newer & ~launched] += 1.0
-        self._since[launched | went_back] = 0.0
-        self._last_step[here] = step
+        self._since[launched] = 0.0
+        self._last_step[launched] = -np.inf
+        went_back = here & ~launched & (step < self._last_step)
+        newer = here & ~launched & (step > self._last_step)
+        self._since[newer] += 1.0
+        self._since[went_back] = 1.0  # a restart from a checkpoint: this step is its first
+        self._last_step[here & ~launched] = step
         if self._since.min(initial=WARM_HORIZON) >= WARM_HORIZON:
             return None
         return self._since.copy() if slots is None else self._since[slots]

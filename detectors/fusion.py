@@ -46,6 +46,7 @@ PRECEDENCE: tuple[str, ...] = (
     "grad_spike",
     "divergence",
     "multivariate",
+    "metric_outlier",
     "throughput_drop",
 )
 SYMPTOMS = frozenset({"throughput_drop"})

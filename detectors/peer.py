@@ -127,7 +127,7 @@ class PeerOutlier:
     ) -> None:
         spec = dict(features) if features is not None else dict(DEFAULT_FEATURES)
         self.features = {canonical_name(k): PeerFeature.parse(k, v) for k, v in spec.items()}
-        self.min_ranks = min_ranks
+        self.min_ranks, self.z, self.min_shift = min_ranks, z, min_shift
         self.core = PeerCore(z, persistence, clear, warmup, offset_alpha)
         for name, f in self.features.items():
             shift = min_shift if f.min_shift is None else f.min_shift

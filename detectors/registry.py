@@ -47,6 +47,7 @@ def load_plugins() -> None:
 
 def _register_builtins() -> None:
     from detectors.changepoint import ThroughputChange
+    from detectors.generic import GenericPeer
     from detectors.hang import CollectiveHang
     from detectors.learned import autoencoder, isolation_forest, pca_reconstruction
     from detectors.numerics import Divergence, grad_norm_spike, loss_spike
@@ -74,6 +75,7 @@ def _register_builtins() -> None:
     register("throughput_change", ThroughputChange)
     register("divergence", Divergence)
     register("trend", Trend)
+    register("generic_peer", GenericPeer)
     register("isolation_forest", isolation_forest)
     register("pca_reconstruction", pca_reconstruction)
     register("autoencoder", autoencoder)

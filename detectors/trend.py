@@ -6,9 +6,10 @@ the detector keeps each rank's last ``window`` reports of its value less the pee
 (so a change all ranks share, a checkpoint's staging buffers, is no trend), and estimates
 the rank's slope robustly (Theil-Sen over the pairs half a window apart, in time). A rank
 drifts when all those pairs rise (a sign test), its slope stands ``z`` robust standard
-deviations above its peers' slopes, and the rise over the window is at least ``min_rise``
-of the value (an absolute floor: a drift too slow to matter is no finding). It must hold
-for ``persistence`` reports; ranks warming up after a launch take no part.
+deviations above its peers' slopes, and, held for ``horizon_s``, the slope would add at
+least ``min_rise`` of the value (an absolute floor: a drift too slow to matter within the
+hour is no finding, however regular). It must hold for ``persistence`` reports; ranks
+warming up after a launch take no part.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class Trend:
         features: feature -> finding kind.
         window: reports per rank in the slope (even, at least 4).
         z: robust z of the rank's slope among its peers' slopes.
-        min_rise: the rise over the window, as a share of the rank's value, that matters.
+        min_rise: the share of the rank's value the drift must add within ``horizon_s``.
+        horizon_s: the time over which a drift is judged to matter.
         persistence: consecutive reports the drift must hold.
         clear: reports without drift before a rank may fire again.
         warmup: steps after a (re)launch in which a rank takes no part.
@@ -50,7 +52,8 @@ class Trend:
         features: Mapping[str, str] | None = None,
         window: int = 8,
         z: float = 6.0,
-        min_rise: float = 0.01,
+        min_rise: float = 0.05,
+        horizon_s: float = 3600.0,
         persistence: int = 2,
         clear: int = 20,
         warmup: int = 20,
@@ -60,7 +63,7 @@ class Trend:
             raise DetectorError(f"trend window must be even and at least 4, got {window}")
         spec = dict(features if features is not None else DEFAULT_TRENDS)
         self.features = {canonical_name(k): str(v) for k, v in spec.items()}
-        self.window, self.z, self.min_rise = window, z, min_rise
+        self.window, self.z, self.min_rise, self.horizon_s = window, z, min_rise, horizon_s
         self.persistence, self.clear, self.warmup = persistence, clear, warmup
         self.min_ranks = min_ranks
         self._names = tuple(self.features)
@@ -133,8 +136,7 @@ class Trend:
         rows = np.flatnonzero(full)
         med = float(np.median(slope))
         scale = max(1.4826 * float(np.median(np.abs(slope - med))), 1e-12)
-        span = self._t[rows, j].max(axis=1) - self._t[rows, j].min(axis=1)
-        rise = slope * span
+        rise = slope * self.horizon_s
         level = np.abs(self._level[rows, j])
         drifting = rising & ((slope - med) / scale > self.z) & (rise >= self.min_rise * level)
         count = self._count[rows, j] = (self._count[rows, j] + 1) * drifting
@@ -164,7 +166,7 @@ class Trend:
         evidence = {
             name: float(self._level[slot, j]),
             f"{name}_slope_per_s": slope,
-            f"{name}_rise": rise,
+            f"{name}_rise_per_horizon": rise,
             "peer_slope_median": med,
             "robust_z": (slope - med) / scale,
         }

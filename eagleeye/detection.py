@@ -42,10 +42,11 @@ def live_specs(hang_k: float, hang_min_silence_s: float) -> tuple[DetectorSpec, 
     """The statistical detectors of a live run.
 
     Peer outliers need a 50 % shift in three of five steps, held two (a loaded host's
-    jitter stays well under it; an injected straggler is far over it); change points need a replica's or node's
-    step time doubled and held (on a shared 2-core host, healthy tiny steps of 25 to 35 ms
-    jump to 50 to 70 ms for several steps at a time, which a 50 % shift with ``h`` = 2 took
-    for a change point); the collective hang waits as long as the progress
+    jitter stays well under it; an injected straggler is far over it); change points need
+    a replica's or node's step time doubled and held (on a shared 2-core host, healthy
+    tiny steps of 25 to 35 ms jump to 50 to 70 ms for several steps at a time, which a
+    50 % shift with ``h`` = 2 took for a change point); the collective hang waits as long
+    as the progress
     detector does, so the two never race to restart a job that is only slow.
     """
     return (
@@ -60,8 +61,11 @@ def live_specs(hang_k: float, hang_min_silence_s: float) -> tuple[DetectorSpec, 
                 "offset_alpha": 0.0,  # a 50 % bar: GPUs' few per cent of spread are moot
             },
         ),
-        DetectorSpec("loss_spike", {"reduce": "max"}),
-        DetectorSpec("grad_norm_spike"),
+        # The highest rank's loss of a small model early in training swings by a quarter
+        # from step to step: a live spike must be half again its level, a gradient-norm
+        # spike twice it, and neither is judged in the first 20 steps.
+        DetectorSpec("loss_spike", {"reduce": "max", "min_ratio": 0.5, "warmup": 20}),
+        DetectorSpec("grad_norm_spike", {"min_ratio": 1.0, "warmup": 20}),
         DetectorSpec(
             "throughput_change",
             {"feature": "step_time.max", "min_shift": 1.0, "h": 8.0, "warmup": 10},

@@ -22,16 +22,23 @@ def add_parser(sub: Any) -> None:
     modes = p.add_subparsers(dest="mode", metavar="MODE", required=True)
     g = modes.add_parser("generated", help="fault-injected traces of every class + healthy ones")
     g.add_argument(
+        "--generator",
+        choices=("default", "fleet"),
+        default="default",
+        help="default: independent draws per step; fleet: an event simulation of a "
+        "synchronous job and its sources, designed apart (default: default)",
+    )
+    g.add_argument(
         "--seeds",
         type=_range,
-        default=range(5000, 5020),
-        help="seeds of faulty traces, A-B inclusive (default: 5000-5019)",
+        default=None,
+        help="seeds of faulty traces, A-B inclusive (default: 5000-5019; fleet 7000-7019)",
     )
     g.add_argument(
         "--healthy-seeds",
         type=_range,
-        default=range(6000, 6002),
-        help="seeds of healthy traces (default: 6000-6001)",
+        default=None,
+        help="seeds of healthy traces (default: 6000-6001; fleet 8000-8001)",
     )
     g.add_argument("--nodes", type=int, default=8, help="nodes per faulty trace (default: 8)")
     g.add_argument("--ranks-per-node", type=int, default=8, help="(default: 8)")
@@ -58,8 +65,20 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--nodes", type=int, default=4)
     w.add_argument("--ranks-per-node", type=int, default=4)
     w.add_argument("--healthy", action="store_true", help="inject no fault")
+    w.add_argument("--generator", choices=("default", "fleet"), default="default")
     w.add_argument("--steps", type=int, default=400, help="length of a healthy trace")
     w.set_defaults(func=_generate)
+    c = modes.add_parser(
+        "cross",
+        help="cross-generator check: constants chosen on one generator, scored on the other",
+        description=(
+            "Chooses the detectors' tunable constants on the tuning seeds of one trace "
+            "generator and scores the choice on the report seeds of the other, both ways "
+            "(docs/detectors.md, 'Choosing constants')."
+        ),
+    )
+    c.add_argument("--quick", action="store_true", help="a few seeds only (a smoke run)")
+    c.set_defaults(func=_cross)
     x = modes.add_parser(
         "export",
         help="write a recorded run as a labelled trace (labels from its injected faults)",
@@ -71,7 +90,7 @@ def add_parser(sub: Any) -> None:
     x.add_argument("run", type=Path, metavar="RUN_DIR", help="a run folder under runs/")
     x.add_argument("out", type=Path, metavar="OUT", help="trace file to write (.csv, .parquet)")
     x.set_defaults(func=_export)
-    for q in (g, t, n):
+    for q in (g, t, n, c):
         q.add_argument("--json", type=Path, default=None, help="also write results as JSON")
     for q in (g, t):
         q.add_argument("--config", type=Path, default=None, help="detector config TOML")
@@ -98,10 +117,20 @@ def _emit(result: dict[str, Any], args: argparse.Namespace) -> None:
 
 def _generated(args: argparse.Namespace) -> int:
     from detectors.config import load_config
-    from detectors.eval.harness import GeneratedEval, evaluate_generated, print_report
+    from detectors.eval.harness import (
+        REPORT_SEEDS,
+        GeneratedEval,
+        evaluate_generated,
+        print_report,
+    )
 
+    seeds, healthy = REPORT_SEEDS[args.generator]
     spec = GeneratedEval(
-        args.nodes, args.ranks_per_node, tuple(args.seeds), tuple(args.healthy_seeds)
+        args.nodes,
+        args.ranks_per_node,
+        tuple(args.seeds if args.seeds is not None else seeds),
+        tuple(args.healthy_seeds if args.healthy_seeds is not None else healthy),
+        generator=args.generator,
     )
     result = evaluate_generated(spec, load_config(args.config))
     print_report(result, sys.stdout)
@@ -122,6 +151,20 @@ def _trace(args: argparse.Namespace) -> int:
         config = replay_config()
     result = evaluate_trace_file(args.path, config)
     print_report(result, sys.stdout)
+    _emit(result, args)
+    return 0
+
+
+def _cross(args: argparse.Namespace) -> int:
+    from detectors.eval.harness import print_report
+    from detectors.eval.protocol import cross
+
+    result = cross(quick=args.quick)
+    for name, part in result.items():
+        print(f"== {name}, reported on {part['reported_on']}")
+        for key, value in part["setting"].items():
+            print(f"   {key} = {value:g}")
+        print_report(part["report"], sys.stdout)
     _emit(result, args)
     return 0
 
@@ -166,17 +209,11 @@ def _nab(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from detectors.eval.generate import FAULT_KINDS, TraceSpec, generate
+    from detectors.eval.generators import Shape, make_trace
     from detectors.eval.trace import write_trace
 
-    spec = TraceSpec(
-        args.nodes,
-        args.ranks_per_node,
-        faults=() if args.healthy else FAULT_KINDS,
-        steps=args.steps,
-        seed=args.seed,
-    )
-    trace = generate(spec)
+    shape = Shape(args.nodes, args.ranks_per_node, args.seed, args.healthy, args.steps)
+    trace = make_trace(args.generator, shape)
     write_trace(trace, args.path)
     print(f"wrote {args.path} ({len(trace.steps)} observations, {len(trace.labels)} faults)")
     return 0

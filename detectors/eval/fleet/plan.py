@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,6 +36,7 @@ class FleetSpec:
         faults: fault kinds to befall the job, one each, in a random order.
         steps: the job's length in steps (at least; the faults may need more).
         seed: everything random derives from it.
+        sizes: fault kind -> a size to use instead of drawing one (``Fault.size``).
     """
 
     nodes: int = 8
@@ -44,6 +45,7 @@ class FleetSpec:
     faults: Sequence[str] = FLEET_FAULTS
     steps: int = 600
     seed: int = 0
+    sizes: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.faults) - set(FLEET_FAULTS))
@@ -86,6 +88,8 @@ def plan_faults(spec: FleetSpec, rng: np.random.Generator) -> tuple[list[Fault],
     faults, step = [], int(rng.integers(70, 100))
     for kind in rng.permutation(list(spec.faults)):
         fault = _draw(str(kind), step, spec, rng)
+        if fault.kind in spec.sizes:
+            fault = replace(fault, size=float(spec.sizes[fault.kind]))
         faults.append(fault)
         step = fault.step + fault.length + int(rng.integers(50, 90))
     return faults, max(step, spec.steps)
