@@ -51,7 +51,7 @@ PRECEDENCE: tuple[str, ...] = (
 )
 SYMPTOMS = frozenset({"throughput_drop"})
 #: Kinds about the whole job: seen on several ranks at once, they are one job finding.
-JOB_WIDE = frozenset({"loss_spike", "grad_spike", "divergence", "throughput_drop"})
+JOB_WIDE = frozenset({"loss_spike", "grad_spike", "divergence", "throughput_drop", "multivariate"})
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARN: 1, Severity.CRITICAL: 2}
 
 

@@ -49,7 +49,7 @@ def _register_builtins() -> None:
     from detectors.changepoint import ThroughputChange
     from detectors.generic import GenericPeer
     from detectors.hang import CollectiveHang
-    from detectors.learned import autoencoder, isolation_forest, pca_reconstruction
+    from detectors.learned import autoencoder, isolation_forest, lstm_vae, pca_reconstruction
     from detectors.numerics import Divergence, grad_norm_spike, loss_spike
     from detectors.peer import PeerOutlier
     from detectors.progress import ProgressStall
@@ -79,6 +79,7 @@ def _register_builtins() -> None:
     register("isolation_forest", isolation_forest)
     register("pca_reconstruction", pca_reconstruction)
     register("autoencoder", autoencoder)
+    register("lstm_vae", lstm_vae)
 
 
 _register_builtins()

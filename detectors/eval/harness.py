@@ -103,9 +103,20 @@ def print_report(result: dict[str, Any], out: TextIO) -> None:
         out.write(f"{key:<30}{value:>12.4f}\n")
 
 
-def detect_trace(path: Path, config: DetectorsConfig | None = None) -> list[Emitted]:
-    """Runs the configured detectors over a recorded trace file."""
-    return run_trace(read_trace(path), config)
+def detect_trace(
+    path: Path,
+    config: DetectorsConfig | None = None,
+    scorers: Sequence[Any] = (),
+    scores: Path | None = None,
+) -> list[Emitted]:
+    """Runs the configured detectors over a recorded trace file, with fitted learned
+    scorers added when given (``scores``: a CSV of every vector they scored)."""
+    trace = read_trace(path)
+    if not scorers:
+        return run_trace(trace, config)
+    from detectors.eval.learning import run_with
+
+    return run_with(trace, config or DetectorsConfig(), scorers, scores)
 
 
 def write_findings(emitted: Iterable[Emitted], out: TextIO) -> int:
