@@ -15,6 +15,7 @@ from collector.types import JOB, Frame, Subject
 from detectors.base import Detector
 from detectors.edge import Edge
 from detectors.fusion import (
+    CAUSES,
     JOB_WIDE,
     SYMPTOMS,
     FusionPolicy,
@@ -49,6 +50,8 @@ class Fuser:
             return []
         if self._noted_already(finding, now):
             return []
+        if self._caused(finding, now):
+            return []
         if finding.kind not in SYMPTOMS:
             finding = self._absorb_held_symptoms(finding)
         for inc in self.incidents:
@@ -82,6 +85,20 @@ class Fuser:
         noted = Incident(finding, now, released=True, opened_at=now)
         self._history.append(noted)  # where symptoms look for their cause
         self._noted.append(noted)
+
+    def _caused(self, finding: Finding, now: float) -> bool:
+        """Whether an incident of a kind that causes this one (``CAUSES``) opened within
+        ``hold_steps``, on any subject: one rank's NaN or loss spike is every rank's
+        gradient spike after the all-reduce. The effect is merged into its cause."""
+        causes = CAUSES.get(finding.kind)
+        if not causes:
+            return False
+        for inc in [*self.incidents, *self._noted]:
+            if inc.finding.kind in causes and abs(now - inc.opened_at) <= self.policy.hold_steps:
+                if not inc.released:
+                    inc.finding = merge(inc.finding, finding)
+                return True
+        return False
 
     def _noted_already(self, finding: Finding, now: float) -> bool:
         """Whether a noted finding of the same kind about the same subject covers it."""

@@ -54,6 +54,12 @@ def add_parser(sub: Any) -> None:
         help=f"NAB corpus folder with windows.json and data/ (default: {DEFAULT_NAB})",
     )
     n.add_argument(
+        "--loco",
+        action="store_true",
+        help="leave one category out: constants chosen on the other categories, each "
+        "category scored held out, beside Numenta HTM's published score on it",
+    )
+    n.add_argument(
         "--uncapped-probation",
         action="store_true",
         help="probation = 15%% of every file, without NAB's 750-row cap",
@@ -184,8 +190,31 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loco(args: argparse.Namespace) -> int:
+    from detectors.eval.nab_loco import leave_one_out
+
+    result = leave_one_out(args.root)
+    print(f"{'profile':<20}{'held-out category':<24}{'score':>8}{'HTM':>8}{'FP':>5}")
+    for h in result.held:
+        print(f"{h.profile:<20}{h.category:<24}{h.score:8.2f}{h.htm:8.2f}{h.false_positives:5d}")
+    for name in result.mean:
+        print(f"{name:<20}mean {result.mean[name]:.2f}  pooled {result.pooled[name]:.2f}")
+    _emit(
+        {
+            "held": [h.__dict__ for h in result.held],
+            "mean": dict(result.mean),
+            "pooled": dict(result.pooled),
+        },
+        args,
+    )
+    return 0
+
+
 def _nab(args: argparse.Namespace) -> int:
     from detectors.eval.nab_eval import evaluate_nab
+
+    if args.loco:
+        return _loco(args)
 
     result = evaluate_nab(args.root, probation_cap=None if args.uncapped_probation else 5000)
     for name, score in result.scores.items():

@@ -177,3 +177,12 @@ def test_a_noted_finding_absorbs_only_its_own_kind() -> None:
     fuser.note(_f("nan", R3, 25, Severity.CRITICAL))
     assert fuser.add(_f("loss_spike", R3, 32)) == []  # held, not absorbed
     assert [f.kind for f in fuser.tick(34.0)] == ["loss_spike"]
+
+
+def test_a_gradient_spike_caused_by_one_rank_s_loss_spike_is_merged_into_it() -> None:
+    fuser = Fuser()
+    fuser.add(_f("loss_spike", Subject(0, 1, "n0"), 32, loss=40.0))
+    assert fuser.add(_f("grad_spike", JOB, 32, grad_norm=20.0)) == []
+    (found,) = fuser.tick(34.0)
+    assert (found.kind, found.subject.rank) == ("loss_spike", 1)
+    assert found.evidence["grad_norm"] == 20.0
