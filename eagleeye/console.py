@@ -7,10 +7,12 @@ import time
 from rich.console import Console
 
 from detectors.types import Finding, Severity
+from eagleeye.stacks import HangStacks, top_frame
 from ft_runtime.types import LifecycleEvent, OutcomeStatus, Phase
 from remediation.remediator import Decision
 
 _STYLE = {Severity.CRITICAL: "bold red", Severity.WARN: "yellow", Severity.INFO: "cyan"}
+_STATES = {"T": "stopped", "D": "blocked", "R": "running", "S": "sleeping"}
 
 
 class LiveLog:
@@ -38,6 +40,19 @@ class LiveLog:
             )
         elif isinstance(item, LifecycleEvent):
             self._event(stamp, item)
+        elif isinstance(item, HangStacks):
+            self._stacks(stamp, item)
+
+    def _stacks(self, stamp: str, item: HangStacks) -> None:
+        """Where each rank stands: its innermost frame (full stacks: RunReader.stacks())."""
+        self.console.print(f"{stamp} stacks of every rank (RunReader(...).stacks()):")
+        for stack in item.stacks:
+            where = top_frame(stack.text) if stack.method != "none" else stack.text
+            self.console.print(
+                f"          rank {stack.rank} [{_STATES.get(stack.state, stack.state)}] "
+                f"{stack.method}: {where}",
+                markup=False,
+            )
 
     def _event(self, stamp: str, event: LifecycleEvent) -> None:
         if event.subject == "job":
