@@ -62,7 +62,7 @@ class TrainingHook:
         labels: Mapping[str, str],
         queue_size: int = 1024,
         clock: Callable[[], float] = time.time,
-        wait_report_s: float = 1.0,
+        wait_report_s: float = 0.1,
     ) -> None:
         self._send = send
         self.labels = dict(labels)
