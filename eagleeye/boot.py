@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from collector.autoinstrument import ZeroCode
-from eagleeye.session import RankTelemetry, rank_labels, share_telemetry
 from eagleeye.stackdump import enable_stack_dumps
+from eagleeye.telemetry import RankTelemetry, rank_labels, share_telemetry
 
 USAGE = "usage: python -m eagleeye.boot [-m MODULE | SCRIPT] [ARGS...]"
 

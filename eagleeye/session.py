@@ -14,14 +14,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any
 
-from collector.hooks import TrainingHook
-from collector.transport import TelemetryPublisher
-from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEEP, ENV_TELEMETRY
+from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEEP
 from eagleeye.snapshots import RankSnapshots
 from eagleeye.stackdump import enable_stack_dumps
+from eagleeye.telemetry import RankTelemetry, rank_labels, shared_telemetry
 from ft_runtime.checkpoint import DiskCheckpointer, SavedCheckpoint
 from ft_runtime.faults import FaultInjector, FaultSpec
 from ft_runtime.layout import ENV_ATTEMPT, ENV_NODE, ENV_REPLICA
@@ -39,7 +37,7 @@ class RankSession:
         self.node = env.get(ENV_NODE, "node0")
         self.attempt = int(env.get(ENV_ATTEMPT, 0))
         labels = rank_labels(env)
-        shared = _PROCESS.telemetry
+        shared = shared_telemetry()
         self._owned = shared is None
         telemetry = shared if shared is not None else RankTelemetry.from_env(env, labels)
         self._publisher = telemetry.publisher
@@ -177,51 +175,6 @@ class RankSession:
             time.sleep(0.05)  # let ZeroMQ's I/O thread put it on the wire
 
 
-@dataclass(frozen=True, slots=True)
-class RankTelemetry:
-    """A rank's hook and the publisher it sends through (None: telemetry goes nowhere)."""
-
-    hook: TrainingHook
-    publisher: TelemetryPublisher | None
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], labels: Mapping[str, str]) -> RankTelemetry:
-        address = env.get(ENV_TELEMETRY)
-        publisher = TelemetryPublisher(address) if address else None
-        send = publisher.send if publisher else (lambda labels, rows: True)
-        return cls(TrainingHook(send, labels), publisher)
-
-    def close(self) -> None:
-        self.hook.close()
-        if self.publisher is not None:
-            self.publisher.close()
-
-
-class _Process:
-    """The telemetry of this process when the zero-code boot set it up."""
-
-    telemetry: RankTelemetry | None = None
-
-
-_PROCESS = _Process()
-
-
-def share_telemetry(telemetry: RankTelemetry | None) -> None:
-    """Makes ``telemetry`` the one every session of this process reports through (the
-    zero-code boot calls it); None stops sharing."""
-    _PROCESS.telemetry = telemetry
-
-
-def rank_labels(env: Mapping[str, str]) -> dict[str, str]:
-    """The labels of every sample of this rank, from the launcher's environment."""
-    return {
-        "rank": str(int(env.get("RANK", 0))),
-        "replica": str(int(env.get(ENV_REPLICA, 0))),
-        "node": env.get(ENV_NODE, "node0"),
-        "attempt": str(int(env.get(ENV_ATTEMPT, 0))),
-    }
-
-
 def _barrier_if_distributed() -> None:
     import torch.distributed as dist
 
@@ -234,4 +187,4 @@ def init(env: Mapping[str, str] | None = None) -> RankSession:
     return RankSession(env)
 
 
-__all__ = ["RankSession", "RankTelemetry", "init", "rank_labels", "share_telemetry"]
+__all__ = ["RankSession", "init"]
