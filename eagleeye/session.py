@@ -76,6 +76,14 @@ class RankSession:
         and the hang detector does not take that for a hang."""
         return self.hook.pause(name)
 
+    def begin_pause(self, name: str) -> None:
+        """Starts a declared pause (for code that cannot use ``with``)."""
+        self.hook.begin_pause(name)
+
+    def end_pause(self, name: str) -> None:
+        """Ends a declared pause."""
+        self.hook.end_pause(name)
+
     def instrument_collectives(self) -> AbstractContextManager[None]:
         """Times every torch.distributed collective issued while the context is open."""
         from collector.instrument import instrument_collectives
