@@ -7,6 +7,7 @@ import time
 from rich.console import Console
 
 from detectors.types import Finding, Severity
+from eagleeye.controller import UnknownProgress
 from eagleeye.stacks import HangStacks, top_frame
 from ft_runtime.types import LifecycleEvent, OutcomeStatus, Phase
 from remediation.remediator import Decision
@@ -42,6 +43,13 @@ class LiveLog:
             self._event(stamp, item)
         elif isinstance(item, HangStacks):
             self._stacks(stamp, item)
+        elif isinstance(item, UnknownProgress):
+            ranks = ", ".join(f"rank {r}" for r in item.ranks)
+            self.console.print(
+                f"{stamp} {ranks}: no step telemetry {item.after_s:g} s into attempt "
+                f"{item.attempt}; progress unknown, not judged hung (a stopped or blocked "
+                "process is still found from /proc)"
+            )
 
     def _stacks(self, stamp: str, item: HangStacks) -> None:
         """Where each rank stands: its innermost frame (full stacks: RunReader.stacks())."""

@@ -19,7 +19,7 @@ from collector.aggregate import StepAggregator
 from collector.transport import TelemetryReceiver
 from collector.types import JOB, Frame, Sample
 from detectors.base import Detector
-from detectors.progress import PROC_FEATURES
+from detectors.progress import PROC_FEATURES, ProgressStall
 from detectors.types import Finding
 from eagleeye.ingest import LaunchedAttempts, ingest_samples, lifecycle_frames
 from eagleeye.procwatch import ProcessWatch
@@ -34,6 +34,16 @@ log = logging.getLogger(__name__)
 # What ranks report besides steps: a collective left open, a pause, a session closing, and
 # what the controller adds: a look at the process, a restart of the whole job.
 MARKERS = frozenset({"in_collective", "closing", "pause", "job_restart"}) | PROC_FEATURES
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownProgress:
+    """Ranks that have sent no step ``after_s`` seconds into an attempt: their progress is
+    unknown, and they are not judged hung for it (only /proc can show them hung)."""
+
+    ranks: tuple[int, ...]
+    attempt: int
+    after_s: float
 
 
 @dataclass
@@ -55,6 +65,10 @@ class Controller:
     remediator: decides and executes actions.
     on_update: called with each finding, decision and event, for live output.
     stacks: captures every rank's stacks when a hang is found (None: not captured).
+    progress: the progress detector, whose view of each rank is kept in the store's meta
+        (``progress``: rank → stepping, waiting, paused, stopped, blocked, closing or
+        unknown) and whose ranks of unknown progress are announced once per attempt.
+    unknown_after_s: when, into an attempt, ranks without a step are announced.
     """
 
     def __init__(
@@ -69,6 +83,8 @@ class Controller:
         tick_s: float = 0.05,
         clock: Callable[[], float] = time.time,
         stacks: StackCapture | None = None,
+        progress: ProgressStall | None = None,
+        unknown_after_s: float = 60.0,
     ) -> None:
         self.supervisor = supervisor
         self.receiver = receiver
@@ -85,6 +101,11 @@ class Controller:
         self.launched = LaunchedAttempts()
         self.procs = ProcessWatch()
         self.stacks = stacks
+        self.progress = progress
+        self.unknown_after_s = unknown_after_s
+        self._progress_seen: dict[str, str] = {}
+        self._progress_at = 0.0
+        self._attempt_started = (0, 0.0)  # attempt, when; the unknown ranks announced once
 
     def run(self) -> ControllerReport:
         self.report.started = self.clock()
@@ -107,7 +128,10 @@ class Controller:
             self.on_samples(samples)
         frames += self._lifecycle(self.supervisor.poll())
         frames += self._aggregate(frames)
-        frames += self.procs.frames(self.clock())
+        looks = self.procs.frames(self.clock())
+        frames += looks
+        self.store.add_samples(self.procs.stopped_samples(looks, self._last_step.get))
+        self._report_progress()
         for finding in self._detect(frames, poll=True):
             self._answer(finding)
         # A restart launched ranks just now, or the job failed: detectors must know at once.
@@ -172,6 +196,24 @@ class Controller:
             self.report.decisions.append(decision)
             self.on_update(decision)
 
+    def _report_progress(self) -> None:
+        """Each second: every rank's progress into the store's meta when it changed, and
+        once per attempt the ranks whose progress is still unknown."""
+        now = self.clock()
+        if self.progress is None or now - self._progress_at < 1.0:
+            return
+        self._progress_at = now
+        states = {s.rank: v for s, v in self.progress.progress(now).items() if s.rank is not None}
+        named = {str(rank): state for rank, state in sorted(states.items())}
+        if named != self._progress_seen:
+            self._progress_seen = named
+            self.store.set_meta("progress", named)
+        attempt, started = self._attempt_started
+        unknown = tuple(rank for rank, state in sorted(states.items()) if state == "unknown")
+        if started and now - started >= self.unknown_after_s and unknown:
+            self._attempt_started = (attempt, 0.0)
+            self.on_update(UnknownProgress(unknown, attempt, self.unknown_after_s))
+
     def _capture_stacks(self, finding: Finding, finding_id: int, capture: StackCapture) -> None:
         """Every live rank's stacks, stored with the finding, before anything acts on it."""
         stacks = capture.capture(self.procs.pids())
@@ -192,6 +234,9 @@ class Controller:
     def _lifecycle(self, events: list[LifecycleEvent]) -> list[Frame]:
         self.launched.note(events)
         self.procs.note(events)
+        for event in events:
+            if event.subject == "job" and event.phase is Phase.LAUNCH:
+                self._attempt_started = (event.attempt, event.time)
         for event in events:
             self.store.add_event(event)
             self.report.events.append(event)

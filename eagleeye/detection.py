@@ -32,6 +32,10 @@ from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
 from detectors.rules import NonFiniteLoss, ProcessExit
 from detectors.types import Finding
 
+# Reports the progress detector reads and the fused ones must not take for a step: a look
+# at /proc, a rank waiting in a collective or pausing.
+_NOT_FOR_FUSION = PROC_FEATURES | {"in_collective", "pause"}
+
 #: The live peer comparison: compute, data wait and collective time, in milliseconds.
 LIVE_PEER_FEATURES: Mapping[str, tuple[object, ...]] = {
     "compute_ms": (1, "slow_rank"),
@@ -75,7 +79,15 @@ def replay_config(limits: HangLimits | None = None) -> DetectorsConfig:
     between its rows), with its silence limit."""
     limits = limits or HangLimits()
     rules = (DetectorSpec("process_exit"), DetectorSpec("non_finite_loss"))
-    hang = DetectorSpec("collective_hang", {"k": limits.k, "min_silence_s": limits.min_silence_s})
+    hang = DetectorSpec(
+        "collective_hang",
+        {
+            "k": limits.k,
+            "min_silence_s": limits.min_silence_s,
+            "stopped_k": limits.stopped_k,
+            "stopped_s": limits.stopped_s,
+        },
+    )
     return DetectorsConfig((*rules, *live_specs(), hang), FusionPolicy())
 
 
@@ -120,7 +132,8 @@ class FusedDetectors:
     """The pipeline as one controller detector, fed frames with the peer features added.
 
     Rank frames, lifecycle frames and the node and replica frames of the step aggregator
-    all go in (the looks at /proc stay out: they are the progress detector's); findings
+    all go in (the looks at /proc, the waits and the pauses stay out: they are the progress
+    detector's); findings
     come out fused. A restart of the whole job (``job_restart``) releases what the pipeline
     holds and starts a fresh one from ``config``.
     """
@@ -133,7 +146,7 @@ class FusedDetectors:
         values = frame.values
         if "job_restart" in values:
             return self._new_baseline()
-        if values.keys() <= PROC_FEATURES:
+        if values.keys() <= _NOT_FOR_FUSION:
             return []
         if "step_time" in values:
             frame = replace(frame, values=peer_features(values))

@@ -15,7 +15,7 @@ from typing import Any
 
 from collector.transport import TelemetryReceiver
 from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_config
-from detectors.progress import HangLimits
+from detectors.progress import HangLimits, ProgressStall
 from detectors.types import Finding
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
 from eagleeye.controller import Controller, ControllerReport
@@ -250,6 +250,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         on_update=show if exporter is None else _also_export(exporter, show),
         on_samples=(lambda samples: None) if exporter is None else exporter.observe_samples,
         stacks=StackCapture(run_dir),
+        progress=next((d for d in detectors if isinstance(d, ProgressStall)), None),
     )
     try:
         with holders if holders is not None else nullcontext():
