@@ -61,6 +61,9 @@ def test_a_job_that_only_prints_outlives_every_limit_that_could_apply(tmp_path) 
     quiet(run)
     log = (run / "logs" / "attempt-0" / "rank-1.log").read_text()
     assert "finished after 13" in log
+    assert "rank 0, rank 1: no step telemetry 60 s into attempt 0" in " ".join(
+        result.stderr.split()
+    )
 
 
 @pytest.mark.timeout(300)
