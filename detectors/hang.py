@@ -131,11 +131,16 @@ class CollectiveHang:
             batch.replicas,
             batch.column(STOPPED),
         )
-        exited = batch.reported("exit_code")
-        if exited.any():  # exits leave the graph, as in ``process``
+        exited, launched = batch.reported("exit_code"), batch.reported("launched")
+        if exited.any() or launched.any():  # as in ``process``: exits leave, launches start
             slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
-            rows = np.flatnonzero(exited)
-            self._alive[rows if slots is None else slots[rows]] = False
+            for mask, alive in ((exited, False), (launched, True)):
+                rows = np.flatnonzero(mask)
+                chosen = rows if slots is None else slots[rows]
+                self._alive[chosen] = alive
+                self._starting[chosen] = alive
+                if alive:
+                    self._progress[chosen] = batch.time
         typical = job_value(batch, "step_time")
         if typical is not None:
             self._step_times.append(typical)

@@ -130,7 +130,7 @@ class Controller:
         frames += self._aggregate(frames)
         looks = self.procs.frames(self.clock())
         frames += looks
-        self.store.add_samples(self.procs.stopped_samples(looks, self._last_step.get))
+        self.store.add_samples(self.procs.stopped_samples(looks, self._step_in))
         self._report_progress()
         for finding in self._detect(frames, poll=True):
             self._answer(finding)
@@ -195,6 +195,11 @@ class Controller:
             )
             self.report.decisions.append(decision)
             self.on_update(decision)
+
+    def _step_in(self, rank: int) -> int | None:
+        """The step a rank is in: the one after the last it reported."""
+        last = self._last_step.get(rank)
+        return None if last is None else last + 1
 
     def _report_progress(self) -> None:
         """Each second: every rank's progress into the store's meta when it changed, and

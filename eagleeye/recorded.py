@@ -8,8 +8,8 @@ holds every rank's step report, collective timings, process exits and the faults
 Rows: each completed step of each attempt is one observation at the time its first rank
 reported it (peers are compared within it); a report of a rank waiting in an open
 collective (``in_collective``, 1 while it waits), the controller's looks at a stopped rank
-(``proc_stopped``) and a process exit (``exit_code``) are observations of their own, at
-their own time, on the step the rank was in. The peer
+(``proc_stopped``), a process exit (``exit_code``) and a relaunch (``launched``) are
+observations of their own, at their own time, on the step the rank was in. The peer
 features (``compute_ms``, ``data_wait_ms``, ``comm_ms``) are derived as in live runs.
 
 Labels: one window per injected fault, on its rank, from the fault's step; a slowdown
@@ -66,6 +66,7 @@ def recorded_trace(run_dir: str | Path) -> Trace:
             _step_rows(steps, collectives),
             _marker_rows(samples),
             _exit_rows(events, steps),
+            _launch_rows(events, steps),
             _recovery_rows(events, steps),
         ],
         ignore_index=True,
@@ -148,6 +149,21 @@ def _exit_rows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             ("collateral", float(bool(detail.get("collateral")))),
         ):
             rows.append((float(event["time"]), step, rank, metric, value))
+    return pd.DataFrame(rows, columns=["time", "step", "rank", "metric", "value"])
+
+
+def _launch_rows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Relaunches (``launched`` = 1), on the first step the new process reported: a
+    replay gives a starting rank its start-up, as the live run did."""
+    steps = steps.fillna({"attempt": 0})
+    launches = events[(events["phase"] == "launch") & events["subject"].str.startswith("rank:")]
+    rows = []
+    for event in launches.to_dict("records"):
+        rank = int(str(event["subject"]).removeprefix("rank:"))
+        attempt = int(event["detail"].get("attempt", event["attempt"]))
+        mine = steps[(steps["rank"] == rank) & (steps["attempt"] == attempt)]
+        if attempt > 0 and not mine.empty:
+            rows.append((float(event["time"]), int(mine["step"].min()), rank, "launched", 1.0))
     return pd.DataFrame(rows, columns=["time", "step", "rank", "metric", "value"])
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-#: flag suffix, limit name, help
+from detectors.progress import HangLimits
+
+#: limit name, help (the flag is --hang-NAME with dashes)
 _LIMITS = (
-    ("k", "k", "silence limit in median step times, the floor of every waiting verdict (10)"),
-    ("min-silence-s", "min_silence_s", "floor on that silence limit, seconds (5)"),
-    ("stopped-k", "stopped_k", "median step times a stopped (SIGSTOP) rank must stay so (2)"),
-    ("stopped-s", "stopped_s", "floor on that, seconds; the limit before any step (0.25)"),
-    ("blocked-s", "blocked_s", "uninterruptible sleep without CPU time that is a hang (60)"),
-    ("idle-s", "idle_s", "a rank idle this long while its peers wait for it is hung (600)"),
-    ("collective-s", "collective_s", "every rank waiting this long in a collective (120)"),
+    ("k", "silence limit in median step times, the floor of every waiting verdict"),
+    ("min_silence_s", "floor on that silence limit, seconds"),
+    ("stopped_k", "median step times a stopped (SIGSTOP) rank must stay so"),
+    ("stopped_s", "floor on that, seconds; the limit before any step"),
+    ("blocked_s", "uninterruptible sleep without CPU time that is a hang, seconds"),
+    ("idle_s", "a rank idle this long while its peers wait for it is hung, seconds"),
+    ("collective_s", "every rank waiting this long in one collective is a hang, seconds"),
 )
 
 
@@ -32,14 +34,15 @@ def add_hang_arguments(p: argparse.ArgumentParser) -> None:
         help="do not load the zero-code telemetry (optimizer steps, loss, collectives) into "
         "the ranks; only the in-loop hook reports",
     )
-    for flag, name, text in _LIMITS:
+    defaults = HangLimits()
+    for name, text in _LIMITS:
         g.add_argument(
-            f"--hang-{flag}",
+            f"--hang-{name.replace('_', '-')}",
             dest=f"hang_{name}",
             type=_positive_float,
             default=None,
             metavar="X",
-            help=text,
+            help=f"{text} (default: {getattr(defaults, name):g})",
         )
 
 
