@@ -54,17 +54,9 @@ class RankLiveness:
 
     def _proc(self, values: Mapping[str, float], now: float) -> None:
         if "proc_stopped" in values:
-            stopped = values["proc_stopped"] > 0
-            if not stopped:
-                self.stopped_since = None
-            elif self.stopped_since is None:
-                self.stopped_since = now
+            self.stopped_since = _since(values["proc_stopped"], self.stopped_since, now)
         if "proc_blocked" in values:
-            blocked = values["proc_blocked"] > 0
-            if not blocked:
-                self.blocked_since = None
-            elif self.blocked_since is None:
-                self.blocked_since = now
+            self.blocked_since = _since(values["proc_blocked"], self.blocked_since, now)
         if "proc_cpu_s" in values:
             cpu = values["proc_cpu_s"]
             if self.cpu is None or cpu > self.cpu:
@@ -98,3 +90,10 @@ class RankLiveness:
         if self.waiting_since is not None:
             return "waiting"
         return "stepping" if self.stepped else "unknown"
+
+
+def _since(flag: float, since: float | None, now: float) -> float | None:
+    """When a state a look shows (flag 1) began: kept while it lasts, None once it ends."""
+    if flag <= 0:
+        return None
+    return now if since is None else since
