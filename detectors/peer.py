@@ -126,6 +126,8 @@ class PeerOutlier:
             for j, c in enumerate(cols):
                 if c >= 0:
                     raw[:, j] = batch.values[:, c]
+        if np.isnan(raw).all():  # no rank reported these features here (a wait, a look)
+            return ()
         slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
         self._grow(len(self._layout.ranks))
         x = to_slots(raw, slots, len(self._layout.ranks))
