@@ -2,7 +2,9 @@
 
 A rank's step arrives as one batch (the hook sends it at step end), so a frame is built per
 (rank, step) from the samples of that step: ``step_time``, ``section.*`` timings, loss and
-the other metrics, and ``collective_time``, the sum of the step's collective durations.
+the other metrics, and ``collective_time``: the hook's own figure when it sent one (the wall
+time with a collective open, where asynchronous ones overlap), else the sum of the step's
+collective durations.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def frames_from_samples(samples: Iterable[Sample]) -> list[Frame]:
     Samples without a step (events) are left out: they are not part of a step's vector.
     """
     values: dict[tuple[Subject, int], dict[str, float]] = defaultdict(dict)
+    spent: dict[tuple[Subject, int], float] = defaultdict(float)
     times: dict[tuple[Subject, int], float] = {}
     for sample in samples:
         if sample.step is None or sample.name.startswith("event."):
@@ -39,12 +42,12 @@ def frames_from_samples(samples: Iterable[Sample]) -> list[Frame]:
         key = (subject_of(sample.labels), sample.step)
         frame_values = values[key]
         if sample.name == COLLECTIVE:
-            frame_values["collective_time"] = (
-                frame_values.get("collective_time", 0.0) + sample.value
-            )
+            spent[key] += sample.value
         else:
             frame_values[sample.name] = sample.value
         times[key] = max(times.get(key, sample.time), sample.time)
+    for key, seconds in spent.items():
+        values[key].setdefault("collective_time", seconds)
     return [
         Frame(subject, step, times[(subject, step)], vals)
         for (subject, step), vals in values.items()

@@ -6,6 +6,12 @@ tokens) and times the collectives it is told about. At the end of the step every
 as one batch into a bounded queue; a background thread sends it. When the queue is full
 the batch is dropped and counted, so a slow or absent controller never slows training.
 
+Steps come from the loop (``step_start``/``step_end``) or, in a script that never calls
+them, from the zero-code instrumentation (``auto_step_start``/``auto_step_end``, driven by
+the optimizer's step hooks); once the loop reports a step itself, the automatic steps stop,
+so a step is never counted twice. A pause the loop declares (``with hook.pause("eval")``)
+is sent at once: the hang detector does not take it for a hang.
+
 >>> sent = []
 >>> hook = TrainingHook(lambda labels, rows: sent.append(rows) or True, {"rank": "0"})
 >>> hook.step_start(1)
@@ -56,7 +62,7 @@ class TrainingHook:
         labels: Mapping[str, str],
         queue_size: int = 1024,
         clock: Callable[[], float] = time.time,
-        wait_report_s: float = 1.0,
+        wait_report_s: float = 0.1,
     ) -> None:
         self._send = send
         self.labels = dict(labels)
@@ -71,23 +77,61 @@ class TrainingHook:
         self.wait_report_s = wait_report_s
         self._open: dict[int, _OpenCollective] = {}
         self._tokens = itertools.count()
+        self._lock = threading.Lock()  # collectives may close on a communication thread
+        self._comm = _Busy()
+        self._explicit = 0  # collectives the loop times itself (the wrappers stand aside)
+        self._pauses: dict[str, int] = {}
+        self.loop_steps = False  # the loop reports its own steps
+        self._closed = False
         self._thread = threading.Thread(target=self._drain, name="eagleeye-hook", daemon=True)
         self._thread.start()
 
     # ---- the loop's API -------------------------------------------------------------
     def step_start(self, step: int) -> None:
-        self._step = step
-        self._rows = []
-        self._step_started = time.perf_counter()
+        self.loop_steps = True
+        self._begin(step)
 
     def step_end(self, step: int | None = None, **metrics: float) -> None:
         """Closes the step: records step_time and the given metrics, then enqueues."""
+        self.loop_steps = True
+        self._end(step, metrics)
+
+    def auto_step_start(self, step: int) -> None:
+        """Opens a step found by the zero-code instrumentation, unless the loop reports
+        its own steps."""
+        if not self.loop_steps:
+            self._begin(step)
+
+    def auto_step_end(self, step: int, **metrics: float) -> None:
+        """Closes a step found by the zero-code instrumentation, unless the loop reports
+        its own steps."""
+        if not self.loop_steps:
+            self._end(step, metrics)
+
+    @property
+    def step(self) -> int | None:
+        """The step open now (or last closed); None before the first."""
+        return self._step
+
+    def _begin(self, step: int) -> None:
+        self._step = step
+        self._rows = []
+        self._step_started = time.perf_counter()
+        with self._lock:
+            self._comm.restart(self._step_started)
+
+    def _end(self, step: int | None, metrics: Mapping[str, float]) -> None:
         try:
             now = self._clock()
             step = self._step if step is None else step
-            elapsed = time.perf_counter() - self._step_started
+            ended = time.perf_counter()
+            elapsed = ended - self._step_started
             rows = self._rows
             rows.append(["step_time", elapsed, now, step])
+            with self._lock:
+                busy = self._comm.take(ended)
+            if busy is not None:  # wall time with a collective open (overlaps counted once)
+                rows.append(["collective_time", busy, now, step])
             for name, value in metrics.items():
                 number = _number(value)
                 rows.append([name, number, now, step])
@@ -111,25 +155,39 @@ class TrainingHook:
 
     @contextmanager
     def collective(self, op: str, nbytes: int = 0, group: str = "world") -> Iterator[None]:
-        """Times one collective; records enter/exit, op, bytes, group and sequence number."""
+        """Times one collective; records enter/exit, op, bytes, group and sequence number.
+        The zero-code wrappers stand aside inside it, so it is recorded once."""
         token = self.collective_enter(op, group)
+        self._explicit += 1
         try:
             yield
         finally:
+            self._explicit -= 1
             self.collective_exit(token, nbytes)
+
+    @property
+    def timing_explicitly(self) -> bool:
+        """Whether the loop is timing a collective itself right now."""
+        return self._explicit > 0
 
     def collective_enter(self, op: str, group: str = "world") -> int:
         """Opens a collective; returns the token that :meth:`collective_exit` closes."""
         token = next(self._tokens)
-        seq = self._next_seq(group)
-        self._open[token] = _OpenCollective(op, group, seq, time.perf_counter(), self._step)
+        started = time.perf_counter()
+        with self._lock:
+            seq = self._next_seq(group)
+            self._open[token] = _OpenCollective(op, group, seq, started, self._step)
+            self._comm.enter(started)
         return token
 
     def collective_exit(self, token: int, nbytes: int = 0) -> None:
-        """Closes an open collective and records it with its duration."""
+        """Closes an open collective and records it with its duration (from any thread)."""
         try:
-            entry = self._open.pop(token)
-            duration = time.perf_counter() - entry.started
+            ended = time.perf_counter()
+            with self._lock:
+                entry = self._open.pop(token)
+                self._comm.exit(ended)
+            duration = ended - entry.started
             if entry.reported:  # the wait that was reported is over
                 self._enqueue([["in_collective", 0.0, self._clock(), entry.step, entry.labels()]])
             extra = {**entry.labels(), "bytes": str(nbytes)}
@@ -139,7 +197,8 @@ class TrainingHook:
 
     def record_collective(self, op: str, nbytes: int, group: str, duration: float) -> None:
         """Records one collective that took ``duration`` seconds and ended now."""
-        seq = self._next_seq(group)
+        with self._lock:
+            seq = self._next_seq(group)
         extra = {"op": op, "group": group, "seq": str(seq), "bytes": str(nbytes)}
         self._rows.append(["collective", duration, self._clock(), self._step, extra])
 
@@ -149,9 +208,57 @@ class TrainingHook:
         self._sequence[group] = seq + 1
         return seq
 
+    # ---- pauses ---------------------------------------------------------------------
+    @contextmanager
+    def pause(self, name: str) -> Iterator[None]:
+        """Declares a pause in training (evaluation, a checkpoint save): no step completes
+        while it lasts, and that is no hang."""
+        self.begin_pause(name)
+        try:
+            yield
+        finally:
+            self.end_pause(name)
+
+    def begin_pause(self, name: str) -> None:
+        """Starts a declared pause (sent at once); pauses nest by name."""
+        with self._lock:
+            first = not self._pauses
+            self._pauses[name] = self._pauses.get(name, 0) + 1
+        if first:
+            self._enqueue([["pause", 1.0, self._clock(), self._step, {"pause": name}]])
+
+    def end_pause(self, name: str) -> None:
+        """Ends a declared pause; the end of the last open one is sent at once. Ending a
+        pause that is not open does nothing."""
+        with self._lock:
+            count = self._pauses.get(name, 0)
+            if count == 0:
+                return
+            if count == 1:
+                del self._pauses[name]
+            else:
+                self._pauses[name] = count - 1
+            last = not self._pauses
+        if last:
+            self._enqueue([["pause", 0.0, self._clock(), self._step, {"pause": name}]])
+
+    def end_pauses(self) -> None:
+        """Ends every open pause."""
+        for name in list(self._pauses):
+            while name in self._pauses:
+                self.end_pause(name)
+
     def record(self, name: str, value: float) -> None:
         """Adds a metric to the current step."""
         self._rows.append([name, _number(value), self._clock(), self._step])
+
+    def record_at(self, step: int, name: str, value: float) -> None:
+        """Adds a metric of an earlier step (a value read later, without a device sync);
+        it goes out with the current step's batch."""
+        number = _number(value)
+        self._rows.append([name, number, self._clock(), step])
+        if not math.isfinite(number):
+            self._rows.append([f"nonfinite.{name}", 1.0, self._clock(), step])
 
     def event(self, name: str, value: float = 1.0, **labels: str) -> None:
         """Sends a one-off event (a checkpoint saved, a fault injected) right away."""
@@ -166,6 +273,10 @@ class TrainingHook:
         return not self._queue.unfinished_tasks
 
     def close(self, timeout_s: float = 2.0) -> None:
+        """Sends what is queued and stops the sender; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self.flush(timeout_s)
         try:
             self._queue.put_nowait(_STOP)
@@ -221,6 +332,40 @@ class TrainingHook:
         if key not in self._errors_seen:  # log each distinct error once
             self._errors_seen.add(key)
             log.warning("eagleeye hook error (telemetry dropped, training unaffected): %s", key)
+
+
+class _Busy:
+    """Wall time during which at least one collective was open, per step: asynchronous
+    collectives (DDP's buckets) overlap, and their durations must not be summed."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.since = 0.0
+        self.total = 0.0
+        self.seen = False
+
+    def enter(self, now: float) -> None:
+        if self.open == 0:
+            self.since = now
+        self.open += 1
+        self.seen = True
+
+    def exit(self, now: float) -> None:
+        self.open = max(self.open - 1, 0)
+        if self.open == 0:
+            self.total += max(now - self.since, 0.0)
+
+    def restart(self, now: float) -> None:
+        """A new step: what is still open counts from now."""
+        self.total, self.since, self.seen = 0.0, now, self.open > 0
+
+    def take(self, now: float) -> float | None:
+        """The step's busy time (None when no collective was open in it)."""
+        if not self.seen:
+            return None
+        busy = self.total + (now - self.since if self.open else 0.0)
+        self.restart(now)
+        return busy
 
 
 @dataclass

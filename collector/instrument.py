@@ -3,8 +3,17 @@
 ``instrument_collectives(hook)`` wraps the collective functions of ``torch.distributed``
 so that every call records, through the hook, its enter and exit time, op, bytes, process
 group and a per-group sequence number (as NCCL's flight recorder numbers them). An
-asynchronous call (``async_op=True``) is timed until its ``wait()`` returns. The wrappers
-add a few microseconds per call and never change what the collective does or raises.
+asynchronous call (``async_op=True``) is timed until its ``wait()`` returns or its future
+completes. The wrappers add a few microseconds per call and never change what the
+collective does or raises. Inside a collective the loop times itself
+(``hook.collective(...)``) they stand aside, so nothing is recorded twice.
+
+What they see: calls through the ``torch.distributed`` namespace (``dist.all_reduce``, the
+DDP comm hooks written in Python, Lightning's and Hugging Face's metric syncs). What they
+do not see: collectives issued from C++ (DDP's built-in reducer, unless
+``collector.ddp`` routes it through a Python comm hook) and functional collectives. With
+NCCL a collective returns once it is queued on the GPU, so a wait shows only where the
+host waits for it.
 
 >>> import torch.distributed as dist
 >>> from collector.hooks import TrainingHook
@@ -18,6 +27,7 @@ True
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -62,17 +72,32 @@ def _group_name(kwargs: dict[str, Any]) -> str:
 
 
 class _TimedWork:
-    """Wraps an async collective's Work so its exit is recorded when ``wait()`` returns."""
+    """Wraps an async collective's Work: its exit is recorded once, when ``wait()``
+    returns or when its future completes, whichever comes first."""
 
     def __init__(self, work: Any, done: Callable[[], None]) -> None:
         self._work = work
         self._done = done
+        self._once = threading.Lock()
+        self._closed = False
+
+    def _close(self, *_: Any) -> None:
+        with self._once:
+            if self._closed:
+                return
+            self._closed = True
+        self._done()
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self._work.wait(*args, **kwargs)
         finally:
-            self._done()
+            self._close()
+
+    def get_future(self) -> Any:
+        future = self._work.get_future()
+        future.add_done_callback(self._close)
+        return future
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
@@ -81,6 +106,8 @@ class _TimedWork:
 def _wrap(name: str, original: Callable[..., Any], hook: TrainingHook) -> Callable[..., Any]:
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if hook.timing_explicitly:  # the loop times this one itself
+            return original(*args, **kwargs)
         token = hook.collective_enter(name, _group_name(kwargs))
         try:
             result = original(*args, **kwargs)
@@ -96,9 +123,13 @@ def _wrap(name: str, original: Callable[..., Any], hook: TrainingHook) -> Callab
     return timed
 
 
-@contextmanager
-def instrument_collectives(hook: TrainingHook) -> Iterator[None]:
-    """Times every torch.distributed collective while the context is open."""
+def patch_collectives(hook: TrainingHook) -> Callable[[], None]:
+    """Wraps every torch.distributed collective not wrapped already; returns the undo.
+
+    A second call while the first is in force wraps nothing (its undo does nothing), so
+    the zero-code instrumentation and a session's ``instrument_collectives()`` never time
+    one call twice.
+    """
     patched = []
     for name in COLLECTIVES:
         original = getattr(dist, name, None)
@@ -107,8 +138,19 @@ def instrument_collectives(hook: TrainingHook) -> Iterator[None]:
         _ORIGINALS[name] = original
         setattr(dist, name, _wrap(name, original, hook))
         patched.append(name)
+
+    def undo() -> None:
+        for name in patched:
+            setattr(dist, name, _ORIGINALS.pop(name))
+
+    return undo
+
+
+@contextmanager
+def instrument_collectives(hook: TrainingHook) -> Iterator[None]:
+    """Times every torch.distributed collective while the context is open."""
+    undo = patch_collectives(hook)
     try:
         yield
     finally:
-        for name in patched:
-            setattr(dist, name, _ORIGINALS.pop(name))
+        undo()

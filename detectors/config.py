@@ -9,6 +9,9 @@ A config file is TOML::
 
     [fusion]
     hold_steps = 2
+
+    [hang]             # the limits of hang detection in a live run (detectors.progress)
+    stopped_s = 0.5
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from detectors.errors import DetectorError
 from detectors.fusion import FusionPolicy
 from detectors.pipeline import DetectorPipeline
+from detectors.progress import HangLimits
 from detectors.registry import create
 
 CONFIG_ENV = "EAGLEEYE_DETECTORS_CONFIG"
@@ -57,10 +61,11 @@ DEFAULT_SPECS: tuple[DetectorSpec, ...] = (
 
 @dataclass(frozen=True)
 class DetectorsConfig:
-    """The detectors to run and the fusion policy."""
+    """The detectors to run, the fusion policy and the limits of live hang detection."""
 
     specs: tuple[DetectorSpec, ...] = DEFAULT_SPECS
     fusion: FusionPolicy = field(default_factory=FusionPolicy)
+    hang: HangLimits = field(default_factory=HangLimits)
 
     def build(self) -> DetectorPipeline:
         """A fresh pipeline (every detector newly constructed, no learnt state)."""
@@ -94,7 +99,10 @@ def from_mapping(data: Mapping[str, Any], origin: str = "config") -> DetectorsCo
         fusion = FusionPolicy(**data.get("fusion", {}))
     except (TypeError, ValueError) as exc:
         raise DetectorError(f"{origin}: bad [fusion] table: {exc}") from None
-    return DetectorsConfig(specs, fusion)
+    hang = data.get("hang", {})
+    if not isinstance(hang, Mapping):
+        raise DetectorError(f"{origin}: [hang] must be a table of limits")
+    return DetectorsConfig(specs, fusion, HangLimits.from_mapping(hang, f"{origin}: [hang]"))
 
 
 def _spec(entry: Any, origin: str) -> DetectorSpec:

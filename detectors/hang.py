@@ -12,6 +12,11 @@ PyTorch's flight-recorder dumps say the same more surely: the collector's
 collective its peers are in; value = its sequence number). Frames carrying them name the
 ranks directly; ranks named behind by the dumps are the culprits, whatever else reported.
 
+A look at a rank's process that shows it stopped (``proc_stopped`` 1, as a run's
+controller records them) names that rank directly too, once it has stayed stopped for
+``stopped_k`` median step times (at least ``stopped_s``), whatever the silence: the
+evidence the live progress detector judges on, replayed from a recorded run.
+
 In a live job, lifecycle frames keep it honest: a rank that exits (``exit_code``) leaves
 the wait-for graph (its death is a finding of its own), and a (re)launched rank
 (``launched``) gets ``startup_grace_s`` to reach its first step, so a restart in progress
@@ -35,6 +40,8 @@ from detectors.types import Finding, Severity
 #: Features of flight-recorder events (see collector.nccl_hang).
 FR_BEHIND = "nccl_rank_behind"
 FR_PENDING = "nccl_pending_collective"
+#: A look at a rank's process that showed it stopped (1), or running again (0).
+STOPPED = "proc_stopped"
 
 
 class CollectiveHang:
@@ -45,6 +52,8 @@ class CollectiveHang:
         min_silence_s: a floor on that silence, for very short steps.
         window: steps of step-time history for the median.
         startup_grace_s: silence allowed while a launched rank has not stepped yet.
+        stopped_k: median step times a rank reported stopped must stay so.
+        stopped_s: a floor on that.
 
     >>> det = CollectiveHang(k=2.0)
     >>> from collector.types import Frame, Subject
@@ -65,9 +74,13 @@ class CollectiveHang:
         min_silence_s: float = 0.5,
         window: int = 64,
         startup_grace_s: float = 120.0,
+        stopped_k: float = 2.0,
+        stopped_s: float = 0.25,
     ) -> None:
         self.k, self.min_silence_s, self.window = k, min_silence_s, window
         self.startup_grace_s = startup_grace_s
+        self.stopped_k, self.stopped_s = stopped_k, stopped_s
+        self._stopped = np.zeros(0)  # since when a look showed the rank stopped (nan: not)
         self._layout = RankLayout()
         self._progress = np.zeros(0)
         self._step = np.zeros(0)
@@ -100,6 +113,7 @@ class CollectiveHang:
             frame.time,
             frame.step,
             replicas,
+            np.array([frame.values.get(STOPPED, np.nan)]),
         )
         if not np.isnan(step_time):
             self._step_times.append(float(step_time))
@@ -115,12 +129,18 @@ class CollectiveHang:
             batch.time,
             batch.step,
             batch.replicas,
+            batch.column(STOPPED),
         )
-        exited = batch.reported("exit_code")
-        if exited.any():  # exits leave the graph, as in ``process``
+        exited, launched = batch.reported("exit_code"), batch.reported("launched")
+        if exited.any() or launched.any():  # as in ``process``: exits leave, launches start
             slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
-            rows = np.flatnonzero(exited)
-            self._alive[rows if slots is None else slots[rows]] = False
+            for mask, alive in ((exited, False), (launched, True)):
+                rows = np.flatnonzero(mask)
+                chosen = rows if slots is None else slots[rows]
+                self._alive[chosen] = alive
+                self._starting[chosen] = alive
+                if alive:
+                    self._progress[chosen] = batch.time
         typical = job_value(batch, "step_time")
         if typical is not None:
             self._step_times.append(typical)
@@ -135,10 +155,17 @@ class CollectiveHang:
         now: float,
         step: int | None,
         replicas: np.ndarray | None = None,
+        stopped: np.ndarray | None = None,
     ) -> None:
         slots = self._slots(ranks, nodes, replicas, now)
         size = len(self._layout.ranks)
+        if stopped is not None:
+            looks = to_slots(stopped, slots, size)
+            seen = looks > 0
+            self._stopped[seen & np.isnan(self._stopped)] = now
+            self._stopped[looks == 0] = np.nan
         progressed = ~np.isnan(to_slots(step_time, slots, size))
+        self._stopped[progressed] = np.nan
         self._progress[progressed] = now
         self._step[progressed] = step if step is not None else np.nan
         self._joined[progressed] = False
@@ -163,6 +190,7 @@ class CollectiveHang:
             self._alive = np.concatenate([self._alive, np.ones(extra, dtype=bool)])
             self._starting = np.concatenate([self._starting, np.zeros(extra, dtype=bool)])
             self._behind = np.concatenate([self._behind, np.full(extra, np.nan)])
+            self._stopped = np.concatenate([self._stopped, np.full(extra, np.nan)])
         return slots
 
     def _flight_record(
@@ -197,9 +225,18 @@ class CollectiveHang:
             return float("inf")
         return max(self.k * statistics.median(self._step_times), self.min_silence_s)
 
+    def stopped_limit(self) -> float:
+        """Seconds a rank reported stopped must stay so."""
+        if not self._step_times:
+            return self.stopped_s
+        return max(self.stopped_k * statistics.median(self._step_times), self.stopped_s)
+
     def poll(self, now: float) -> Sequence[Finding]:
         if self._fired or not self._alive.any():
             return ()
+        stopped = self._stopped_ranks(now)
+        if stopped is not None:
+            return (stopped,)
         last = float(self._progress[self._alive].max())
         limit = self.silence_limit()
         if self._starting[self._alive].any():
@@ -231,6 +268,30 @@ class CollectiveHang:
             Finding(
                 "hang", subject, silence / limit, Severity.CRITICAL, now, step, evidence, self.name
             ),
+        )
+
+    def _stopped_ranks(self, now: float) -> Finding | None:
+        """The ranks looks showed stopped for long enough, while others were not (a job
+        stopped whole is suspended, not hung)."""
+        stopped = ~np.isnan(self._stopped) & self._alive
+        if not stopped.any() or stopped.sum() == self._alive.sum():
+            return None
+        held, limit = now - float(np.nanmin(self._stopped[stopped])), self.stopped_limit()
+        if held < limit:
+            return None
+        self._fired = True
+        slots = np.flatnonzero(stopped)
+        waiting = np.flatnonzero(self._joined & self._alive & ~stopped)
+        evidence = {"stopped": 1.0, "stopped_s": held, "limit_s": limit}
+        evidence["ranks_waiting"] = float(len(waiting))
+        for name, chosen in (("culprit_rank", slots), ("waiting_rank", waiting)):
+            for i, slot in enumerate(chosen[:8]):
+                evidence[f"{name}_{i}"] = float(self._layout.ranks[slot])
+        steps = self._step[slots]
+        step = int(np.nanmax(steps)) + 1 if (~np.isnan(steps)).any() else None
+        subject = self._culprit(slots)
+        return Finding(
+            "hang", subject, held / limit, Severity.CRITICAL, now, step, evidence, self.name
         )
 
     def _culprit(self, missing: np.ndarray) -> Subject:

@@ -7,10 +7,13 @@ import time
 from rich.console import Console
 
 from detectors.types import Finding, Severity
+from eagleeye.controller import UnknownProgress
+from eagleeye.stacks import HangStacks, top_frame
 from ft_runtime.types import LifecycleEvent, OutcomeStatus, Phase
 from remediation.remediator import Decision
 
 _STYLE = {Severity.CRITICAL: "bold red", Severity.WARN: "yellow", Severity.INFO: "cyan"}
+_STATES = {"T": "stopped", "D": "blocked", "R": "running", "S": "sleeping"}
 
 
 class LiveLog:
@@ -38,6 +41,26 @@ class LiveLog:
             )
         elif isinstance(item, LifecycleEvent):
             self._event(stamp, item)
+        elif isinstance(item, HangStacks):
+            self._stacks(stamp, item)
+        elif isinstance(item, UnknownProgress):
+            ranks = ", ".join(f"rank {r}" for r in item.ranks)
+            self.console.print(
+                f"{stamp} {ranks}: no step telemetry {item.after_s:g} s into attempt "
+                f"{item.attempt}; progress unknown, not judged hung (a stopped or blocked "
+                "process is still found from /proc)"
+            )
+
+    def _stacks(self, stamp: str, item: HangStacks) -> None:
+        """Where each rank stands: its innermost frame (full stacks: RunReader.stacks())."""
+        self.console.print(f"{stamp} stacks of every rank (RunReader(...).stacks()):")
+        for stack in item.stacks:
+            where = top_frame(stack.text) if stack.method != "none" else stack.text
+            self.console.print(
+                f"          rank {stack.rank} [{_STATES.get(stack.state, stack.state)}] "
+                f"{stack.method}: {where}",
+                markup=False,
+            )
 
     def _event(self, stamp: str, event: LifecycleEvent) -> None:
         if event.subject == "job":

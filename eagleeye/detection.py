@@ -1,10 +1,12 @@
 """The detectors of a live run: hard rules answered at once, the rest through fusion.
 
 Two tiers run in the controller. The hard rules (a process exit, a non-finite loss) and
-the progress-stall detector stand alone: a kill or a hang is answered the moment it shows,
-never held by fusion. Everything statistical (peer outliers, loss and grad-norm spikes,
-change points in step time, the collective-hang wait-for graph) runs in one
-``DetectorPipeline`` whose fusion turns the raw findings of one fault into one finding.
+the progress detector (hangs, from evidence: /proc, the collective wait-for graph) stand
+alone: a kill or a hang is answered the moment it shows, never held by fusion. Everything
+statistical (peer outliers, loss and grad-norm spikes, change points in step time) runs in
+one ``DetectorPipeline`` whose fusion turns the raw findings of one fault into one finding.
+Each attempt of the whole job is a new baseline: the pipeline is rebuilt when the job
+restarts, so nothing of an earlier attempt's statistics fires on the next one.
 
 The in-loop hook reports sections and collectives; the peer detector compares the trace
 format's ``compute_ms``, ``data_wait_ms`` and ``comm_ms``, which ``peer_features`` derives
@@ -17,7 +19,7 @@ makes step and section times noisy, and a soft finding on a healthy run is a fal
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from collector.frames import subject_of
 from collector.types import Frame, Sample
@@ -27,9 +29,13 @@ from detectors.config import DetectorsConfig, DetectorSpec
 from detectors.fusion import FusionPolicy
 from detectors.hang import FR_BEHIND, FR_PENDING
 from detectors.pipeline import DetectorPipeline
-from detectors.progress import ProgressStall
+from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
 from detectors.rules import NonFiniteLoss, ProcessExit
 from detectors.types import Finding
+
+# Reports the progress detector reads and the fused ones must not take for a step: a look
+# at /proc, a rank waiting in a collective or pausing.
+_NOT_FOR_FUSION = PROC_FEATURES | {"in_collective", "pause"}
 
 #: The live peer comparison: compute, data wait and collective time, in milliseconds.
 LIVE_PEER_FEATURES: Mapping[str, tuple[object, ...]] = {
@@ -38,16 +44,15 @@ LIVE_PEER_FEATURES: Mapping[str, tuple[object, ...]] = {
 }
 
 
-def live_specs(hang_k: float, hang_min_silence_s: float) -> tuple[DetectorSpec, ...]:
+def live_specs() -> tuple[DetectorSpec, ...]:
     """The statistical detectors of a live run.
 
     Peer outliers need a 50 % shift in three of five steps, held two (a loaded host's
     jitter stays well under it; an injected straggler is far over it); change points need
     a replica's or node's step time doubled and held (on a shared 2-core host, healthy
     tiny steps of 25 to 35 ms jump to 50 to 70 ms for several steps at a time, which a
-    50 % shift with ``h`` = 2 took for a change point); the collective hang waits as long
-    as the progress
-    detector does, so the two never race to restart a job that is only slow.
+    50 % shift with ``h`` = 2 took for a change point). Hangs are the progress detector's,
+    which has the evidence (/proc) that silence alone lacks.
     """
     return (
         DetectorSpec(
@@ -70,20 +75,31 @@ def live_specs(hang_k: float, hang_min_silence_s: float) -> tuple[DetectorSpec, 
             "throughput_change",
             {"feature": "step_time.max", "min_shift": 1.0, "h": 8.0, "warmup": 10},
         ),
-        DetectorSpec("collective_hang", {"k": hang_k, "min_silence_s": hang_min_silence_s}),
     )
 
 
-def live_config(hang_k: float = 10.0, hang_min_silence_s: float = 5.0) -> DetectorsConfig:
+def live_config() -> DetectorsConfig:
     """The fused detectors of a live run (see ``live_specs``) with the default fusion."""
-    return DetectorsConfig(live_specs(hang_k, hang_min_silence_s), FusionPolicy())
+    return DetectorsConfig(live_specs(), FusionPolicy())
 
 
-def replay_config(hang_k: float = 10.0, hang_min_silence_s: float = 5.0) -> DetectorsConfig:
+def replay_config(limits: HangLimits | None = None) -> DetectorsConfig:
     """The live detector set as one pipeline, for traces recorded from runs: the hard rules
-    that run unfused in the controller join the fused detectors."""
+    that run unfused in the controller join the fused detectors, and the collective-hang
+    wait-for graph stands in for the progress detector (a trace has no /proc and no clock
+    between its rows), with its silence limit."""
+    limits = limits or HangLimits()
     rules = (DetectorSpec("process_exit"), DetectorSpec("non_finite_loss"))
-    return DetectorsConfig(rules + live_specs(hang_k, hang_min_silence_s), FusionPolicy())
+    hang = DetectorSpec(
+        "collective_hang",
+        {
+            "k": limits.k,
+            "min_silence_s": limits.min_silence_s,
+            "stopped_k": limits.stopped_k,
+            "stopped_s": limits.stopped_s,
+        },
+    )
+    return DetectorsConfig((*rules, *live_specs(), hang), FusionPolicy())
 
 
 def peer_features(values: Mapping[str, float]) -> dict[str, float]:
@@ -128,16 +144,31 @@ class FusedDetectors:
     """The pipeline as one controller detector, fed frames with the peer features added.
 
     Rank frames, lifecycle frames and the node and replica frames of the step aggregator
-    all go in; findings come out fused.
+    all go in (the looks at /proc, the waits and the pauses stay out: they are the progress
+    detector's); findings
+    come out fused. A restart of the whole job (``job_restart``) releases what the pipeline
+    holds and starts a fresh one from ``config``.
     """
 
     pipeline: DetectorPipeline
     name: str = "fused"
+    config: DetectorsConfig | None = None
 
     def process(self, frame: Frame) -> list[Finding]:
-        if "step_time" in frame.values:
-            frame = replace(frame, values=peer_features(frame.values))
+        values = frame.values
+        if "job_restart" in values:
+            return self._new_baseline()
+        if values.keys() <= _NOT_FOR_FUSION:
+            return []
+        if "step_time" in values:
+            frame = replace(frame, values=peer_features(values))
         return self.pipeline.process(frame)
+
+    def _new_baseline(self) -> list[Finding]:
+        held = self.pipeline.flush()
+        if self.config is not None:
+            self.pipeline = self.config.build()
+        return held
 
     def poll(self, now: float) -> list[Finding]:
         return self.pipeline.poll(now)
@@ -154,21 +185,19 @@ class FusedDetectors:
 
 
 def live_detectors(
-    hang_k: float = 10.0,
-    hang_min_silence_s: float = 5.0,
-    config: DetectorsConfig | None = None,
+    limits: HangLimits | None = None, config: DetectorsConfig | None = None
 ) -> list[Detector]:
-    """Hard rules and progress stall first (unfused), then the fused pipeline.
+    """Hard rules and the progress detector first (unfused), then the fused pipeline.
 
     Args:
-        hang_k: silence, in median step times, that counts as a hang.
-        hang_min_silence_s: floor on that silence.
+        limits: the limits of hang detection; the defaults when None.
         config: the fused detectors; ``live_config`` by default.
     """
-    fused = config if config is not None else live_config(hang_k, hang_min_silence_s)
+    fused = config if config is not None else live_config()
+    limits = limits or HangLimits()
     return [
         ProcessExit(),
         NonFiniteLoss(),
-        ProgressStall(k=hang_k, min_silence_s=hang_min_silence_s),
-        FusedDetectors(fused.build()),
+        ProgressStall(**asdict(limits)),
+        FusedDetectors(fused.build(), config=fused),
     ]

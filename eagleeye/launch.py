@@ -8,19 +8,22 @@ import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
 from collector.transport import TelemetryReceiver
-from detectors.config import CONFIG_ENV, load_config
+from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_config
+from detectors.progress import HangLimits, ProgressStall
 from detectors.types import Finding
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
 from eagleeye.controller import Controller, ControllerReport
-from eagleeye.detection import live_detectors
+from eagleeye.detection import live_config, live_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.exporter import EagleEyeExporter
 from eagleeye.snapshots import Holders
+from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
 from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE, JobLayout
@@ -49,8 +52,8 @@ class JobConfig:
     runs_dir: str = "runs"
     run_id: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    hang_k: float = 10.0
-    hang_min_silence_s: float = 5.0
+    hang: Mapping[str, float] = field(default_factory=dict)  # HangLimits set by flags
+    instrument: bool = True  # zero-code telemetry (eagleeye.boot) in every rank
     stall_factor: float = 1.0  # the hang limit of replica recovery: QuorumService's
     stall_floor_s: float = 0.05  # defaults (kept here so that flags need no torch import)
     lateness_factor: float = 2.0
@@ -79,6 +82,12 @@ class JobConfig:
                 )
 
     def command(self) -> list[str]:
+        """The rank's command line after the interpreter; through the zero-code boot
+        unless ``instrument`` is off."""
+        target = self._target()
+        return ["-m", "eagleeye.boot", *target] if self.instrument else target
+
+    def _target(self) -> list[str]:
         if self.module:
             if importlib.util.find_spec(self.script) is None:
                 raise EagleEyeError(
@@ -122,7 +131,19 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         run_id=args.run_id,
         policy=args.policy,
         metrics_port=args.metrics_port,
+        hang=hang_flags(args),
+        instrument=getattr(args, "instrument", True),
     )
+
+
+def hang_flags(args: argparse.Namespace) -> dict[str, float]:
+    """The hang limits given as ``--hang-*`` flags (dest ``hang_<limit>``), by limit."""
+    given = {name: getattr(args, f"hang_{name}", None) for name in _limit_names()}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _limit_names() -> list[str]:
+    return [f.name for f in dataclass_fields(HangLimits)]
 
 
 def policy_for(config: JobConfig) -> Policy:
@@ -165,6 +186,7 @@ def supervisor_for(
 def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None) -> JobResult:
     """Runs a job to its end (success, failure, or spent restart budget)."""
     command = config.command()
+    limits, fused = _detector_config(config)  # a bad config file fails before any launch
     run_id = config.run_id or new_run_id()
     run_dir = create_run_dir(config.runs_dir, run_id)
     store = RunStore(run_dir)
@@ -210,14 +232,11 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
             "policy": policy.name,
             "policy_file": config.policy,
             "snapshots": config.snapshots,
+            "instrument": config.instrument,
+            "hang": asdict(limits),
         },
     )
-    # The fused detectors come from $EAGLEEYE_DETECTORS_CONFIG when it names a file.
-    detectors = live_detectors(
-        config.hang_k,
-        config.hang_min_silence_s,
-        load_config() if os.environ.get(CONFIG_ENV) else None,
-    )
+    detectors = live_detectors(limits, fused)
     # --remediate enables actions; without it the policy decides (files default to dry-run).
     remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)
     show = on_update or (lambda item: None)
@@ -230,6 +249,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         remediator,
         on_update=show if exporter is None else _also_export(exporter, show),
         on_samples=(lambda samples: None) if exporter is None else exporter.observe_samples,
+        stacks=StackCapture(run_dir),
+        progress=next((d for d in detectors if isinstance(d, ProgressStall)), None),
     )
     try:
         with holders if holders is not None else nullcontext():
@@ -249,6 +270,18 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         if server is not None:
             server.shutdown()
     return JobResult(run_dir, report)
+
+
+def _detector_config(config: JobConfig) -> tuple[HangLimits, DetectorsConfig | None]:
+    """The hang limits (flags over the config file's ``[hang]`` over the defaults) and the
+    fused detectors: $EAGLEEYE_DETECTORS_CONFIG's when it lists any, else the live ones."""
+    if not os.environ.get(CONFIG_ENV):
+        return HangLimits.from_mapping(config.hang, "hang flags"), None
+    file = load_config()
+    limits = HangLimits.from_mapping({**asdict(file.hang), **config.hang}, "hang flags")
+    if file.specs is DEFAULT_SPECS:  # the file sets fusion or limits only
+        return limits, DetectorsConfig(live_config().specs, file.fusion, file.hang)
+    return limits, file
 
 
 def _holders(config: JobConfig, run_id: str, run_dir: Path) -> Holders | None:

@@ -7,7 +7,8 @@ holds every rank's step report, collective timings, process exits and the faults
 
 Rows: each completed step of each attempt is one observation at the time its first rank
 reported it (peers are compared within it); a report of a rank waiting in an open
-collective (``in_collective``, 1 while it waits) and a process exit (``exit_code``) are
+collective (``in_collective``, 1 while it waits), the controller's looks at a stopped rank
+(``proc_stopped``), a process exit (``exit_code``) and a relaunch (``launched``) are
 observations of their own, at their own time, on the step the rank was in. The peer
 features (``compute_ms``, ``data_wait_ms``, ``comm_ms``) are derived as in live runs.
 
@@ -38,6 +39,8 @@ FAULT_FINDINGS = {
     "loss_spike": "loss_spike",
 }
 _KEYS = ["attempt", "step", "rank"]
+_OBSERVED = ("in_collective", "proc_stopped")  # observations of their own, not step values
+_MARKERS = (*_OBSERVED, "pause")
 
 
 def recorded_trace(run_dir: str | Path) -> Trace:
@@ -54,15 +57,16 @@ def recorded_trace(run_dir: str | Path) -> Trace:
         collectives = reader.collectives()
         events = reader.events()
         faults = reader.faults()
-    steps = samples[samples["step"].notna() & (samples["name"] != "in_collective")]
+    steps = samples[samples["step"].notna() & ~samples["name"].isin(_MARKERS)]
     if "step_time" not in set(steps["name"]):
         raise EagleEyeError(f"run {run_dir} recorded no completed step; nothing to export")
     places = _places(samples)
     rows = pd.concat(
         [
             _step_rows(steps, collectives),
-            _wait_rows(samples),
+            _marker_rows(samples),
             _exit_rows(events, steps),
+            _launch_rows(events, steps),
             _recovery_rows(events, steps),
         ],
         ignore_index=True,
@@ -108,23 +112,24 @@ def _step_rows(steps: pd.DataFrame, collectives: pd.DataFrame) -> pd.DataFrame:
         }
         if "step_time" not in values:
             continue  # the rank never finished this step
-        if key in spent:
-            values["collective_time"] = spent[key]
+        if key in spent:  # the hook's own figure wins: it counts overlaps once
+            values.setdefault("collective_time", spent[key])
         time = ended[(attempt, step)]
         rows += [(time, step, rank, name, v) for name, v in peer_features(values).items()]
     return pd.DataFrame(rows, columns=["time", "step", "rank", "metric", "value"])
 
 
-def _wait_rows(samples: pd.DataFrame) -> pd.DataFrame:
-    """Reports of a rank waiting inside an open collective (1) and of its end (0)."""
-    waits = samples[(samples["name"] == "in_collective") & samples["step"].notna()]
+def _marker_rows(samples: pd.DataFrame) -> pd.DataFrame:
+    """Reports of a rank waiting inside an open collective (1) and of its end (0), and the
+    controller's looks at a stopped rank (``proc_stopped`` 1, and 0 when it runs again)."""
+    marks = samples[samples["name"].isin(_OBSERVED) & samples["step"].notna()]
     return pd.DataFrame(
         {
-            "time": waits["time"],
-            "step": waits["step"].astype(int),
-            "rank": waits["rank"].astype(int),
-            "metric": "in_collective",
-            "value": (waits["value"] > 0).astype(float),
+            "time": marks["time"],
+            "step": marks["step"].astype(int),
+            "rank": marks["rank"].astype(int),
+            "metric": marks["name"],
+            "value": (marks["value"] > 0).astype(float),
         }
     )
 
@@ -144,6 +149,21 @@ def _exit_rows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             ("collateral", float(bool(detail.get("collateral")))),
         ):
             rows.append((float(event["time"]), step, rank, metric, value))
+    return pd.DataFrame(rows, columns=["time", "step", "rank", "metric", "value"])
+
+
+def _launch_rows(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Relaunches (``launched`` = 1), on the first step the new process reported: a
+    replay gives a starting rank its start-up, as the live run did."""
+    steps = steps.fillna({"attempt": 0})
+    launches = events[(events["phase"] == "launch") & events["subject"].str.startswith("rank:")]
+    rows = []
+    for event in launches.to_dict("records"):
+        rank = int(str(event["subject"]).removeprefix("rank:"))
+        attempt = int(event["detail"].get("attempt", event["attempt"]))
+        mine = steps[(steps["rank"] == rank) & (steps["attempt"] == attempt)]
+        if attempt > 0 and not mine.empty:
+            rows.append((float(event["time"]), int(mine["step"].min()), rank, "launched", 1.0))
     return pd.DataFrame(rows, columns=["time", "step", "rank", "metric", "value"])
 
 

@@ -3,6 +3,10 @@
 ``eagleeye.init()`` reads what the launcher put in the environment and returns a
 ``RankSession``. Outside `eagleeye run` it still works: telemetry goes nowhere and
 checkpoints go to ``./checkpoints``.
+
+Under `eagleeye run` the rank's interpreter may already report through the zero-code
+telemetry (``eagleeye.boot``): the session then shares its hook, and the steps the loop
+reports replace the ones found automatically, so nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -12,10 +16,10 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from collector.hooks import TrainingHook
-from collector.transport import TelemetryPublisher
-from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEEP, ENV_TELEMETRY
+from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEEP
 from eagleeye.snapshots import RankSnapshots
+from eagleeye.stackdump import enable_stack_dumps
+from eagleeye.telemetry import RankTelemetry, rank_labels, shared_telemetry
 from ft_runtime.checkpoint import DiskCheckpointer, SavedCheckpoint
 from ft_runtime.faults import FaultInjector, FaultSpec
 from ft_runtime.layout import ENV_ATTEMPT, ENV_NODE, ENV_REPLICA
@@ -32,16 +36,13 @@ class RankSession:
         self.replica = int(env.get(ENV_REPLICA, 0))
         self.node = env.get(ENV_NODE, "node0")
         self.attempt = int(env.get(ENV_ATTEMPT, 0))
-        labels = {
-            "rank": str(self.rank),
-            "replica": str(self.replica),
-            "node": self.node,
-            "attempt": str(self.attempt),
-        }
-        address = env.get(ENV_TELEMETRY)
-        self._publisher = TelemetryPublisher(address) if address else None
-        send = self._publisher.send if self._publisher else (lambda labels, rows: True)
-        self.hook = TrainingHook(send, labels)
+        labels = rank_labels(env)
+        shared = shared_telemetry()
+        self._owned = shared is None
+        telemetry = shared if shared is not None else RankTelemetry.from_env(env, labels)
+        self._publisher = telemetry.publisher
+        self.hook = telemetry.hook
+        enable_stack_dumps(env, self.rank, self.attempt)
         self.faults = FaultInjector.from_env(self.rank, self.attempt, self._announce_fault)
         self.checkpoints = DiskCheckpointer(
             env.get(ENV_CHECKPOINT_DIR, "checkpoints"),
@@ -70,6 +71,19 @@ class RankSession:
     ) -> AbstractContextManager[None]:
         return self.hook.collective(op, nbytes, group)
 
+    def pause(self, name: str) -> AbstractContextManager[None]:
+        """Declares a pause (``with ee.pause("eval"):``): no step completes while it lasts,
+        and the hang detector does not take that for a hang."""
+        return self.hook.pause(name)
+
+    def begin_pause(self, name: str) -> None:
+        """Starts a declared pause (for code that cannot use ``with``)."""
+        self.hook.begin_pause(name)
+
+    def end_pause(self, name: str) -> None:
+        """Ends a declared pause."""
+        self.hook.end_pause(name)
+
     def instrument_collectives(self) -> AbstractContextManager[None]:
         """Times every torch.distributed collective issued while the context is open."""
         from collector.instrument import instrument_collectives
@@ -97,10 +111,11 @@ class RankSession:
         loop's decision whether to go on without a checkpoint). With snapshot holders the
         save is a copy into the node's holder instead, and a failed one is reported, not
         raised (the holder keeps the previous snapshot)."""
-        if self.snapshots is not None:
-            self._snapshot(state, step)
-            return
-        self.report_saved(self.checkpoints.save(state, step), step)
+        with self.hook.pause("checkpoint"):
+            if self.snapshots is not None:
+                self._snapshot(state, step)
+                return
+            self.report_saved(self.checkpoints.save(state, step), step)
 
     def report_saved(self, saved: SavedCheckpoint, step: int) -> None:
         """Reports a checkpoint written to disk (the store's checkpoints table)."""
@@ -145,6 +160,9 @@ class RankSession:
         self.hook.event("closing")
         if self.snapshots is not None:
             self.snapshots.close()
+        if not self._owned:  # the zero-code telemetry closes it when the script ends
+            self.hook.flush()
+            return
         self.hook.close()
         if self._publisher is not None:
             self._publisher.close()

@@ -13,11 +13,16 @@ log = logging.getLogger(__name__)
 
 class StepHook(Protocol):
     """Where a callback reports: a ``collector.TrainingHook`` or the session that
-    ``eagleeye.init()`` returns (both have these two methods)."""
+    ``eagleeye.init()`` returns (both have these methods). A pause (evaluation, a
+    checkpoint save) tells the hang detector that no step completes while it lasts."""
 
     def step_start(self, step: int) -> None: ...
 
     def step_end(self, step: int | None = None, **metrics: float) -> None: ...
+
+    def begin_pause(self, name: str) -> None: ...
+
+    def end_pause(self, name: str) -> None: ...
 
 
 class MissingFrameworkError(ImportError):

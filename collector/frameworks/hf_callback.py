@@ -25,7 +25,9 @@ def hf_callback(hook: StepHook) -> Any:
     steps the Trainer logs (``logging_steps``), ``loss`` and ``grad_norm`` from its log:
     the Trainer's loss is the mean over processes and over the steps since the last log,
     its grad norm the step's norm before clipping. A step the Trainer logs closes when
-    the log arrives, right after the step; the others close at the step's end.
+    the log arrives, right after the step; the others close at the step's end. The
+    evaluation and the checkpoint save the Trainer runs after a step are declared pauses
+    (``evaluation``, ``checkpoint``), so neither is taken for a hang.
 
     Args:
         hook: a ``collector.TrainingHook`` or the session ``eagleeye.init()`` returns.
@@ -54,6 +56,7 @@ class _TrainerReporter:
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         try:
+            self._end_pauses()
             self._close()
             self._metrics = {}
             self._tokens_before = int(state.num_input_tokens_seen or 0)
@@ -77,6 +80,22 @@ class _TrainerReporter:
             self._ended = int(state.global_step)
             if not control.should_log:
                 self._close()
+            if control.should_evaluate:
+                self._hook.begin_pause("evaluation")
+            if control.should_save:
+                self._hook.begin_pause("checkpoint")
+        except Exception as exc:
+            self._error(exc)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        try:
+            self._hook.end_pause("evaluation")
+        except Exception as exc:
+            self._error(exc)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        try:
+            self._hook.end_pause("checkpoint")
         except Exception as exc:
             self._error(exc)
 
@@ -97,8 +116,13 @@ class _TrainerReporter:
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         try:
             self._close()
+            self._end_pauses()
         except Exception as exc:
             self._error(exc)
+
+    def _end_pauses(self) -> None:
+        self._hook.end_pause("evaluation")
+        self._hook.end_pause("checkpoint")
 
     def _close(self) -> None:
         if self._ended is not None:

@@ -29,6 +29,9 @@ def lightning_callback(
     first parameter group's, as the optimizer steps), ``grad_norm`` (the 2-norm of all
     gradients just before the optimizer step, before clipping) and ``tokens`` (summed
     over the micro-batches, as ``tokens_of`` counts them; nothing when it returns None).
+    It declares the pauses between steps: ``validation`` for each validation pass and
+    ``checkpoint`` from a checkpoint's save to the next batch, so neither is taken for a
+    hang.
 
     Args:
         hook: a ``collector.TrainingHook`` or the session ``eagleeye.init()`` returns.
@@ -64,6 +67,7 @@ class _LightningReporter:
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
         try:
+            self._hook.end_pause("checkpoint")
             if self._opened_at is None:
                 self._opened_at = int(trainer.global_step)
                 self._loss, self._tokens, self._metrics = None, None, {}
@@ -101,8 +105,27 @@ class _LightningReporter:
         except Exception as exc:
             self._error(exc)
 
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._pause("validation")
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._pause("validation", begin=False)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        self._pause("checkpoint")  # the file is written after this; the next batch ends it
+
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._opened_at = None  # a step with no optimizer step is not reported
+        self._pause("checkpoint", begin=False)
+
+    def _pause(self, name: str, begin: bool = True) -> None:
+        try:
+            if begin:
+                self._hook.begin_pause(name)
+            else:
+                self._hook.end_pause(name)
+        except Exception as exc:
+            self._error(exc)
 
 
 def _grad_norm(parameters: Iterable[torch.Tensor]) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from eagleeye.commands.hang_flags import add_hang_arguments
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -127,6 +129,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="inject the faults listed in FILE (one spec per line, # comments)",
     )
+    add_hang_arguments(p)
     g = p.add_argument_group("store")
     g.add_argument(
         "--runs-dir", default="runs", help="directory holding one folder per run (default: ./runs)"

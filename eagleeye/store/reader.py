@@ -113,6 +113,13 @@ class RunReader:
     def faults(self) -> pd.DataFrame:
         return self.query("SELECT * FROM faults ORDER BY time")
 
+    def stacks(self, finding_id: int | None = None) -> pd.DataFrame:
+        """Ranks' stacks captured on hangs: time, finding_id, rank, attempt, pid, method
+        (py-spy, faulthandler or none), state (of the process: T stopped, ...) and text."""
+        if finding_id is None:
+            return self.query("SELECT * FROM stacks ORDER BY id")
+        return self.query("SELECT * FROM stacks WHERE finding_id = ? ORDER BY id", [finding_id])
+
     def memberships(self) -> pd.DataFrame:
         """The quorum coordinator's decisions: time, epoch, members, joining, expected."""
         frame = self.query("SELECT * FROM memberships ORDER BY id")

@@ -63,6 +63,15 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX memberships_by_epoch ON memberships (epoch);
     """,
+    # version 3: every rank's stacks, captured when a hang is found
+    """
+    CREATE TABLE stacks (
+        id INTEGER PRIMARY KEY, time REAL NOT NULL,
+        finding_id INTEGER REFERENCES findings (id), rank INTEGER NOT NULL,
+        attempt INTEGER, pid INTEGER, method TEXT NOT NULL, state TEXT NOT NULL,
+        text TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -41,6 +41,10 @@ _SQL_CHECKPOINT = (
 )
 _SQL_FAULT = "INSERT INTO faults (time, step, attempt, kind, rank, spec) VALUES (?, ?, ?, ?, ?, ?)"
 _SQL_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
+_SQL_STACK = (
+    "INSERT INTO stacks (time, finding_id, rank, attempt, pid, method, state, text) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
 _SQL_MEMBERSHIP = (
     "INSERT INTO memberships (time, epoch, members, joining, expected, store_address) "
     "VALUES (?, ?, ?, ?, ?, ?)"
@@ -244,6 +248,21 @@ class RunStore:
             "store_address": address,
         }
 
+    def add_stack(
+        self,
+        time: float,
+        finding_id: int | None,
+        rank: int,
+        *,
+        attempt: int | None,
+        pid: int,
+        method: str,
+        state: str,
+        text: str,
+    ) -> None:
+        """One rank's stacks, captured for a finding (a hang)."""
+        self._put(_SQL_STACK, (time, finding_id, rank, attempt, pid, method, state, text))
+
     def set_meta(self, key: str, value: Any) -> None:
         self._put(_SQL_META, (key, json.dumps(value, default=str)))
 
@@ -328,6 +347,7 @@ _ORDER = [
     _SQL_CHECKPOINT,
     _SQL_FAULT,
     _SQL_MEMBERSHIP,
+    _SQL_STACK,
 ]
 
 

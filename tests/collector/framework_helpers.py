@@ -26,6 +26,13 @@ class Recorder:
         return dict(out)
 
 
+def pauses(recorder: Recorder) -> list[tuple[str, float]]:
+    """The pause rows the hook sent, in order: (pause name, 1 begun or 0 ended)."""
+    recorder.hook.close()
+    rows = [row for batch in recorder.batches for row in batch if row[0] == "pause"]
+    return [(row[4]["pause"], row[1]) for row in rows]
+
+
 def missing_framework_error(hidden: tuple[str, ...], factory: str, check: str = "") -> str:
     """In a fresh interpreter that cannot import the ``hidden`` modules (after running
     ``check``), the message of ``MissingFrameworkError`` raised by ``factory(None)``."""

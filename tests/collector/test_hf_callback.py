@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.collector.framework_helpers import Recorder, missing_framework_error
+from tests.collector.framework_helpers import Recorder, missing_framework_error, pauses
 
 transformers = pytest.importorskip("transformers", reason="the hf extra is not installed")
 pytest.importorskip("accelerate", reason="the hf extra is not installed")
@@ -88,6 +88,37 @@ def test_steps_between_logs_close_at_once_without_loss(tmp_path: Path) -> None:
         assert ("loss" in metrics) == (step % 2 == 0)
         assert "tokens" not in metrics  # the Trainer does not count tokens unless asked
         assert metrics["lr"] > 0
+
+
+def test_evaluation_and_checkpoint_saves_are_declared_pauses(tmp_path: Path) -> None:
+    recorder = Recorder()
+    trainer = transformers.Trainer(
+        model=transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ
+            )
+        ),
+        args=transformers.TrainingArguments(
+            output_dir=str(tmp_path),
+            max_steps=4,
+            per_device_train_batch_size=BATCH,
+            eval_strategy="steps",
+            eval_steps=2,
+            save_strategy="steps",
+            save_steps=2,
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+        ),
+        train_dataset=TokenRows(),
+        eval_dataset=TokenRows(),
+        callbacks=[hf_callback(recorder.hook)],
+    )
+    trainer.train()
+    # After steps 2 and 4: an evaluation, then a save, one pause each time (the hook sends
+    # when the first pause begins and when the last one ends)
+    assert pauses(recorder) == [("evaluation", 1.0), ("checkpoint", 0.0)] * 2
+    assert recorder.hook._pauses == {}
 
 
 def test_a_clear_error_when_transformers_is_missing() -> None:

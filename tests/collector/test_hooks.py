@@ -102,3 +102,54 @@ def test_a_short_collective_sends_no_wait_report() -> None:
     hook.step_end(0)
     hook.close()
     assert not [row for row in sent if row[0] == "in_collective"]
+
+
+def test_a_declared_pause_is_sent_at_once_and_pauses_nest() -> None:
+    sent = []
+    hook = TrainingHook(lambda labels, rows: sent.extend(rows) or True, {})
+    hook.step_start(4)
+    with hook.pause("eval"):
+        with hook.pause("checkpoint"):
+            hook.flush()
+            assert [(r[0], r[1], r[4]) for r in sent] == [("pause", 1.0, {"pause": "eval"})]
+        hook.end_pause("never begun")  # does nothing
+    hook.flush()
+    assert [(r[0], r[1], r[3]) for r in sent][-1] == ("pause", 0.0, 4)
+    hook.close()
+
+
+def test_steps_the_loop_reports_replace_the_automatic_ones() -> None:
+    sent = []
+    hook = TrainingHook(lambda labels, rows: sent.extend(rows) or True, {})
+    hook.auto_step_start(0)
+    hook.auto_step_end(0, loss=2.0)  # a script that reports nothing: the automatic step
+    hook.step_start(10)
+    hook.auto_step_end(1, loss=3.0)  # ignored from the loop's first own step on
+    hook.auto_step_start(2)
+    hook.step_end(10, loss=1.0)
+    hook.close()
+    assert [(r[0], r[3]) for r in sent if r[0] in ("step_time", "loss")] == [
+        ("step_time", 0),
+        ("loss", 0),
+        ("step_time", 10),
+        ("loss", 10),
+    ]
+
+
+def test_overlapping_collectives_count_once_in_the_steps_collective_time() -> None:
+    sent = []
+    hook = TrainingHook(lambda labels, rows: sent.extend(rows) or True, {})
+    hook.step_start(0)
+    first = hook.collective_enter("all_reduce")
+    second = hook.collective_enter("all_reduce")  # asynchronous: both open at once
+    time.sleep(0.05)
+    hook.collective_exit(first)
+    hook.collective_exit(second)
+    with hook.collective("barrier"):
+        assert hook.timing_explicitly  # the zero-code wrappers stand aside in here
+    hook.step_end(0)
+    hook.close()
+    named = {r[0]: r[1] for r in sent}
+    spent = sum(r[1] for r in sent if r[0] == "collective")
+    assert 0.05 <= named["collective_time"] < spent
+    assert not hook.timing_explicitly

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tests.collector.framework_helpers import Recorder, missing_framework_error
+from tests.collector.framework_helpers import Recorder, missing_framework_error, pauses
 
 pl = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
 
@@ -35,6 +35,9 @@ class TinyLM(pl.LightningModule):
         # An independent measure of what the callback must report.
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         self.norms.append(float(torch.nn.utils.get_total_norm(grads)))
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_loss", self.net(batch[:, :-1]).mean())
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         opt = torch.optim.SGD(self.parameters(), lr=0.5)
@@ -106,6 +109,31 @@ def test_a_clear_error_when_lightning_is_missing_and_no_import_without_it() -> N
         ),
     )
     assert "pip install 'eagleeye[lightning]'" in message
+
+
+def test_validation_and_checkpoint_saves_are_declared_pauses(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    data = DataLoader(torch.randint(0, VOCAB, (64, SEQ)), batch_size=BATCH)
+    recorder = Recorder()
+    saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3)
+    trainer = pl.Trainer(
+        max_steps=4,
+        val_check_interval=2,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[lightning_callback(recorder.hook), saves],  # type: ignore[arg-type]
+    )
+    trainer.fit(TinyLM(), data, data)
+    declared = pauses(recorder)
+    assert declared.count(("validation", 1.0)) == declared.count(("validation", 0.0)) == 2
+    assert ("checkpoint", 1.0) in declared
+    assert declared.count(("checkpoint", 1.0)) == declared.count(("checkpoint", 0.0))
+    assert recorder.hook._pauses == {}  # every pause ended
 
 
 def test_the_session_hands_out_the_callback(tmp_path: Path) -> None:

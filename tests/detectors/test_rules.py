@@ -40,7 +40,7 @@ def test_non_finite_loss_names_the_bad_features() -> None:
 
 
 def test_registry_builds_by_name_and_rejects_unknown_and_duplicate_names() -> None:
-    assert create("progress_stall", {"k": 3.0}).k == 3.0  # type: ignore[attr-defined]
+    assert create("progress_stall", {"k": 3.0}).limits.k == 3.0  # type: ignore[attr-defined]
     with pytest.raises(UnknownDetectorError, match="known: .*process_exit"):
         create("no_such_detector")
     with pytest.raises(DetectorError, match="already registered"):

@@ -151,3 +151,23 @@ def test_a_nan_loss_spread_by_the_all_reduce_names_only_its_source() -> None:
     assert found.subject.rank == 1
     assert {"loss", "grad_norm"} <= set(found.evidence)
     assert found.evidence["ranks_affected"] == 4.0
+
+
+def test_a_rank_recorded_stopped_is_named_once_it_stayed_so_whatever_the_silence() -> None:
+    det = CollectiveHang(k=10.0, min_silence_s=5.0, stopped_k=2.0, stopped_s=0.25)
+    for step in range(10):
+        for rank in range(3):
+            det.process(Frame(Subject(0, rank, "n0"), step, step * 0.1, {"step_time": 0.1}))
+    det.process(Frame(Subject(0, 1, "n0"), 9, 1.0, {"proc_stopped": 1.0}))
+    det.process(Frame(Subject(0, 0, "n0"), 10, 1.15, {"in_collective": 1.0}))
+    assert not det.poll(1.2)  # stopped 0.2 s < 2 median steps (floor 0.25 s)
+    (found,) = det.poll(1.3)
+    assert (found.subject.rank, found.evidence["stopped"], found.step) == (1, 1.0, 10)
+    assert found.evidence["waiting_rank_0"] == 0.0
+    everyone = CollectiveHang(stopped_s=0.25)
+    for rank in range(2):
+        everyone.process(Frame(Subject(0, rank, "n0"), 0, 0.0, {"step_time": 0.1}))
+        everyone.process(Frame(Subject(0, rank, "n0"), 0, 0.1, {"proc_stopped": 1.0}))
+    # the whole job stopped is suspended: no rank is named for it (a trace's silence rule
+    # still speaks of the job)
+    assert all("stopped" not in f.evidence for f in everyone.poll(5.0))

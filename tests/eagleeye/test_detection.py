@@ -9,7 +9,7 @@ import pytest
 
 from collector.nccl import read_flight_record
 from collector.nccl_hang import flight_record_events
-from collector.types import Frame, Subject
+from collector.types import JOB, Frame, Subject
 from detectors.hang import CollectiveHang
 from detectors.types import Severity
 from eagleeye.cli import main
@@ -125,7 +125,7 @@ def test_flight_recorder_dumps_name_the_rank_that_never_joined() -> None:
 
 
 def test_ranks_that_closed_their_sessions_are_not_hung_while_they_shut_down() -> None:
-    detectors = live_detectors(hang_k=10.0, hang_min_silence_s=5.0)
+    detectors = live_detectors()
     rng = np.random.default_rng(3)
     for step in range(20):
         for frame in _step_frames(step, rng):
@@ -135,7 +135,30 @@ def test_ranks_that_closed_their_sessions_are_not_hung_while_they_shut_down() ->
         closing = Frame(Subject(0, rank, f"node{rank // 2}"), 19, 120.0, {"closing": 1.0})
         for detector in detectors:
             detector.process(closing)
-    found = [f for detector in detectors for f in detector.poll(150.0)]
-    assert found == []
-    late = [f for detector in detectors for f in detector.poll(120.0 + 121.0)]
-    assert {f.kind for f in late} == {"hang"}  # a shut-down past the grace is still one
+    assert [f for detector in detectors for f in detector.poll(150.0)] == []
+    assert [f for detector in detectors for f in detector.poll(120.0 + 3600.0)] == []
+
+
+def _restarted_run(fused: FusedDetectors) -> list:
+    """40 steps whose loss falls to 1.0, a restart of the whole job, and the new attempt
+    starting over from its initial loss (no checkpoint was loaded)."""
+    rng = np.random.default_rng(5)
+    found = []
+    for step in range(40):
+        for frame in _step_frames(step, rng):
+            values = {**frame.values, "loss": 1.0 + 3.0 * np.exp(-step / 4)}
+            found += fused.process(Frame(frame.subject, step, frame.time, values))
+    found += fused.process(Frame(JOB, None, 150.0, {"job_restart": 1.0}))
+    for step in range(10):
+        for frame in _step_frames(step, rng):
+            values = {**frame.values, "loss": 4.0 + 0.05 * rng.random()}
+            found += fused.process(Frame(frame.subject, step, 200.0 + step, values))
+    return found + fused.flush()
+
+
+def test_each_attempt_of_the_job_is_a_new_baseline() -> None:
+    config = live_config()
+    assert _restarted_run(FusedDetectors(config.build(), config=config)) == []
+    # Without the new baseline, the new attempt's first loss is a spike against the old.
+    kept = _restarted_run(FusedDetectors(config.build()))
+    assert "loss_spike" in {f.kind for f in kept}

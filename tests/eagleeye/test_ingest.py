@@ -1,5 +1,5 @@
 """Telemetry of a rank's killed incarnation that arrives after its relaunch is stored but
-reaches no detector: the new process gets its start-up grace, not a stale step."""
+reaches no detector: the new process starts with its progress unknown, not a stale step."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def launch(rank: int, attempt: int, when: float) -> LifecycleEvent:
 
 def test_a_late_sample_of_the_killed_incarnation_is_stored_but_makes_no_frame(tmp_path) -> None:
     launched = LaunchedAttempts()
-    stall = ProgressStall(k=10, min_silence_s=1.0, startup_grace_s=30.0)
+    stall = ProgressStall(k=10, min_silence_s=1.0)
     store = RunStore(tmp_path)
     try:
         for step in range(5):
@@ -35,7 +35,8 @@ def test_a_late_sample_of_the_killed_incarnation_is_stored_but_makes_no_frame(tm
             stall.process(frame)
         late = [step_sample(0, 0, 5, 19.9)]  # sent before the kill, received after
         assert ingest_samples(store, late, launched.current) == []
-        assert stall.poll(25.0) == []  # the new process is still within its start-up grace
+        assert stall.poll(25.0) == []
+        assert set(stall.progress(25.0).values()) == {"unknown"}  # no step of its own yet
         fresh = ingest_samples(store, [step_sample(0, 1, 0, 26.0)], launched.current)
         assert [f.step for f in fresh] == [0]
     finally:

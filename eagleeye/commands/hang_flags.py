@@ -1,0 +1,56 @@
+"""The flags of `eagleeye run` that set the limits of hang detection and zero-code
+telemetry (`--hang-*` mirror the ``[hang]`` table of the detectors' config file)."""
+
+from __future__ import annotations
+
+import argparse
+
+from detectors.progress import HangLimits
+
+#: limit name, help (the flag is --hang-NAME with dashes)
+_LIMITS = (
+    ("k", "silence limit in median step times, the floor of every waiting verdict"),
+    ("min_silence_s", "floor on that silence limit, seconds"),
+    ("stopped_k", "median step times a stopped (SIGSTOP) rank must stay so"),
+    ("stopped_s", "floor on that, seconds; the limit before any step"),
+    ("blocked_s", "uninterruptible sleep without CPU time that is a hang, seconds"),
+    ("idle_s", "a rank idle this long while its peers wait for it is hung, seconds"),
+    ("collective_s", "every rank waiting this long in one collective is a hang, seconds"),
+)
+
+
+def add_hang_arguments(p: argparse.ArgumentParser) -> None:
+    """Adds ``--no-instrument`` and one ``--hang-*`` flag per hang limit."""
+    g = p.add_argument_group(
+        "telemetry and hangs",
+        "A job is judged hung only on evidence: a rank stopped or blocked (/proc), a rank "
+        "idle while its peers wait in a collective, a collective that never completes. "
+        "Flags override the [hang] table of $EAGLEEYE_DETECTORS_CONFIG.",
+    )
+    g.add_argument(
+        "--no-instrument",
+        dest="instrument",
+        action="store_false",
+        help="do not load the zero-code telemetry (optimizer steps, loss, collectives) into "
+        "the ranks; only the in-loop hook reports",
+    )
+    defaults = HangLimits()
+    for name, text in _LIMITS:
+        g.add_argument(
+            f"--hang-{name.replace('_', '-')}",
+            dest=f"hang_{name}",
+            type=_positive_float,
+            default=None,
+            metavar="X",
+            help=f"{text} (default: {getattr(defaults, name):g})",
+        )
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value

@@ -1,0 +1,56 @@
+"""Every hang limit is a flag of `eagleeye run` and a key of the detectors' config file."""
+
+from __future__ import annotations
+
+import pytest
+
+from detectors.config import CONFIG_ENV
+from detectors.errors import DetectorError
+from detectors.progress import HangLimits, ProgressStall
+from eagleeye.cli import build_parser
+from eagleeye.detection import live_config
+from eagleeye.launch import _detector_config, job_config_from_args
+
+
+def config_of(*flags: str):
+    args = build_parser().parse_args(["run", *flags, "train.py"])
+    return job_config_from_args(args)
+
+
+def test_flags_set_the_limits_and_instrumentation(monkeypatch) -> None:
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    config = config_of("--hang-stopped-s", "0.5", "--hang-idle-s", "30", "--no-instrument")
+    assert config.hang == {"stopped_s": 0.5, "idle_s": 30.0}
+    assert not config.instrument
+    limits, fused = _detector_config(config)
+    assert limits == HangLimits(stopped_s=0.5, idle_s=30.0)
+    assert fused is None
+    assert config_of().instrument
+    assert config_of().hang == {}
+
+
+def test_the_ranks_start_through_the_boot_unless_told_not_to(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    booted = config_of()
+    booted = type(booted)(script=str(script), script_args=["--lr", "1"])
+    assert booted.command() == ["-m", "eagleeye.boot", str(script), "--lr", "1"]
+    bare = type(booted)(script=str(script), instrument=False)
+    assert bare.command() == [str(script)]
+
+
+def test_flags_override_the_hang_table_and_a_file_without_detectors_keeps_the_live_ones(
+    tmp_path, monkeypatch
+) -> None:
+    path = tmp_path / "detectors.toml"
+    path.write_text("[hang]\nstopped_s = 1.0\nblocked_s = 10\n")
+    monkeypatch.setenv(CONFIG_ENV, str(path))
+    limits, fused = _detector_config(config_of("--hang-stopped-s", "0.5"))
+    assert (limits.stopped_s, limits.blocked_s) == (0.5, 10.0)
+    assert fused is not None
+    assert fused.specs == live_config().specs
+    stall = ProgressStall(**{"stopped_s": limits.stopped_s})
+    assert stall.stopped_limit() == 0.5
+    path.write_text("[hang]\nstartup_grace_s = 120\n")
+    with pytest.raises(DetectorError, match="unknown hang limit"):
+        _detector_config(config_of())
