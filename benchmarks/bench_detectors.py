@@ -35,7 +35,7 @@ from detectors.stepbatch import StepBatch  # noqa: E402
 
 def pandas_peer(long: pd.DataFrame, z: float = 6.0, min_shift: float = 0.06) -> pd.Series:
     """The baseline: the same robust peer comparison with a pandas groupby per metric."""
-    sign = long["metric"].map({k: v[0] for k, v in DEFAULT_FEATURES.items()})
+    sign = long["metric"].map({k: v.direction for k, v in DEFAULT_FEATURES.items()})
     grouped = long.groupby("metric")["value"]
     med = grouped.transform("median")
     mad = (long["value"] - med).abs().groupby(long["metric"]).transform("median")

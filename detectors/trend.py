@@ -127,8 +127,8 @@ class Trend:
         t = np.take_along_axis(self._t[rows, j], order, axis=1)
         dy, dt = y[:, h:] - y[:, :h], t[:, h:] - t[:, :h]
         with np.errstate(invalid="ignore", divide="ignore"):
-            slopes = np.where(dt > 0, dy / dt, np.nan)
-        return np.nanmedian(slopes, axis=1), (dy > 0).all(axis=1)
+            slopes = np.where(dt > 0, dy / dt, 0.0)  # reports at one time: no slope
+        return np.median(slopes, axis=1), (dy > 0).all(axis=1) & (dt > 0).all(axis=1)
 
     def _judge(
         self, j: int, full: np.ndarray, slope: np.ndarray, rising: np.ndarray, batch: StepBatch
