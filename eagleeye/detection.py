@@ -71,6 +71,10 @@ def live_specs() -> tuple[DetectorSpec, ...]:
         # spike twice it, and neither is judged in the first 20 steps.
         DetectorSpec("loss_spike", {"reduce": "max", "min_ratio": 0.5, "warmup": 20}),
         DetectorSpec("grad_norm_spike", {"min_ratio": 1.0, "warmup": 20}),
+        # A metric no one reads (a user's own, a GPU's utilisation) needs the live peer bar
+        # too; a leak is a trend whatever the host's jitter.
+        DetectorSpec("generic_peer", {"min_shift": 0.5, "warmup": 5}),
+        DetectorSpec("trend", {"warmup": 5}),
         DetectorSpec(
             "throughput_change",
             {"feature": "step_time.max", "min_shift": 1.0, "h": 8.0, "warmup": 10},
