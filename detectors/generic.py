@@ -15,9 +15,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from collector.types import Frame
 from collector.vocabulary import METRICS, SECTION_PREFIX
-from detectors._buffer import StepBuffer
+from detectors._buffer import Stepwise
 from detectors._peercore import PeerCore
 from detectors._peergroups import GroupFindings
 from detectors.peer import DEFAULT_FEATURES
@@ -57,7 +56,7 @@ def _kind(column: int) -> str:
     return "metric_outlier"
 
 
-class GenericPeer:
+class GenericPeer(Stepwise):
     """Fires ``metric_outlier`` on a rank whose unwatched metric leaves its peers.
 
     Args:
@@ -88,16 +87,6 @@ class GenericPeer:
         self.core = PeerCore(z, persistence, clear, warmup, offset_alpha=0.05)
         self._groups = GroupFindings(self.core, _kind, self.name, {}, {}, 0.5, 0.8)
         self._judged: set[str] = set()
-        self._buffer = StepBuffer()
-
-    def process(self, frame: Frame) -> Sequence[Finding]:
-        return [f for batch in self._buffer.add(frame) for f in self.process_step(batch)]
-
-    def poll(self, now: float) -> Sequence[Finding]:
-        return ()
-
-    def flush(self) -> Sequence[Finding]:
-        return [f for batch in self._buffer.flush() for f in self.process_step(batch)]
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         self._watch(batch.features)

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from collector.types import Frame, Subject
+from collector.types import Subject
 from collector.vocabulary import canonical_name
-from detectors._buffer import StepBuffer
+from detectors._buffer import Stepwise
 from detectors._layout import RankLayout, to_slots
 from detectors._scaling import RobustScaler
 from detectors.errors import DetectorError
@@ -44,7 +44,7 @@ def learnable(name: str) -> bool:
     return name in PEER_FEATURES or watchable(name)
 
 
-class LearnedScorer:
+class LearnedScorer(Stepwise):
     """Fires ``multivariate`` on ranks whose feature vector the healthy model cannot explain.
 
     Args:
@@ -67,6 +67,14 @@ class LearnedScorer:
     """
 
     kind = "multivariate"
+    # Per-rank state (set by _fresh_ranks, grown by _grow): latest values, windows, counts.
+    _last: np.ndarray
+    _ring: np.ndarray
+    _filled: np.ndarray
+    _step: np.ndarray
+    _count: np.ndarray
+    _quiet: np.ndarray
+    _fired: np.ndarray
 
     def __init__(
         self,
@@ -102,15 +110,7 @@ class LearnedScorer:
         self._since_fit = 0
         self._seen_batches = 0
         self._rng = np.random.default_rng(0)
-        self._layout = RankLayout()
-        self._last = np.zeros((0, len(self.features)))
-        self._ring = np.zeros((0, self.steps, len(self.features)))
-        self._filled = np.zeros(0, dtype=np.int64)
-        self._step = np.full(0, -np.inf)
-        self._count = np.zeros(0, dtype=np.int64)
-        self._quiet = np.zeros(0, dtype=np.int64)
-        self._fired = np.zeros(0, dtype=bool)
-        self._buffer = StepBuffer()
+        self._fresh_ranks()
         self.last_scores: tuple[np.ndarray, np.ndarray, float] | None = None
 
     def _check(self) -> None:
@@ -149,15 +149,6 @@ class LearnedScorer:
         return top + self.margin * max(top - mid, 0.0)
 
     # -- the stream ---------------------------------------------------------------------
-
-    def process(self, frame: Frame) -> Sequence[Finding]:
-        return [f for b in self._buffer.add(frame) for f in self.process_step(b)]
-
-    def poll(self, now: float) -> Sequence[Finding]:
-        return ()
-
-    def flush(self) -> Sequence[Finding]:
-        return [f for b in self._buffer.flush() for f in self.process_step(b)]
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         self.last_scores = None
@@ -247,6 +238,10 @@ class LearnedScorer:
 
     def reset_stream(self) -> None:
         """Forgets the ranks seen (a fitted scorer about to read another run)."""
+        self._fresh_ranks()
+        self._seen_batches = 10**9  # the features are fixed by the fit
+
+    def _fresh_ranks(self) -> None:
         self._layout = RankLayout()
         self._last = np.zeros((0, len(self.features)))
         self._ring = np.zeros((0, self.steps, len(self.features)))
@@ -255,7 +250,6 @@ class LearnedScorer:
         self._count = np.zeros(0, dtype=np.int64)
         self._quiet = np.zeros(0, dtype=np.int64)
         self._fired = np.zeros(0, dtype=bool)
-        self._seen_batches = 10**9  # the features are fixed by the fit
 
     def fit_windows(self, windows: np.ndarray) -> LearnedScorer:
         """Fits on healthy windows (rows x steps x features): three quarters fit the scaler

@@ -174,33 +174,31 @@ class IsolationForestModel:
         return model
 
 
-def build(kind: str, params: Mapping[str, Any] | None = None) -> Model:
-    """A fresh model of a kind, with its parameters."""
+def _kinds() -> dict[str, Any]:
     from detectors.models_torch import AutoencoderModel, LSTMVAEModel
 
-    kinds: dict[str, Any] = {
+    return {
         "pca": PCAModel,
         "isolation_forest": IsolationForestModel,
         "autoencoder": AutoencoderModel,
         "lstm_vae": LSTMVAEModel,
     }
+
+
+def _kind(kind: str) -> Any:
+    kinds = _kinds()
     if kind not in kinds:
         raise ValueError(f"unknown model {kind!r}; known: {', '.join(kinds)}")
-    model: Model = kinds[kind](**dict(params or {}))
+    return kinds[kind]
+
+
+def build(kind: str, params: Mapping[str, Any] | None = None) -> Model:
+    """A fresh model of a kind, with its parameters."""
+    model: Model = _kind(kind)(**dict(params or {}))
     return model
 
 
 def restore(kind: str, arrays: Mapping[str, np.ndarray]) -> Model:
     """A fitted model of a kind from its arrays (``to_arrays``)."""
-    from detectors.models_torch import AutoencoderModel, LSTMVAEModel
-
-    kinds: dict[str, Any] = {
-        "pca": PCAModel,
-        "isolation_forest": IsolationForestModel,
-        "autoencoder": AutoencoderModel,
-        "lstm_vae": LSTMVAEModel,
-    }
-    if kind not in kinds:
-        raise ValueError(f"unknown model {kind!r}; known: {', '.join(kinds)}")
-    model: Model = kinds[kind].from_arrays(arrays)
+    model: Model = _kind(kind).from_arrays(arrays)
     return model

@@ -15,9 +15,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from collector.types import Frame
 from collector.vocabulary import canonical_name
-from detectors._buffer import StepBuffer
+from detectors._buffer import Stepwise
 from detectors._peercore import PeerCore
 from detectors._peergroups import GroupFindings
 from detectors.errors import DetectorError
@@ -83,7 +82,7 @@ NODE_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_node"})
 REPLICA_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_replica"})
 
 
-class PeerOutlier:
+class PeerOutlier(Stepwise):
     """Flags ranks whose features deviate from their peers at the same step.
 
     Args:
@@ -143,17 +142,6 @@ class PeerOutlier:
             node_fraction,
             replica_fraction,
         )
-        self._buffer = StepBuffer()
-
-    def process(self, frame: Frame) -> Sequence[Finding]:
-        return [f for batch in self._buffer.add(frame) for f in self.process_step(batch)]
-
-    def poll(self, now: float) -> Sequence[Finding]:
-        return ()
-
-    def flush(self) -> Sequence[Finding]:
-        """Evaluates the step still buffered (at the end of a stream)."""
-        return [f for batch in self._buffer.flush() for f in self.process_step(batch)]
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         """Compares the ranks of one step and returns the newly confirmed outliers."""

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from collector.types import Frame, Subject
+from collector.types import Subject
 from collector.vocabulary import canonical_name
-from detectors._buffer import StepBuffer
+from detectors._buffer import Stepwise
 from detectors._layout import RankLayout, to_slots
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
@@ -30,7 +30,7 @@ from detectors.types import Finding, Severity
 DEFAULT_TRENDS: Mapping[str, str] = {"mem_used": "memory_leak"}
 
 
-class Trend:
+class Trend(Stepwise):
     """Fires a feature's kind (``memory_leak`` for ``mem_used``) on a rank drifting up.
 
     Args:
@@ -74,16 +74,6 @@ class Trend:
         self._n, self._pos = np.zeros((0, f), dtype=np.int64), np.zeros((0, f), dtype=np.int64)
         self._count, self._quiet = np.zeros((0, f), dtype=np.int64), np.zeros((0, f), np.int64)
         self._fired = np.zeros((0, f), dtype=bool)
-        self._buffer = StepBuffer()
-
-    def process(self, frame: Frame) -> Sequence[Finding]:
-        return [f for batch in self._buffer.add(frame) for f in self.process_step(batch)]
-
-    def poll(self, now: float) -> Sequence[Finding]:
-        return ()
-
-    def flush(self) -> Sequence[Finding]:
-        return [f for batch in self._buffer.flush() for f in self.process_step(batch)]
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
