@@ -142,6 +142,21 @@ class PeerCore:
         self._seen = np.where(reported, np.minimum(self._seen + 1, _OF), self._seen)
         return _POPCOUNT[self._bits] >= np.minimum(self._seen, self._votes)
 
+    def gather(self, batch: StepBatch) -> np.ndarray | None:
+        """The batch's columns of the watched features (NaN where one is not reported);
+        None when it reports none of them."""
+        cols = [batch.features.index(f) if f in batch.features else -1 for f in self.names]
+        if not cols or all(c < 0 for c in cols):
+            return None
+        if min(cols) >= 0:
+            gathered: np.ndarray = batch.values[:, cols]  # one gather when all are reported
+            return gathered
+        raw = np.full((len(batch.ranks), len(cols)), np.nan)
+        for j, c in enumerate(cols):
+            if c >= 0:
+                raw[:, j] = batch.values[:, c]
+        return raw
+
     def _peer_stats(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Median and MAD-based scale per feature, from a sample of ranks at large scale."""
         sample = x

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
 from collector.vocabulary import METRICS, SECTION_PREFIX
 from detectors._buffer import Stepwise
 from detectors._peercore import PeerCore
@@ -90,13 +88,9 @@ class GenericPeer(Stepwise):
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         self._watch(batch.features)
-        cols = [batch.features.index(f) if f in batch.features else -1 for f in self.core.names]
-        if not cols or all(c < 0 for c in cols):
+        raw = self.core.gather(batch)
+        if raw is None:
             return ()
-        raw = np.full((len(batch.ranks), len(cols)), np.nan)
-        for j, c in enumerate(cols):
-            if c >= 0:
-                raw[:, j] = batch.values[:, c]
         cmp = self.core.compare(batch, raw, self.min_ranks)
         if cmp is None or not cmp.new.any():
             return ()

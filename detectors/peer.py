@@ -13,8 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-import numpy as np
-
 from collector.vocabulary import canonical_name
 from detectors._buffer import Stepwise
 from detectors._peercore import PeerCore
@@ -145,16 +143,9 @@ class PeerOutlier(Stepwise):
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         """Compares the ranks of one step and returns the newly confirmed outliers."""
-        cols = [batch.features.index(f) if f in batch.features else -1 for f in self.core.names]
-        if all(c < 0 for c in cols):
+        raw = self.core.gather(batch)
+        if raw is None:
             return ()
-        if min(cols) >= 0:
-            raw = batch.values[:, cols]  # one gather when every feature is reported
-        else:
-            raw = np.full((len(batch.ranks), len(cols)), np.nan)
-            for j, c in enumerate(cols):
-                if c >= 0:
-                    raw[:, j] = batch.values[:, c]
         cmp = self.core.compare(batch, raw, self.min_ranks)
         if cmp is None or not cmp.new.any():
             return ()
