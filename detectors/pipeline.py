@@ -16,6 +16,7 @@ from detectors.base import Detector
 from detectors.edge import Edge
 from detectors.fusion import (
     CAUSES,
+    GENERIC,
     JOB_WIDE,
     SYMPTOMS,
     FusionPolicy,
@@ -52,6 +53,7 @@ class Fuser:
             return []
         if self._caused(finding, now):
             return []
+        finding = self._absorb_held_effects(finding, now)
         if finding.kind not in SYMPTOMS:
             finding = self._absorb_held_symptoms(finding)
         for inc in self.incidents:
@@ -99,6 +101,21 @@ class Fuser:
                     inc.finding = merge(inc.finding, finding)
                 return True
         return False
+
+    def _absorb_held_effects(self, cause: Finding, now: float) -> Finding:
+        """Held effects of this cause (a gradient spike reported a moment before the rank's
+        loss spike that caused it) merge into it."""
+        held = [
+            inc
+            for inc in self.incidents
+            if not inc.released
+            and cause.kind in CAUSES.get(inc.finding.kind, ())
+            and abs(now - inc.opened_at) <= self.policy.hold_steps
+        ]
+        for inc in held:
+            self.incidents.remove(inc)
+            cause = merge(cause, inc.finding)
+        return cause
 
     def _noted_already(self, finding: Finding, now: float) -> bool:
         """Whether a noted finding of the same kind about the same subject covers it."""
@@ -166,8 +183,9 @@ class Fuser:
         return self._release(lambda inc: now - when(inc.finding) >= self._hold(inc.finding))
 
     def _hold(self, finding: Finding) -> float:
-        # A symptom waits longer: the specific fault that explains it may be slower to show.
-        if finding.kind in SYMPTOMS:
+        # A symptom, or a generic finding (one metric off, a learned score), waits longer:
+        # the specific fault that explains it may be slower to show.
+        if finding.kind in SYMPTOMS or finding.kind in GENERIC:
             return max(self.policy.hold_steps, self.policy.symptom_window)
         return self.policy.hold_steps
 

@@ -186,3 +186,21 @@ def test_a_gradient_spike_caused_by_one_rank_s_loss_spike_is_merged_into_it() ->
     (found,) = fuser.tick(34.0)
     assert (found.kind, found.subject.rank) == ("loss_spike", 1)
     assert found.evidence["grad_norm"] == 20.0
+
+
+def test_a_gradient_spike_reported_before_its_cause_is_merged_into_it() -> None:
+    fuser = Fuser()
+    fuser.add(_f("grad_spike", Subject(0, 0, "n0"), 32, grad_norm=20.0))
+    fuser.add(_f("loss_spike", Subject(0, 1, "n0"), 32, loss=40.0))
+    (found,) = fuser.tick(34.0)
+    assert (found.kind, found.subject.rank) == ("loss_spike", 1)
+
+
+def test_a_generic_finding_waits_for_the_specific_one_on_its_subject() -> None:
+    fuser = Fuser()
+    fuser.add(_f("metric_outlier", R3, 10, gpu_util=30.0))
+    assert fuser.tick(14.0) == []  # held: something more specific may still come
+    fuser.add(_f("dataloader_stall", R3, 15, data_wait_ms=900.0))
+    (found,) = fuser.tick(17.0)
+    assert found.kind == "dataloader_stall"
+    assert found.evidence["gpu_util"] == 30.0
