@@ -26,6 +26,7 @@ from collector.types import Frame, Sample
 from collector.vocabulary import canonical_values
 from detectors.base import Detector
 from detectors.config import DetectorsConfig, DetectorSpec
+from detectors.edge import derive
 from detectors.fusion import FusionPolicy
 from detectors.hang import FR_BEHIND, FR_PENDING
 from detectors.pipeline import DetectorPipeline
@@ -118,17 +119,9 @@ def peer_features(values: Mapping[str, float]) -> dict[str, float]:
     {'step_time': 0.5, 'collective_time': 0.1, 'section.data': 0.05,
      'comm_ms': 100.0, 'data_wait_ms': 50.0, 'compute_ms': 350.0}
     """
+    canon = derive(canonical_values(values))  # the hook's names are the features' aliases
     out = dict(values)
-    canon = canonical_values(values)  # the hook's names are aliases of the peer features
-    comm, data = canon.get("comm_ms"), canon.get("data_wait_ms")
-    if comm is not None:
-        out["comm_ms"] = comm
-    if data is not None:
-        out["data_wait_ms"] = data
-    if "step_time" in canon:
-        checkpoint = 1000.0 * canon.get("section.checkpoint", 0.0)
-        own = 1000.0 * canon["step_time"] - (comm or 0.0) - (data or 0.0) - checkpoint
-        out["compute_ms"] = max(own, 0.0)
+    out.update({k: canon[k] for k in ("comm_ms", "data_wait_ms", "compute_ms") if k in canon})
     return out
 
 
