@@ -29,6 +29,7 @@ from detectors.config import DetectorsConfig, DetectorSpec
 from detectors.edge import derive
 from detectors.fusion import FusionPolicy
 from detectors.hang import FR_BEHIND, FR_PENDING
+from detectors.peer import PeerFeature
 from detectors.pipeline import DetectorPipeline
 from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
 from detectors.rules import NonFiniteLoss, ProcessExit
@@ -39,9 +40,11 @@ from detectors.types import Finding
 _NOT_FOR_FUSION = PROC_FEATURES | {"in_collective", "pause"}
 
 #: The live peer comparison: compute, data wait and collective time, in milliseconds.
-LIVE_PEER_FEATURES: Mapping[str, tuple[object, ...]] = {
-    "compute_ms": (1, "slow_rank"),
-    "data_wait_ms": (1, "dataloader_stall"),
+#: A rank's excess must also be 20 ms at least: a data wait of 1.8 ms against its peers'
+#: 0.5 ms is four times theirs and costs nothing.
+LIVE_PEER_FEATURES: Mapping[str, PeerFeature] = {
+    "compute_ms": PeerFeature(1, "slow_rank", min_abs=20.0, offset=False),
+    "data_wait_ms": PeerFeature(1, "dataloader_stall", min_abs=20.0, offset=False),
 }
 
 
