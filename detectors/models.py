@@ -38,17 +38,19 @@ class PCAModel:
     def __init__(self, variance: float = 0.95) -> None:
         self.variance = variance
         self.components_ = np.zeros((0, 0))
+        self.mean_ = np.zeros(0)
 
     def fit(self, x: np.ndarray) -> PCAModel:
         z = x[:, -1]
-        _, sing, vt = np.linalg.svd(z - z.mean(axis=0), full_matrices=False)
+        self.mean_ = z.mean(axis=0)
+        _, sing, vt = np.linalg.svd(z - self.mean_, full_matrices=False)
         share = np.cumsum(sing**2) / max(float((sing**2).sum()), 1e-12)
         keep = min(int(np.searchsorted(share, self.variance)) + 1, max(z.shape[1] - 1, 1))
         self.components_ = vt[:keep]
         return self
 
     def contributions(self, x: np.ndarray) -> np.ndarray:
-        z = x[:, -1]
+        z = x[:, -1] - self.mean_
         back = z @ self.components_.T @ self.components_
         residual: np.ndarray = (z - back) ** 2
         return residual
@@ -58,12 +60,13 @@ class PCAModel:
         return total
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        return {"components": self.components_}
+        return {"components": self.components_, "mean": self.mean_}
 
     @classmethod
     def from_arrays(cls, a: Mapping[str, np.ndarray]) -> PCAModel:
         model = cls()
         model.components_ = np.asarray(a["components"], dtype=float)
+        model.mean_ = np.asarray(a["mean"], dtype=float)
         return model
 
 
