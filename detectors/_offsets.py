@@ -27,21 +27,36 @@ class Offsets:
         self.enabled, self.alpha, self.settle = np.asarray(enabled, dtype=bool), alpha, settle
         self.factor = np.ones((0, len(self.enabled)))
         self.count = np.zeros((0, len(self.enabled)))
+        self._settled = False
+
+    def add(self, enabled: bool) -> None:
+        """One more feature, with offsets or without."""
+        self.enabled = np.append(self.enabled, enabled)
+        self.factor = np.pad(self.factor, ((0, 0), (0, 1)), constant_values=1.0)
+        self.count = np.pad(self.count, ((0, 0), (0, 1)))
+        self._settled = False
 
     def grow(self, size: int) -> None:
         extra = size - len(self.factor)
         if extra > 0:
             self.factor = np.pad(self.factor, ((0, extra), (0, 0)), constant_values=1.0)
             self.count = np.pad(self.count, ((0, extra), (0, 0)))
+            self._settled = False
 
-    def learning(self) -> np.ndarray:
+    def learning(self) -> np.ndarray | None:
         """Cells whose offset rests on fewer than ``settle`` reports: they learn from
-        every report and are not judged yet."""
-        return self.enabled & (self.count < self.settle)
+        every report and are not judged yet (None once every cell has settled)."""
+        if self._settled:
+            return None
+        cells: np.ndarray = self.enabled & (self.count < self.settle)
+        self._settled = not cells.any()
+        return None if self._settled else cells
 
     def forget(self, rows: np.ndarray) -> None:
         """Starts the offsets of ``rows`` again (after a relaunch)."""
-        self.count[rows] = 0.0
+        if rows.any():
+            self.count[rows] = 0.0
+            self._settled = False
 
     def remove(self, x: np.ndarray) -> np.ndarray:
         """The values with each rank's learnt factor divided out."""

@@ -73,6 +73,7 @@ class PeerCore:
         self.normal = np.zeros((0, 0), dtype=np.int32)
         self.fired = np.zeros((0, 0), dtype=bool)
         self._bits = np.zeros((0, 0), dtype=np.uint8)  # which of the last reports beat it
+        self._active = np.zeros(0, dtype=bool)  # slots with any state worth updating
         self._seen = np.zeros((0, 0), dtype=np.int8)  # reports so far, up to _OF
         self._rng = np.random.default_rng(0)
         self._sample: np.ndarray | None = None
@@ -97,13 +98,11 @@ class PeerCore:
         self._sign = np.append(self._sign, float(sign))
         self._shift = np.append(self._shift, shift)
         self._abs = np.append(self._abs, min_abs)
-        self.offsets.enabled = np.append(self.offsets.enabled, offset)
         pad = ((0, 0), (0, 1))
         self.count, self.normal = np.pad(self.count, pad), np.pad(self.normal, pad)
         self.fired = np.pad(self.fired, pad)
         self._bits, self._seen = np.pad(self._bits, pad), np.pad(self._seen, pad)
-        self.offsets.factor = np.pad(self.offsets.factor, pad, constant_values=1.0)
-        self.offsets.count = np.pad(self.offsets.count, pad)
+        self.offsets.add(offset)
 
     def compare(self, batch: StepBatch, raw: np.ndarray, min_ranks: int) -> Comparison | None:
         """Updates persistence with one step's ``raw`` values (rows of ``batch``)."""
@@ -121,32 +120,54 @@ class PeerCore:
         x = self.offsets.remove(x)
         med, scale = self._peer_stats(x)
         signed = x - med
-        dev = np.where(self._sign == 0, np.abs(signed), signed * self._sign)
+        dev = signed * self._sign
+        if (self._sign == 0).any():
+            dev = np.where(self._sign == 0, np.abs(signed), dev)
         bar = np.maximum(np.maximum(self.z * scale, self._shift * np.abs(med)), self._abs)
         learning = self.offsets.learning()  # offsets not known yet: learn, do not judge
         with np.errstate(invalid="ignore"):
-            beats = (dev > bar) & ~learning
-            calm = (np.abs(signed) < 0.5 * bar) | learning
+            beats = dev > bar
+        if learning is not None:
+            beats &= ~learning
         self._calls += 1
         if len(x) <= _SAMPLE or self._calls % 4 == 0:  # at scale, offsets learn every 4th
-            self.offsets.learn(x * self.offsets.factor, med, calm & reported)
-        out = self._vote(beats, reported) & beats  # fires on a report that is out itself
-        self.count = np.where(reported, (self.count + 1) * out, self.count)
-        self.normal = np.where(reported, (self.normal + 1) * calm, self.normal)
-        self.fired &= self.normal < self.clear
-        new = (self.count >= self._persist) & ~self.fired
+            self.offsets.learn(x * self.offsets.factor, med, self._calm(signed, bar, learning))
+        self._seen = np.minimum(self._seen + reported, _OF).astype(np.int8)
+        # Only ranks out now or with state (recent reports beyond the bar, a count, a
+        # fired finding) need the rest; at 100k ranks they are a handful.
+        rows = np.flatnonzero(beats.any(axis=1) | self._active)
+        new = np.zeros(x.shape, dtype=bool)
+        if len(rows):
+            calm = self._calm(signed[rows], bar, None if learning is None else learning[rows])
+            new[rows] = self._update(rows, beats[rows], reported[rows], calm)
         # A node's other ranks count as going out with it when they are out too, or beat
         # the bar now: noise alone must not make one rank's fault its node's.
-        together = beats | (self.count > 0)
+        together = beats | (self.count > 0) if new.any() else beats
         return Comparison(x, med, scale, new, together)
 
-    def _vote(self, beats: np.ndarray, reported: np.ndarray) -> np.ndarray:
-        """Cells where at least ``votes`` of the last five reports beat the bar (all of
-        them while a cell has fewer reports than that)."""
-        bits = ((self._bits.astype(np.int16) << 1) | beats) & _KEEP
-        self._bits = np.where(reported, bits, self._bits).astype(np.uint8)
-        self._seen = np.where(reported, np.minimum(self._seen + 1, _OF), self._seen)
-        return _POPCOUNT[self._bits] >= np.minimum(self._seen, self._votes)
+    @staticmethod
+    def _calm(signed: np.ndarray, bar: np.ndarray, learning: np.ndarray | None) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            calm: np.ndarray = np.abs(signed) < 0.5 * bar
+        return calm if learning is None else calm | learning
+
+    def _update(
+        self, rows: np.ndarray, beats: np.ndarray, reported: np.ndarray, calm: np.ndarray
+    ) -> np.ndarray:
+        """Votes, persistence and re-arming of the given slots; their newly confirmed cells.
+        A rank is out when at least ``votes`` of its last five reports beat the bar (all of
+        them while it has fewer reports than that) and this one does too."""
+        shifted = ((self._bits[rows].astype(np.int16) << 1) | beats) & _KEEP
+        bits = np.where(reported, shifted, self._bits[rows]).astype(np.uint8)
+        self._bits[rows] = bits
+        out = (_POPCOUNT[bits] >= np.minimum(self._seen[rows], self._votes)) & beats
+        count = np.where(reported, (self.count[rows] + 1) * out, self.count[rows])
+        normal = np.where(reported, (self.normal[rows] + 1) * calm, self.normal[rows])
+        fired = self.fired[rows] & (normal < self.clear)
+        self.count[rows], self.normal[rows], self.fired[rows] = count, normal, fired
+        self._active[rows] = (bits != 0).any(axis=1) | (count > 0).any(axis=1) | fired.any(axis=1)
+        confirmed: np.ndarray = (count >= self._persist) & ~fired
+        return confirmed
 
     def gather(self, batch: StepBatch) -> np.ndarray | None:
         """The batch's columns of the watched features (NaN where one is not reported);
@@ -183,4 +204,5 @@ class PeerCore:
             self.count, self.normal = np.pad(self.count, pad), np.pad(self.normal, pad)
             self.fired = np.pad(self.fired, pad)
             self._bits, self._seen = np.pad(self._bits, pad), np.pad(self._seen, pad)
+            self._active = np.pad(self._active, (0, extra))
             self.offsets.grow(size)
