@@ -35,7 +35,7 @@ from detectors.stepbatch import StepBatch  # noqa: E402
 
 def pandas_peer(long: pd.DataFrame, z: float = 6.0, min_shift: float = 0.06) -> pd.Series:
     """The baseline: the same robust peer comparison with a pandas groupby per metric."""
-    sign = long["metric"].map({k: v[0] for k, v in DEFAULT_FEATURES.items()})
+    sign = long["metric"].map({k: v.direction for k, v in DEFAULT_FEATURES.items()})
     grouped = long.groupby("metric")["value"]
     med = grouped.transform("median")
     mad = (long["value"] - med).abs().groupby(long["metric"]).transform("median")
@@ -57,6 +57,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=100_000)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument(
+        "--warm", type=int, default=70, help="steps run first: past every warm-up (since_launch)"
+    )
     args = parser.parse_args()
     trace = generate(
         TraceSpec(nodes=args.ranks // 8, ranks_per_node=8, faults=(), steps=args.steps, seed=0)
@@ -76,10 +79,12 @@ def main() -> None:
     ]
     peer = PeerOutlier()
     pipeline = DetectorsConfig().build()
-    peer.process_step(batches[0])  # first call sizes the state arrays
-    pipeline.process_step(batches[0])
-    ours = _median_ms(lambda i: peer.process_step(_step(batches, i)), args.steps)
-    whole = _median_ms(lambda i: pipeline.process_step(_step(batches, i)), args.steps)
+    for i in range(args.warm):  # sizes the state arrays, learns offsets, ends the warm-up
+        peer.process_step(_step(batches, i))
+        pipeline.process_step(_step(batches, i))
+    w = args.warm
+    ours = _median_ms(lambda i: peer.process_step(_step(batches, w + i)), args.steps)
+    whole = _median_ms(lambda i: pipeline.process_step(_step(batches, w + i)), args.steps)
     base = _median_ms(lambda i: pandas_peer(longs[i % len(longs)]), args.steps)
     print(f"ranks={len(trace.ranks)} metrics={len(trace.metrics)} watched={len(watched)}")
     print(f"peer detector       {ours:8.1f} ms/step")

@@ -17,36 +17,16 @@ from pathlib import Path
 
 from detectors.eval.nab import STANDARD, FileScore, normalised_score, probation_length, score_file
 from detectors.eval.nab_corpus import NabFile, load_corpus
-from detectors.univariate import RecordDetector
+from detectors.eval.nab_loco import GRID, detector_for
 
-#: record span and quiet spell in probations, sustain z, relaxed bar, season correlation
-#: (2.0: never a season), warm-up in probations.
-GRID = {
-    "record": (1, 2, 4),
-    "sustain_z": (3.0, 4.5),
-    "relaxed": (0.5, 1.0),
-    "quiet": (2, 4),
-    "season_corr": (0.6, 0.8, 2.0),
-    "warmup": (0.0, 0.25),
-}
 Setting = tuple[float, ...]
 
 
 def _scores(files: list[NabFile], setting: Setting) -> list[FileScore]:
-    record, sustain_z, relaxed, quiet, season_corr, warmup = setting
     out = []
     for f in files:
         probation = probation_length(len(f.values))
-        span = max(probation, 50)
-        detector = RecordDetector(
-            record_window=int(record * span),
-            sustain_z=sustain_z,
-            relaxed=relaxed,
-            quiet=int(quiet * span),
-            season_corr=season_corr,
-            warmup=int(warmup * probation),
-        )
-        flags = detector.detect(f.values, probation).flags
+        flags = detector_for(setting, probation).detect(f.values, probation).flags
         out.append(score_file(flags, f.windows, STANDARD))
     return out
 

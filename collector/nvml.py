@@ -20,6 +20,7 @@ from typing import Any
 from collector.errors import CollectorError
 from collector.events import Event
 from collector.types import Sample
+from collector.vocabulary import canonical
 from collector.xid import lookup, xid_labels
 
 try:  # the gpu extra; absent on CPU-only machines
@@ -70,7 +71,7 @@ class NvmlPoller:
     Example:
         >>> from collector.testing import FakeNVML
         >>> poller = NvmlPoller(node="n1", nvml=FakeNVML(gpus=1), clock=lambda: 0.0)
-        >>> [s.value for s in poller.collect() if s.name == "gpu_temp_c"]
+        >>> [s.value for s in poller.collect() if s.name == "gpu_temp"]
         [45.0]
     """
 
@@ -128,7 +129,8 @@ class NvmlPoller:
         return {labels["pci"]: labels["gpu"] for labels in self._labels if "pci" in labels}
 
     def collect(self) -> list[Sample]:
-        """One reading of every GPU, plus ``gpu_xid`` samples for XIDs since the last one."""
+        """One reading of every GPU in canonical names (collector.vocabulary), plus
+        ``gpu_xid`` samples for XIDs since the last one."""
         try:
             self.start()
         except Exception as exc:  # NVML gone (driver unloaded): count it, never raise
@@ -137,8 +139,11 @@ class NvmlPoller:
         now = self._clock()
         samples: list[Sample] = []
         for index, handle in enumerate(self._handles):
-            for name, value in self._read_gpu(index, handle):
-                samples.append(Sample(name, float(value), now, self._labels[index]))
+            for raw_name, raw_value in self._read_gpu(index, handle):
+                # NVML's own names stay inside (dropped counters, the fake's keys); what
+                # leaves is the canonical vocabulary, in its units (bytes -> GB).
+                name, value = canonical(raw_name, float(raw_value))
+                samples.append(Sample(name, value, now, self._labels[index]))
         events = self._drain_xids(now)
         self.events.extend(events)
         del self.events[:-1000]  # keep the latest only

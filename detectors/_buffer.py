@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from collector.types import Frame, Subject
 from detectors.stepbatch import StepBatch
+from detectors.types import Finding
 
 _Row = tuple[Subject, int, float, dict[str, float]]
 
@@ -45,3 +48,27 @@ class StepBuffer:
         rows = self._steps.pop(step)
         self._expected = max(self._expected, len(rows))
         return StepBatch.from_frames([Frame(*row) for row in rows.values()])
+
+
+class Stepwise:
+    """The per-frame protocol of a detector that works on whole steps (``process_step``):
+    frames are gathered by a StepBuffer and compared a step at a time."""
+
+    _stepwise_buffer: StepBuffer | None = None
+
+    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
+        raise NotImplementedError
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        if self._stepwise_buffer is None:
+            self._stepwise_buffer = StepBuffer()
+        return [f for b in self._stepwise_buffer.add(frame) for f in self.process_step(b)]
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return ()
+
+    def flush(self) -> Sequence[Finding]:
+        """Evaluates the step still buffered (at the end of a stream)."""
+        if self._stepwise_buffer is None:
+            return []
+        return [f for b in self._stepwise_buffer.flush() for f in self.process_step(b)]

@@ -30,6 +30,18 @@ class RobustWindow:
         med = float(np.median(arr))
         return med, 1.4826 * float(np.median(np.abs(arr - med)))
 
+    def local(self, recent: int) -> tuple[float, float]:
+        """The level of the last ``recent`` values (their median) and the series' noise
+        from its step-to-step changes, which a slow trend (a falling loss) does not
+        inflate as it inflates the spread of the values themselves."""
+        arr = np.fromiter(self.values, dtype=float)
+        level = float(np.median(arr[-recent:]))
+        if len(arr) < 3:
+            return level, 0.0
+        diffs = np.diff(arr)
+        mad = float(np.median(np.abs(diffs - np.median(diffs))))
+        return level, 1.4826 * mad / np.sqrt(2.0)
+
 
 def job_value(batch: StepBatch, feature: str) -> float | None:
     """The job-wide value of a feature at a step: the median over ranks (robust to one rank)."""

@@ -48,11 +48,13 @@ DEFAULT_SPECS: tuple[DetectorSpec, ...] = (
     DetectorSpec("xid"),
     DetectorSpec("memory_fatal"),
     DetectorSpec("collective_timeout"),
-    DetectorSpec("collective_hang"),
+    DetectorSpec("collective_hang", {"k": 4.0, "min_silence_s": 15.0}),
     DetectorSpec("peer_outlier"),
+    DetectorSpec("trend"),
+    DetectorSpec("generic_peer"),
     DetectorSpec("loss_spike"),
     DetectorSpec("grad_norm_spike"),
-    DetectorSpec("throughput_change"),
+    DetectorSpec("throughput_change", {"h": 1.0}),
     DetectorSpec("divergence"),
 )
 

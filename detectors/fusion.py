@@ -13,6 +13,10 @@ Rules, in order:
     a fail-slow (WARN) incident opened in the last ``ongoing_window`` steps may still be on
     (they last minutes to tens of minutes); an unexplained one is held ``symptom_window``
     steps for its explanation before it is released.
+  * generic findings (``metric_outlier``, ``multivariate``) are held ``symptom_window``
+    steps, so a specific finding on their subject names the fault and absorbs them.
+  * causes: a gradient-norm spike that comes with a loss spike or a NaN (on any subject,
+    within ``hold_steps``) is their effect through the all-reduce and merges into them.
   * fan-in: a job-wide kind (loss spike, divergence, ...) released on several ranks at
     once becomes one job finding, which absorbs the same kind from later ranks.
   * flap suppression: a subject that opened ``flap_max`` incidents within ``flap_window``
@@ -46,11 +50,19 @@ PRECEDENCE: tuple[str, ...] = (
     "grad_spike",
     "divergence",
     "multivariate",
+    "metric_outlier",
     "throughput_drop",
 )
 SYMPTOMS = frozenset({"throughput_drop"})
+#: Findings that say something is off without saying what: held as long as symptoms, so
+#: a specific finding on the same subject (a data-loader stall behind a GPU's idle
+#: utilisation) names the fault and absorbs them.
+GENERIC = frozenset({"metric_outlier", "multivariate"})
+#: Kinds that another kind causes on other subjects too: a rank's NaN or loss spike goes
+#: through the all-reduce into every rank's gradient norm.
+CAUSES = {"grad_spike": frozenset({"loss_spike", "nan"})}
 #: Kinds about the whole job: seen on several ranks at once, they are one job finding.
-JOB_WIDE = frozenset({"loss_spike", "grad_spike", "divergence", "throughput_drop"})
+JOB_WIDE = frozenset({"loss_spike", "grad_spike", "divergence", "throughput_drop", "multivariate"})
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARN: 1, Severity.CRITICAL: 2}
 
 

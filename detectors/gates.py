@@ -73,8 +73,13 @@ class ThresholdGate:
 class QuantileGate(ThresholdGate):
     """Fires when the score exceeds the ``q`` quantile of its recent scores.
 
-    The detector picks its own threshold from the scores it has seen: nothing labelled is
-    needed. No finding during the first ``warmup`` scores.
+    The detector picks its own threshold from the scores it has seen and did not flag
+    (a long anomaly must not raise the bar it is judged by): nothing labelled is needed.
+    No finding during the first ``warmup`` scores.
+
+    Raises:
+        ValueError: q outside [0.5, 1), or a warm-up longer than the history kept (the
+            gate could never fire).
     """
 
     def __init__(
@@ -90,6 +95,8 @@ class QuantileGate(ThresholdGate):
     ) -> None:
         if not 0.5 <= q < 1.0:
             raise ValueError(f"q must be in [0.5, 1), got {q}")
+        if warmup > window:
+            raise ValueError(f"warmup ({warmup}) exceeds the scores kept ({window}): never fires")
         super().__init__(scorer, float("inf"), kind, name, protect)
         self.q, self.warmup, self.margin = q, warmup, margin
         self._scores: deque[float] = deque(maxlen=window)
@@ -97,6 +104,7 @@ class QuantileGate(ThresholdGate):
     def threshold_for(self, score: float) -> float:
         enough = len(self._scores) >= self.warmup
         limit = float(np.quantile(self._scores, self.q)) * self.margin if enough else np.inf
-        if np.isfinite(score):
+        limit = limit if limit > 0 else np.inf
+        if np.isfinite(score) and score < limit:  # what it flags never raises its own bar
             self._scores.append(score)
-        return limit if limit > 0 else np.inf
+        return limit

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collector.types import JOB, Frame, Subject
+from collector.vocabulary import canonical_name
 from detectors._series import JobSeries, RobustWindow, finite
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
@@ -25,10 +26,13 @@ class _State:
 class SeriesSpike(JobSeries):
     """Fires when a series jumps above its recent level: loss spikes, grad-norm spikes.
 
-    A value is a spike when it exceeds the median of the last ``window`` values by ``z``
-    robust standard deviations *and* by ``min_ratio`` times the median (so a flat, noiseless
-    series does not fire on rounding). Spikes are not learned (the baseline stays clean);
-    after firing, the detector re-arms once ``clear`` consecutive values are normal again.
+    A value is a spike when it exceeds the level of the last ``recent`` values (their
+    median) by ``z`` times the series' noise *and* by ``min_ratio`` times that level (so a
+    flat, noiseless series does not fire on rounding). The noise is measured on the
+    step-to-step changes over the last ``window`` values, so a loss that falls fast early
+    in training does not hide a spike behind its own trend. Spikes are not learned (the
+    baseline stays clean); after firing, the detector re-arms once ``clear`` consecutive
+    values are normal again.
     In step mode it watches the job-wide value: the median over ranks, or with
     ``reduce="max"`` the highest rank's value, so a spike on one rank (its bad batch) is
     seen too and the finding names that rank.
@@ -51,14 +55,16 @@ class SeriesSpike(JobSeries):
         warmup: int = 10,
         clear: int = 5,
         reduce: str = "median",
+        recent: int = 5,
     ) -> None:
         if reduce not in ("median", "max"):
             raise DetectorError(f"reduce must be 'median' or 'max', got {reduce!r}")
         self.reduce = reduce
-        self.feature, self.kind = feature, kind
+        self.feature, self.kind = canonical_name(feature), kind
         self.name = kind
         self.z, self.min_ratio = z, min_ratio
         self.window, self.warmup, self.clear = window, warmup, clear
+        self.recent = recent
         self._states: dict[Subject, _State] = {}
 
     def score_one(self, frame: Frame) -> float:
@@ -67,9 +73,9 @@ class SeriesSpike(JobSeries):
         value = finite(frame, self.feature)
         if state is None or value is None or len(state.window) < self.warmup:
             return 0.0
-        med, scale = state.window.stats()
-        floor = max(scale, self.min_ratio * abs(med) / self.z, 1e-12)
-        return max(0.0, (value - med) / floor)
+        level, noise = state.window.local(self.recent)
+        floor = max(noise, self.min_ratio * abs(level) / self.z, 1e-12)
+        return max(0.0, (value - level) / floor)
 
     def learn_one(self, frame: Frame) -> None:
         value = finite(frame, self.feature)
@@ -102,7 +108,7 @@ class SeriesSpike(JobSeries):
         if state.fired:
             return ()
         state.fired = True
-        med, _ = state.window.stats()
+        med, _ = state.window.local(self.recent)
         evidence = {
             self.feature: value,
             f"{self.feature}_baseline": med,
@@ -164,7 +170,7 @@ class Divergence(JobSeries):
         persistence: int = 20,
         warmup: int = 50,
     ) -> None:
-        self.feature, self.alpha, self.rise = feature, alpha, rise
+        self.feature, self.alpha, self.rise = canonical_name(feature), alpha, rise
         self.persistence, self.warmup = persistence, warmup
         self._ema: dict[Subject, float] = {}
         self._best: dict[Subject, float] = {}

@@ -13,7 +13,10 @@ import numpy as np
 
 from collector.types import JOB, Frame, Subject
 from detectors.base import Detector
+from detectors.edge import Edge
 from detectors.fusion import (
+    CAUSES,
+    GENERIC,
     JOB_WIDE,
     SYMPTOMS,
     FusionPolicy,
@@ -48,6 +51,9 @@ class Fuser:
             return []
         if self._noted_already(finding, now):
             return []
+        if self._caused(finding, now):
+            return []
+        finding = self._absorb_held_effects(finding, now)
         if finding.kind not in SYMPTOMS:
             finding = self._absorb_held_symptoms(finding)
         for inc in self.incidents:
@@ -81,6 +87,35 @@ class Fuser:
         noted = Incident(finding, now, released=True, opened_at=now)
         self._history.append(noted)  # where symptoms look for their cause
         self._noted.append(noted)
+
+    def _caused(self, finding: Finding, now: float) -> bool:
+        """Whether an incident of a kind that causes this one (``CAUSES``) opened within
+        ``hold_steps``, on any subject: one rank's NaN or loss spike is every rank's
+        gradient spike after the all-reduce. The effect is merged into its cause."""
+        causes = CAUSES.get(finding.kind)
+        if not causes:
+            return False
+        for inc in [*self.incidents, *self._noted]:
+            if inc.finding.kind in causes and abs(now - inc.opened_at) <= self.policy.hold_steps:
+                if not inc.released:
+                    inc.finding = merge(inc.finding, finding)
+                return True
+        return False
+
+    def _absorb_held_effects(self, cause: Finding, now: float) -> Finding:
+        """Held effects of this cause (a gradient spike reported a moment before the rank's
+        loss spike that caused it) merge into it."""
+        held = [
+            inc
+            for inc in self.incidents
+            if not inc.released
+            and cause.kind in CAUSES.get(inc.finding.kind, ())
+            and abs(now - inc.opened_at) <= self.policy.hold_steps
+        ]
+        for inc in held:
+            self.incidents.remove(inc)
+            cause = merge(cause, inc.finding)
+        return cause
 
     def _noted_already(self, finding: Finding, now: float) -> bool:
         """Whether a noted finding of the same kind about the same subject covers it."""
@@ -148,8 +183,9 @@ class Fuser:
         return self._release(lambda inc: now - when(inc.finding) >= self._hold(inc.finding))
 
     def _hold(self, finding: Finding) -> float:
-        # A symptom waits longer: the specific fault that explains it may be slower to show.
-        if finding.kind in SYMPTOMS:
+        # A symptom, or a generic finding (one metric off, a learned score), waits longer:
+        # the specific fault that explains it may be slower to show.
+        if finding.kind in SYMPTOMS or finding.kind in GENERIC:
             return max(self.policy.hold_steps, self.policy.symptom_window)
         return self.policy.hold_steps
 
@@ -189,6 +225,10 @@ class Fuser:
 class DetectorPipeline:
     """Runs a list of Detectors over frames or whole steps and fuses what they find.
 
+    Frames and steps pass the ``Edge`` first (detectors.edge): they may name metrics by any
+    alias of collector.vocabulary, and derived features (``compute_ms``, counter rates,
+    ``since_launch``) are added, so every detector reads canonical names and units.
+
     It never raises into its caller: a detector that raises is logged once per error type
     and counted in ``errors``, and the others carry on. Detectors with ``process_step``
     take whole steps; the others get one Frame per rank (rules that declare ``FEATURES``
@@ -209,6 +249,7 @@ class DetectorPipeline:
         release_after_s: float = 30.0,
     ) -> None:
         self.detectors = list(detectors)
+        self.edge = Edge()
         self.fuser = Fuser(policy)
         self.release_after_s = release_after_s
         self.errors: dict[str, int] = {}
@@ -218,6 +259,7 @@ class DetectorPipeline:
         self._logged: set[tuple[str, str]] = set()
 
     def process(self, frame: Frame) -> list[Finding]:
+        frame = self.edge.frame(frame)
         raw: list[Finding] = []
         for det in self.detectors:
             raw += self._call(det, det.process, frame)
@@ -238,6 +280,7 @@ class DetectorPipeline:
 
     def process_step(self, batch: StepBatch) -> list[Finding]:
         """Runs every detector over one step of all ranks."""
+        batch = self.edge.batch(batch)
         raw: list[Finding] = []
         for det in self.detectors:
             step_fn = getattr(det, "process_step", None)

@@ -47,8 +47,9 @@ def load_plugins() -> None:
 
 def _register_builtins() -> None:
     from detectors.changepoint import ThroughputChange
+    from detectors.generic import GenericPeer
     from detectors.hang import CollectiveHang
-    from detectors.learned import autoencoder, isolation_forest, pca_reconstruction
+    from detectors.learned import autoencoder, isolation_forest, lstm_vae, pca_reconstruction
     from detectors.numerics import Divergence, grad_norm_spike, loss_spike
     from detectors.peer import PeerOutlier
     from detectors.progress import ProgressStall
@@ -59,6 +60,7 @@ def _register_builtins() -> None:
         ProcessExit,
         XidError,
     )
+    from detectors.trend import Trend
 
     register("process_exit", ProcessExit)
     register("non_finite_loss", NonFiniteLoss)
@@ -72,9 +74,12 @@ def _register_builtins() -> None:
     register("grad_norm_spike", grad_norm_spike)
     register("throughput_change", ThroughputChange)
     register("divergence", Divergence)
+    register("trend", Trend)
+    register("generic_peer", GenericPeer)
     register("isolation_forest", isolation_forest)
     register("pca_reconstruction", pca_reconstruction)
     register("autoencoder", autoencoder)
+    register("lstm_vae", lstm_vae)
 
 
 _register_builtins()

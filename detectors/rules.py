@@ -5,11 +5,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
 from collector.types import Frame
-from detectors.stepbatch import StepBatch
+from detectors.nonfinite import NonFiniteLoss
 from detectors.types import Finding, Severity
+
+__all__ = [
+    "CollectiveTimeout",
+    "MemoryFatal",
+    "NonFiniteLoss",
+    "ProcessExit",
+    "XidError",
+    "certain",
+]
 
 
 def certain(kind: str, frame: Frame, evidence: Mapping[str, float], detector: str) -> Finding:
@@ -45,49 +52,6 @@ class ProcessExit:
         if code < 0:
             evidence["signal"] = -code
         return (certain("process_exit", frame, evidence, self.name),)
-
-    def poll(self, now: float) -> Sequence[Finding]:
-        return ()
-
-
-class NonFiniteLoss:
-    """The loss or the gradient norm became NaN or infinite."""
-
-    name = "non_finite_loss"
-    FEATURES = ("loss", "grad_norm")
-
-    def process(self, frame: Frame) -> Sequence[Finding]:
-        bad = {
-            k: frame.values[k]
-            for k in self.FEATURES
-            if k in frame.values and not math.isfinite(frame.values[k])
-        }
-        if not bad:
-            return ()
-        return (certain("nan", frame, bad, self.name),)
-
-    def process_step(self, batch: StepBatch) -> Sequence[Finding]:
-        """The vectorised form of ``process``: only rows with a non-finite value cost Python.
-
-        Seeing the whole step, it names the source: when some ranks' loss is non-finite,
-        a rank with a finite loss but a non-finite gradient norm got that loss through the
-        all-reduce; it is not a fault of its own and gets no finding.
-        """
-        loss_ok = np.isfinite(batch.column("loss"))
-        bad_loss = batch.reported("loss") & ~loss_ok
-        bad_grad = batch.reported("grad_norm") & ~np.isfinite(batch.column("grad_norm"))
-        if bad_loss.any():
-            bad_grad &= ~(batch.reported("loss") & loss_ok)  # spread from the bad loss
-        bad = bad_loss | bad_grad
-        findings: list[Finding] = []
-        for row in np.flatnonzero(bad):
-            values = {
-                f: float(batch.column(f)[row]) for f in self.FEATURES if batch.reported(f)[row]
-            }
-            findings.extend(
-                self.process(Frame(batch.subject(int(row)), batch.step, batch.time, values))
-            )
-        return findings
 
     def poll(self, now: float) -> Sequence[Finding]:
         return ()

@@ -23,10 +23,13 @@ from dataclasses import asdict, dataclass, replace
 
 from collector.frames import subject_of
 from collector.types import Frame, Sample
+from collector.vocabulary import canonical_values
 from detectors.base import Detector
 from detectors.config import DetectorsConfig, DetectorSpec
+from detectors.edge import derive
 from detectors.fusion import FusionPolicy
 from detectors.hang import FR_BEHIND, FR_PENDING
+from detectors.peer import PeerFeature
 from detectors.pipeline import DetectorPipeline
 from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
 from detectors.rules import NonFiniteLoss, ProcessExit
@@ -37,29 +40,45 @@ from detectors.types import Finding
 _NOT_FOR_FUSION = PROC_FEATURES | {"in_collective", "pause"}
 
 #: The live peer comparison: compute, data wait and collective time, in milliseconds.
-LIVE_PEER_FEATURES: Mapping[str, tuple[object, ...]] = {
-    "compute_ms": (1, "slow_rank"),
-    "data_wait_ms": (1, "dataloader_stall"),
+#: A rank's excess must also be 20 ms at least: a data wait of 1.8 ms against its peers'
+#: 0.5 ms is four times theirs and costs nothing.
+LIVE_PEER_FEATURES: Mapping[str, PeerFeature] = {
+    "compute_ms": PeerFeature(1, "slow_rank", min_abs=20.0, offset=False),
+    "data_wait_ms": PeerFeature(1, "dataloader_stall", min_abs=20.0, offset=False),
 }
 
 
 def live_specs() -> tuple[DetectorSpec, ...]:
     """The statistical detectors of a live run.
 
-    Peer outliers need a 50 % shift held 4 steps (a loaded host's jitter stays well under
-    it; an injected straggler is far over it); change points need a replica's or node's
-    step time doubled and held (on a shared 2-core host, healthy tiny steps of 25 to 35 ms
-    jump to 50 to 70 ms for several steps at a time, which a 50 % shift with ``h`` = 2 took
-    for a change point). Hangs are the progress detector's, which has the evidence (/proc)
-    that silence alone lacks.
+    Peer outliers need a 50 % shift in three of five steps, held two (a loaded host's
+    jitter stays well under it; an injected straggler is far over it); change points need
+    a replica's or node's step time doubled and held (on a shared 2-core host, healthy
+    tiny steps of 25 to 35 ms jump to 50 to 70 ms for several steps at a time, which a
+    50 % shift with ``h`` = 2 took for a change point). Hangs are the progress detector's,
+    which has the evidence (/proc) that silence alone lacks.
     """
     return (
         DetectorSpec(
             "peer_outlier",
-            {"features": LIVE_PEER_FEATURES, "min_shift": 0.5, "persistence": 4, "z": 6.0},
+            {
+                "features": LIVE_PEER_FEATURES,
+                "min_shift": 0.5,
+                "persistence": 2,
+                "z": 6.0,
+                "warmup": 5,
+                "offset_alpha": 0.0,  # a 50 % bar: GPUs' few per cent of spread are moot
+            },
         ),
-        DetectorSpec("loss_spike", {"reduce": "max"}),
-        DetectorSpec("grad_norm_spike"),
+        # The highest rank's loss over a batch of a few dozen tokens doubles now and then in
+        # a healthy run (the base preset, 2 x 32 tokens): a live spike must be three times
+        # its level, a gradient-norm spike twice it, neither judged in the first 20 steps.
+        DetectorSpec("loss_spike", {"reduce": "max", "min_ratio": 2.0, "warmup": 20}),
+        DetectorSpec("grad_norm_spike", {"min_ratio": 1.0, "warmup": 20}),
+        # A metric no one reads (a user's own, a GPU's utilisation) needs the live peer bar
+        # too; a leak is a trend whatever the host's jitter.
+        DetectorSpec("generic_peer", {"min_shift": 0.5, "warmup": 5}),
+        DetectorSpec("trend", {"warmup": 5}),
         DetectorSpec(
             "throughput_change",
             {"feature": "step_time.max", "min_shift": 1.0, "h": 8.0, "warmup": 10},
@@ -103,16 +122,9 @@ def peer_features(values: Mapping[str, float]) -> dict[str, float]:
     {'step_time': 0.5, 'collective_time': 0.1, 'section.data': 0.05,
      'comm_ms': 100.0, 'data_wait_ms': 50.0, 'compute_ms': 350.0}
     """
+    canon = derive(canonical_values(values))  # the hook's names are the features' aliases
     out = dict(values)
-    comm = values.get("collective_time", 0.0)
-    data = values.get("section.data", 0.0)
-    if "collective_time" in values:
-        out["comm_ms"] = 1000.0 * comm
-    if "section.data" in values:
-        out["data_wait_ms"] = 1000.0 * data
-    if "step_time" in values:
-        own = values["step_time"] - comm - data - values.get("section.checkpoint", 0.0)
-        out["compute_ms"] = 1000.0 * max(own, 0.0)
+    out.update({k: canon[k] for k in ("comm_ms", "data_wait_ms", "compute_ms") if k in canon})
     return out
 
 

@@ -20,9 +20,16 @@ ALLOWED = {
 }
 # Modules of another package that are "records" (or a store reader) and may be imported.
 RECORD_MODULES = {
-    "remediation": {"detectors.types", "ft_runtime.types", "ft_runtime.base", "collector.types"},
+    "remediation": {
+        "detectors.types",
+        "ft_runtime.types",
+        "ft_runtime.base",
+        "collector.types",
+        "collector.vocabulary",
+    },
     "dashboard": {
         "collector.types",
+        "collector.vocabulary",
         "detectors.types",
         "ft_runtime.types",
         "remediation.types",
@@ -32,7 +39,7 @@ RECORD_MODULES = {
         "eagleeye.errors",
         "ft_runtime.planner.plan",  # the planner's public API, for the what-if page
     },
-    "detectors": {"collector.types"},
+    "detectors": {"collector.types", "collector.vocabulary"},
 }
 
 

@@ -2,7 +2,9 @@
 
 Rows: ``time, step, job, replica, node, rank, metric, value`` (CSV or Parquet). Rows of one
 observation share its ``(step, time)``; several observations may share a step (heartbeats
-of a job stuck on that step). Labels: a JSON list of ``{kind, subject, start_step,
+of a job stuck on that step). Metric names may be any alias of collector.vocabulary
+(``DCGM_FI_DEV_GPU_TEMP``, ``gpu_temp_c``, ``step_time_ms``): they are read in canonical
+names and units. Labels: a JSON list of ``{kind, subject, start_step,
 end_step}``, where ``subject`` is ``"rank:<n>"``, ``"node:<name>"``, ``"replica:<n>"`` or
 ``"job"``. See docs/trace-format.md.
 """
@@ -19,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from collector.types import Subject
+from collector.vocabulary import canonical_name, scale_of
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
 
@@ -123,6 +126,7 @@ class Trace:
                 f"trace holds {len(jobs)} jobs ({', '.join(jobs[:3])}, ...); "
                 "split it into one trace per job"
             )
+        rows = _canonical_rows(rows)
         ticks = rows[["step", "time"]].drop_duplicates().sort_values(["time", "step"])
         tick_of = {(s, t): i for i, (s, t) in enumerate(ticks.itertuples(index=False))}
         rank_info = rows.drop_duplicates("rank").sort_values("rank")
@@ -148,6 +152,28 @@ class Trace:
             present,
             tuple(labels),
         )
+
+
+def _canonical_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Metric names and values in the canonical vocabulary (collector.vocabulary).
+
+    A trace may name a metric as DCGM or NVML does, or in another unit; where a rank reports
+    one metric under its canonical name and an alias in the same observation, the canonical
+    row wins.
+    """
+    raw = rows["metric"].astype(str)
+    names = raw.unique()
+    canon = {n: canonical_name(n) for n in names}
+    if all(canon[n] == n for n in names):
+        return rows
+    rows = rows.assign(
+        metric=raw.map(canon),
+        value=rows["value"].to_numpy(dtype=float) * raw.map(scale_of).to_numpy(dtype=float),
+        _alias=(raw != raw.map(canon)).to_numpy(),
+    )
+    rows = rows.sort_values("_alias", ascending=False, kind="stable")
+    rows = rows.drop_duplicates(["step", "time", "rank", "metric"], keep="last")
+    return rows.drop(columns="_alias")
 
 
 def write_trace(trace: Trace, path: Path) -> None:

@@ -36,7 +36,64 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="the detector set of live runs (for traces exported with `eagleeye eval export`)",
     )
+    learned = p.add_argument_group("learned scorers (multivariate, per rank)")
+    learned.add_argument(
+        "--fit",
+        type=Path,
+        metavar="HEALTHY",
+        default=None,
+        help="fit the learned scorers on a healthy trace, then score INPUT with them",
+    )
+    learned.add_argument(
+        "--model", type=Path, default=None, help="score with the scorers of a saved model file"
+    )
+    learned.add_argument(
+        "--save-model", type=Path, default=None, help="write the scorers fitted by --fit (.npz)"
+    )
+    learned.add_argument(
+        "--learned",
+        default="pca,isolation_forest,autoencoder,lstm_vae",
+        help="the scorers --fit fits (default: pca,isolation_forest,autoencoder,lstm_vae)",
+    )
+    learned.add_argument(
+        "--refit",
+        type=int,
+        default=0,
+        metavar="N",
+        help="refit a fitted scorer every N vectors it did not flag (default 0: frozen)",
+    )
+    learned.add_argument(
+        "--scores",
+        type=Path,
+        default=None,
+        help="write every scored vector (step,time,rank,scorer,score,threshold) as CSV",
+    )
     p.set_defaults(func=_detect)
+
+
+def _learned(args: argparse.Namespace) -> list:  # type: ignore[type-arg]
+    """The learned scorers asked for: fitted on --fit, or loaded from --model."""
+    from detectors.eval.learning import fit_scorers
+    from detectors.modelfile import load_models, save_models
+
+    if args.fit and args.model:
+        raise EagleEyeError("--fit and --model both give the learned scorers; give one")
+    if args.save_model and not args.fit:
+        raise EagleEyeError("--save-model writes what --fit fitted: give --fit HEALTHY")
+    if args.model:
+        return load_models(args.model, refit_every=args.refit)
+    if not args.fit:
+        if args.scores:
+            raise EagleEyeError(
+                "--scores writes the learned scorers' scores: give --fit or --model"
+            )
+        return []
+    names = [n.strip() for n in args.learned.split(",") if n.strip()]
+    scorers = fit_scorers(args.fit, names, refit_every=args.refit)
+    if args.save_model:
+        save_models(args.save_model, scorers)
+        print(f"saved {len(scorers)} fitted scorers to {args.save_model}", file=sys.stderr)
+    return scorers
 
 
 def _detect(args: argparse.Namespace) -> int:
@@ -59,7 +116,8 @@ def _detect(args: argparse.Namespace) -> int:
                 from eagleeye.detection import replay_config
 
                 config = replay_config()
-            count = write_findings(detect_trace(args.input, config), out)
+            scorers = _learned(args)
+            count = write_findings(detect_trace(args.input, config, scorers, args.scores), out)
             print(f"{count} findings", file=sys.stderr)
     finally:
         if args.output:

@@ -22,16 +22,23 @@ def add_parser(sub: Any) -> None:
     modes = p.add_subparsers(dest="mode", metavar="MODE", required=True)
     g = modes.add_parser("generated", help="fault-injected traces of every class + healthy ones")
     g.add_argument(
+        "--generator",
+        choices=("default", "fleet"),
+        default="default",
+        help="default: independent draws per step; fleet: an event simulation of a "
+        "synchronous job and its sources, designed apart (default: default)",
+    )
+    g.add_argument(
         "--seeds",
         type=_range,
-        default=range(5000, 5020),
-        help="seeds of faulty traces, A-B inclusive (default: 5000-5019)",
+        default=None,
+        help="seeds of faulty traces, A-B inclusive (default: 5000-5019; fleet 7000-7019)",
     )
     g.add_argument(
         "--healthy-seeds",
         type=_range,
-        default=range(6000, 6002),
-        help="seeds of healthy traces (default: 6000-6001)",
+        default=None,
+        help="seeds of healthy traces (default: 6000-6001; fleet 8000-8001)",
     )
     g.add_argument("--nodes", type=int, default=8, help="nodes per faulty trace (default: 8)")
     g.add_argument("--ranks-per-node", type=int, default=8, help="(default: 8)")
@@ -47,6 +54,12 @@ def add_parser(sub: Any) -> None:
         help=f"NAB corpus folder with windows.json and data/ (default: {DEFAULT_NAB})",
     )
     n.add_argument(
+        "--loco",
+        action="store_true",
+        help="leave one category out: constants chosen on the other categories, each "
+        "category scored held out, beside Numenta HTM's published score on it",
+    )
+    n.add_argument(
         "--uncapped-probation",
         action="store_true",
         help="probation = 15%% of every file, without NAB's 750-row cap",
@@ -58,8 +71,20 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--nodes", type=int, default=4)
     w.add_argument("--ranks-per-node", type=int, default=4)
     w.add_argument("--healthy", action="store_true", help="inject no fault")
+    w.add_argument("--generator", choices=("default", "fleet"), default="default")
     w.add_argument("--steps", type=int, default=400, help="length of a healthy trace")
     w.set_defaults(func=_generate)
+    c = modes.add_parser(
+        "cross",
+        help="cross-generator check: constants chosen on one generator, scored on the other",
+        description=(
+            "Chooses the detectors' tunable constants on the tuning seeds of one trace "
+            "generator and scores the choice on the report seeds of the other, both ways "
+            "(docs/detectors.md, 'Choosing constants')."
+        ),
+    )
+    c.add_argument("--quick", action="store_true", help="a few seeds only (a smoke run)")
+    c.set_defaults(func=_cross)
     x = modes.add_parser(
         "export",
         help="write a recorded run as a labelled trace (labels from its injected faults)",
@@ -71,7 +96,7 @@ def add_parser(sub: Any) -> None:
     x.add_argument("run", type=Path, metavar="RUN_DIR", help="a run folder under runs/")
     x.add_argument("out", type=Path, metavar="OUT", help="trace file to write (.csv, .parquet)")
     x.set_defaults(func=_export)
-    for q in (g, t, n):
+    for q in (g, t, n, c):
         q.add_argument("--json", type=Path, default=None, help="also write results as JSON")
     for q in (g, t):
         q.add_argument("--config", type=Path, default=None, help="detector config TOML")
@@ -98,10 +123,20 @@ def _emit(result: dict[str, Any], args: argparse.Namespace) -> None:
 
 def _generated(args: argparse.Namespace) -> int:
     from detectors.config import load_config
-    from detectors.eval.harness import GeneratedEval, evaluate_generated, print_report
+    from detectors.eval.harness import (
+        REPORT_SEEDS,
+        GeneratedEval,
+        evaluate_generated,
+        print_report,
+    )
 
+    seeds, healthy = REPORT_SEEDS[args.generator]
     spec = GeneratedEval(
-        args.nodes, args.ranks_per_node, tuple(args.seeds), tuple(args.healthy_seeds)
+        args.nodes,
+        args.ranks_per_node,
+        tuple(args.seeds if args.seeds is not None else seeds),
+        tuple(args.healthy_seeds if args.healthy_seeds is not None else healthy),
+        generator=args.generator,
     )
     result = evaluate_generated(spec, load_config(args.config))
     print_report(result, sys.stdout)
@@ -126,6 +161,20 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cross(args: argparse.Namespace) -> int:
+    from detectors.eval.harness import print_report
+    from detectors.eval.protocol import cross
+
+    result = cross(quick=args.quick)
+    for name, part in result.items():
+        print(f"== {name}, reported on {part['reported_on']}")
+        for key, value in part["setting"].items():
+            print(f"   {key} = {value:g}")
+        print_report(part["report"], sys.stdout)
+    _emit(result, args)
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from detectors.eval.trace import write_trace
     from eagleeye.recorded import recorded_trace
@@ -141,8 +190,31 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loco(args: argparse.Namespace) -> int:
+    from detectors.eval.nab_loco import leave_one_out
+
+    result = leave_one_out(args.root)
+    print(f"{'profile':<20}{'held-out category':<24}{'score':>8}{'HTM':>8}{'FP':>5}")
+    for h in result.held:
+        print(f"{h.profile:<20}{h.category:<24}{h.score:8.2f}{h.htm:8.2f}{h.false_positives:5d}")
+    for name in result.mean:
+        print(f"{name:<20}mean {result.mean[name]:.2f}  pooled {result.pooled[name]:.2f}")
+    _emit(
+        {
+            "held": [h.__dict__ for h in result.held],
+            "mean": dict(result.mean),
+            "pooled": dict(result.pooled),
+        },
+        args,
+    )
+    return 0
+
+
 def _nab(args: argparse.Namespace) -> int:
     from detectors.eval.nab_eval import evaluate_nab
+
+    if args.loco:
+        return _loco(args)
 
     result = evaluate_nab(args.root, probation_cap=None if args.uncapped_probation else 5000)
     for name, score in result.scores.items():
@@ -166,17 +238,11 @@ def _nab(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from detectors.eval.generate import FAULT_KINDS, TraceSpec, generate
+    from detectors.eval.generators import Shape, make_trace
     from detectors.eval.trace import write_trace
 
-    spec = TraceSpec(
-        args.nodes,
-        args.ranks_per_node,
-        faults=() if args.healthy else FAULT_KINDS,
-        steps=args.steps,
-        seed=args.seed,
-    )
-    trace = generate(spec)
+    shape = Shape(args.nodes, args.ranks_per_node, args.seed, args.healthy, args.steps)
+    trace = make_trace(args.generator, shape)
     write_trace(trace, args.path)
     print(f"wrote {args.path} ({len(trace.steps)} observations, {len(trace.labels)} faults)")
     return 0

@@ -8,6 +8,7 @@ from collector.errors import CollectorError
 from collector.kmsg import parse_kmsg
 from collector.nvml import NvmlPoller, is_available, pci_short
 from collector.testing import FakeNVML
+from collector.vocabulary import is_canonical
 
 
 def _values(samples: list, name: str) -> dict[str, float]:
@@ -22,20 +23,23 @@ def nvml() -> FakeNVML:
 def test_every_signal_is_read_per_gpu_with_node_and_identity(nvml: FakeNVML) -> None:
     samples = NvmlPoller(node="n1", nvml=nvml, clock=lambda: 3.0).collect()
     names = {s.name for s in samples}
+    # Canonical names (collector.vocabulary), whatever NVML calls them.
     assert names >= {
-        "gpu_util_pct",
-        "gpu_mem_used_bytes",
-        "gpu_temp_c",
-        "gpu_power_w",
-        "gpu_sm_clock_mhz",
-        "gpu_mem_clock_mhz",
-        "gpu_throttle_reasons",
-        "gpu_ecc_uncorrected_total",
-        "gpu_remapped_rows_uncorrectable",
-        "gpu_pcie_replays_total",
-        "gpu_nvlink_crc_flit_errors_total",
+        "gpu_util",
+        "mem_used",
+        "gpu_temp",
+        "power",
+        "sm_clock",
+        "mem_clock",
+        "throttle_reasons",
+        "ecc_dbe",
+        "remapped_rows_uncorrectable",
+        "pcie_replays",
+        "nvlink_crc_flit_errors",
     }
-    assert _values(samples, "gpu_power_w") == {"0": 412.0, "1": 412.0}  # mW -> W
+    assert all(is_canonical(name) for name in names - {"gpu_xid"})
+    assert _values(samples, "power") == {"0": 412.0, "1": 412.0}  # mW -> W
+    assert _values(samples, "mem_used")["0"] == pytest.approx(nvml.devices[0].mem_used / 1e9)
     first = samples[0]
     assert dict(first.labels) == {
         "node": "n1",
@@ -55,13 +59,13 @@ def test_changes_between_polls_show_in_the_next_poll(nvml: FakeNVML) -> None:
     gpu.remapped = (0, 1, True, False)
     gpu.nvlink_errors[2] = 7
     samples = poller.collect()
-    assert _values(samples, "gpu_temp_c") == {"0": 45.0, "1": 91.0}
-    assert _values(samples, "gpu_throttle_thermal") == {"0": 0.0, "1": 1.0}
-    assert _values(samples, "gpu_throttle_power") == {"0": 0.0, "1": 0.0}
-    assert _values(samples, "gpu_pcie_replays_total")["1"] == 12.0
-    assert _values(samples, "gpu_ecc_uncorrected_total")["1"] == 2.0
-    assert _values(samples, "gpu_remap_pending")["1"] == 1.0
-    assert _values(samples, "gpu_nvlink_crc_flit_errors_total")["1"] == 7.0
+    assert _values(samples, "gpu_temp") == {"0": 45.0, "1": 91.0}
+    assert _values(samples, "throttle_thermal") == {"0": 0.0, "1": 1.0}
+    assert _values(samples, "throttle_power") == {"0": 0.0, "1": 0.0}
+    assert _values(samples, "pcie_replays")["1"] == 12.0
+    assert _values(samples, "ecc_dbe")["1"] == 2.0
+    assert _values(samples, "row_remap_pending")["1"] == 1.0
+    assert _values(samples, "nvlink_crc_flit_errors")["1"] == 7.0
 
 
 def test_xid_events_come_once_with_the_gpu_that_sent_them(nvml: FakeNVML) -> None:
@@ -84,7 +88,7 @@ def test_unsupported_metric_is_asked_once_then_skipped(nvml: FakeNVML) -> None:
     poller = NvmlPoller(node="n1", nvml=nvml)
     for _ in range(3):
         samples = poller.collect()
-    assert _values(samples, "gpu_remap_pending") == {"1": 0.0}
+    assert _values(samples, "row_remap_pending") == {"1": 0.0}
     assert nvml.calls["remapped_rows"] == 1 + 3
     assert poller.dropped["not_supported:remapped_rows"] == 1
 
@@ -94,7 +98,7 @@ def test_a_lost_gpu_is_counted_and_the_others_still_read(nvml: FakeNVML) -> None
     poller.collect()
     nvml.devices[0].lost = True
     samples = poller.collect()
-    assert set(_values(samples, "gpu_temp_c")) == {"1"}
+    assert set(_values(samples, "gpu_temp")) == {"1"}
     assert poller.dropped["nvml_error:gpu_temp_c:NVMLError_GpuIsLost"] == 1
 
 
@@ -195,7 +199,7 @@ def test_real_nvml_reads_every_gpu_of_this_machine() -> None:
     assert gpus
     for gpu in gpus:
         values = {s.name: s.value for s in samples if s.labels["gpu"] == gpu}
-        assert 0 <= values["gpu_util_pct"] <= 100
-        assert values["gpu_mem_total_bytes"] > 0
-        assert 0 < values["gpu_temp_c"] < 120
+        assert 0 <= values["gpu_util"] <= 100
+        assert values["mem_total"] > 0
+        assert 0 < values["gpu_temp"] < 120
     print({s.name: s.value for s in samples if s.labels["gpu"] == "0"}, dict(poller.dropped))

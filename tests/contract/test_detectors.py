@@ -13,7 +13,6 @@ from sklearn.metrics import roc_auc_score
 from collector.types import JOB, Frame, Subject
 from detectors.base import Detector, StreamingDetector
 from detectors.changepoint import ThroughputChange
-from detectors.learned import IsolationForestModel, PCAModel, WindowedBatch
 from detectors.numerics import SeriesSpike
 from detectors.registry import DETECTORS, create
 from detectors.types import Finding
@@ -92,8 +91,6 @@ def test_memory_is_bounded(name: str) -> None:
 SCORERS: dict[str, Callable[[], StreamingDetector]] = {
     "series_spike": lambda: SeriesSpike("x", "spike", warmup=10),
     "throughput_change": lambda: ThroughputChange("x", warmup=10),
-    "windowed_pca": lambda: WindowedBatch(PCAModel, ("x", "y"), 128, 128, 32),
-    "windowed_iforest": lambda: WindowedBatch(IsolationForestModel, ("x", "y"), 128, 128, 32),
 }
 
 

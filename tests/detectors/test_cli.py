@@ -74,3 +74,31 @@ def test_eval_nab_reports_three_profiles(
     assert "standard" in out
     assert "reward_low_FP_rate" in out
     assert "detected 1, missed 0" in out
+
+
+def test_detect_fits_on_a_healthy_run_saves_reloads_and_writes_scores(tmp_path, capsys) -> None:
+    import pandas as pd
+
+    from eagleeye.cli import main as cli
+
+    healthy, faulty = tmp_path / "h.csv", tmp_path / "f.csv"
+    assert (
+        cli(["eval", "generate", str(healthy), "--healthy", "--steps", "160", "--seed", "1"]) == 0
+    )
+    assert cli(["eval", "generate", str(faulty), "--seed", "3000"]) == 0
+    model, scores = tmp_path / "m.npz", tmp_path / "scores.csv"
+    out1, out2 = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    argv = ["detect", str(faulty), "--fit", str(healthy), "--learned", "pca"]
+    assert cli([*argv, "--save-model", str(model), "--scores", str(scores), "-o", str(out1)]) == 0
+    assert cli(["detect", str(faulty), "--model", str(model), "-o", str(out2)]) == 0
+    assert out1.read_text() == out2.read_text()  # the saved model scores alike
+    assert '"multivariate"' in out1.read_text()
+    table = pd.read_csv(scores)
+    assert list(table.columns) == ["step", "time", "rank", "scorer", "score", "threshold"]
+    assert set(table["scorer"]) == {"pca"}
+    assert len(table) > 1000
+    capsys.readouterr()
+    assert cli(["detect", str(faulty), "--model", str(model), "--fit", str(healthy)]) == 2
+    assert "give one" in capsys.readouterr().err
+    assert cli(["detect", str(faulty), "--model", str(tmp_path / "none.npz")]) == 2
+    assert "cannot read model file" in capsys.readouterr().err

@@ -2,58 +2,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from collector.types import Frame, Subject
 from detectors.config import DetectorsConfig, from_mapping, load_config
 from detectors.errors import DetectorError, UnknownDetectorError
-from detectors.learned import AutoencoderModel, IsolationForestModel, PCAModel, WindowedBatch
 from detectors.registry import create
-
-FEATURES = ("a", "b", "c")
-
-
-def _frame(rng: np.random.Generator, broken: bool = False, extreme: bool = False) -> Frame:
-    a = rng.standard_normal() + (5.0 if extreme else 0.0)
-    b = 2 * a + 0.05 * rng.standard_normal()
-    if broken:
-        b = -2 * a  # each value is ordinary; the relation between them is not
-    return Frame(Subject(0, 0, "n0"), 0, 0.0, {"a": a, "b": b, "c": rng.standard_normal()})
-
-
-@pytest.mark.parametrize(
-    ("model", "anomaly"),
-    [
-        (IsolationForestModel, {"extreme": True}),
-        (PCAModel, {"broken": True}),
-        (AutoencoderModel, {"broken": True}),
-    ],
-)
-def test_windowed_batch_scores_anomalies_higher(model: type, anomaly: dict[str, bool]) -> None:
-    rng = np.random.default_rng(0)
-    scorer = WindowedBatch(model, FEATURES, window=256, refit_every=256, min_fit=128)
-    assert scorer.score_one(_frame(rng)) == 0.0  # nothing fitted yet
-    for _ in range(256):
-        scorer.learn_one(_frame(rng))
-    normal = [scorer.score_one(_frame(rng)) for _ in range(50)]
-    broken = [scorer.score_one(_frame(rng, **anomaly)) for _ in range(50)]
-    assert np.median(broken) > np.quantile(normal, 0.9)
-
-
-def test_gated_learned_detector_fires_on_the_anomaly() -> None:
-    rng = np.random.default_rng(1)
-    det = create("pca_reconstruction", {"features": FEATURES, "min_fit": 64, "margin": 1.0})
-    for _ in range(300):
-        det.process(_frame(rng))
-    found = det.process(_frame(rng, broken=True))
-    assert [f.kind for f in found] == ["multivariate"]
-    assert found[0].evidence["score"] >= found[0].evidence["threshold"]
-
-
-def test_windowed_batch_validates_its_parameters() -> None:
-    with pytest.raises(DetectorError, match="min_fit"):
-        WindowedBatch(PCAModel, FEATURES, window=10, min_fit=20)
 
 
 def test_config_file_builds_the_named_detectors(tmp_path: Path) -> None:

@@ -1,6 +1,10 @@
+"""Peer outliers. Tests of a fault present from the first step switch the rank's learnt
+offset off (``offset_alpha=0``): with it, a rank so from the start is that rank's nature."""
+
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from collector.types import Frame, Subject
 from detectors.peer import PeerOutlier
@@ -21,14 +25,14 @@ def _run(
 
 
 def test_slow_rank_fires_once_after_persistence_and_names_the_rank() -> None:
-    det = PeerOutlier(persistence=3)
+    det = PeerOutlier(offset_alpha=0, persistence=3)
     found = _run(det, 20, {7: 1.15})
     assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 7, 2)]
     assert found[0].evidence["relative_shift"] > 0.1
 
 
 def test_a_ten_percent_shift_fires_but_two_percent_does_not() -> None:
-    assert _run(PeerOutlier(), 10, {3: 1.10})
+    assert _run(PeerOutlier(offset_alpha=0), 10, {3: 1.10})
     assert not _run(PeerOutlier(), 50, {3: 1.02})
 
 
@@ -42,13 +46,13 @@ def test_healthy_fleet_and_common_slowdowns_do_not_fire() -> None:
 
 
 def test_several_ranks_of_one_node_give_one_node_finding() -> None:
-    found = _run(PeerOutlier(), 10, {4: 1.3, 5: 1.3, 6: 1.3, 7: 1.3})
+    found = _run(PeerOutlier(offset_alpha=0), 10, {4: 1.3, 5: 1.3, 6: 1.3, 7: 1.3})
     assert [(f.kind, str(f.subject)) for f in found] == [("slow_node", "node n1")]
     assert found[0].evidence["ranks_outlying"] == 4
 
 
 def test_hysteresis_refires_only_after_the_rank_recovers() -> None:
-    det = PeerOutlier(persistence=2, clear=3)
+    det = PeerOutlier(offset_alpha=0, persistence=2, clear=3)
     first = _run(det, 10, {2: 1.3})
     again = _run(det, 10, {2: 1.3}, start=10, seed=1)
     assert len(first) == 1
@@ -59,7 +63,7 @@ def test_hysteresis_refires_only_after_the_rank_recovers() -> None:
 
 def test_low_direction_features_fire_on_drops() -> None:
     rng = np.random.default_rng(0)
-    det = PeerOutlier(persistence=1)
+    det = PeerOutlier(offset_alpha=0, persistence=1)
     clock = noisy(rng, 16, 1980.0, 0.003)
     clock[9] *= 0.8
     found = det.process_step(batch(0, {"sm_clock": clock}))
@@ -67,7 +71,7 @@ def test_low_direction_features_fire_on_drops() -> None:
 
 
 def test_frame_path_matches_the_step_path() -> None:
-    det = PeerOutlier(persistence=1)
+    det = PeerOutlier(offset_alpha=0, persistence=1)
     found = []
     for s in range(3):
         for r in range(8):
@@ -80,7 +84,7 @@ def test_frame_path_matches_the_step_path() -> None:
 
 
 def test_ranks_joining_later_are_tracked() -> None:
-    det = PeerOutlier(persistence=2)
+    det = PeerOutlier(offset_alpha=0, persistence=2)
     rng = np.random.default_rng(0)
     det.process_step(batch(0, {"compute_ms": noisy(rng, 8)}))
     x = noisy(rng, 12)
@@ -92,7 +96,7 @@ def test_ranks_joining_later_are_tracked() -> None:
 
 def test_a_whole_replica_across_nodes_gives_one_replica_finding() -> None:
     rng = np.random.default_rng(0)
-    det = PeerOutlier()
+    det = PeerOutlier(offset_alpha=0)
     found = []
     for s in range(6):
         x = noisy(rng, 32)
@@ -107,7 +111,7 @@ def test_a_whole_replica_across_nodes_gives_one_replica_finding() -> None:
 
 
 def test_interleaved_frames_of_neighbouring_steps_are_compared_per_step() -> None:
-    det = PeerOutlier(persistence=2)
+    det = PeerOutlier(offset_alpha=0, persistence=2)
     found = []
     # Rank r reports step s at time s + r / 5: fast ranks run a step ahead of slow ones.
     events = sorted((s + r / 5, s, r) for s in range(6) for r in range(8))
@@ -116,3 +120,59 @@ def test_interleaved_frames_of_neighbouring_steps_are_compared_per_step() -> Non
         found += det.process(Frame(Subject(0, r, f"n{r // 4}"), s, t, {"compute_ms": value}))
     found += det.flush()
     assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 6, 1)]
+
+
+def _fleet(steps: int, speed: np.ndarray, change: dict[int, float], at: int, seed: int = 0):
+    """Compute times of GPUs with fixed speeds; ``change`` multiplies ranks from ``at``."""
+    rng = np.random.default_rng(seed)
+    for s in range(steps):
+        x = 1000.0 * speed * (1.0 + 0.015 * rng.standard_normal(len(speed)))
+        for rank, factor in change.items():
+            if s >= at:
+                x[rank] *= factor
+        yield batch(s, {"compute_ms": x}, ranks_per_node=8)
+
+
+def test_a_gpu_always_slower_is_no_outlier_but_one_that_became_slower_is() -> None:
+    speed = np.ones(32)
+    speed[[3, 20]] = 1.03, 1.07  # fixed heterogeneity: always 3 % and 7 % slower
+    det, raw = PeerOutlier(min_shift=0.05), PeerOutlier(min_shift=0.05, offset_alpha=0)
+    found, naive = [], []
+    for b in _fleet(300, speed, {11: 1.10}, at=150):
+        found += det.process_step(b)
+        naive += raw.process_step(b)
+    (finding,) = found
+    assert finding.subject.rank == 11
+    assert 150 < (finding.step or 0) < 170  # a 10 % slowdown found within 20 steps
+    assert finding.evidence["compute_ms_usual_ratio"] == pytest.approx(1.0, abs=0.02)
+    assert 20 in {f.subject.rank for f in naive}  # compared raw, the 7 % GPU is an outlier
+
+
+def test_the_slow_gpu_s_own_offset_does_not_hide_its_slowdown() -> None:
+    speed = np.ones(32)
+    speed[20] = 1.07
+    det = PeerOutlier()
+    found = [f for b in _fleet(200, speed, {20: 1.10}, at=100) for f in det.process_step(b)]
+    assert [f.subject.rank for f in found] == [20]
+    assert 100 < (found[0].step or 0) < 120
+    assert found[0].evidence["compute_ms_usual_ratio"] == pytest.approx(1.07, abs=0.01)
+
+
+def test_ranks_warming_up_after_a_launch_take_no_part() -> None:
+    det = PeerOutlier(warmup=20, offset_alpha=0, persistence=1)
+    for s in range(30):
+        x = np.full(8, 100.0)
+        x[2] = 200.0 if s < 20 else 100.0  # a slow first steps after its launch
+        b = batch(s, {"compute_ms": x, "since_launch": np.full(8, float(s))})
+        assert not det.process_step(b)
+
+
+def test_persistence_counts_the_reports_of_a_feature_not_other_observations() -> None:
+    det = PeerOutlier(offset_alpha=0, persistence=3)
+    found = []
+    for s in range(4):
+        clock = np.full(16, 1980.0)
+        clock[5] = 1700.0
+        found += det.process_step(batch(s, {"sm_clock": clock}))  # a GPU scrape
+        found += det.process_step(batch(s, {"compute_ms": np.full(16, 100.0)}))  # a step
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("thermal", 5, 2)]

@@ -86,7 +86,10 @@ class _Broken:
 
 
 def test_a_failing_detector_is_counted_not_raised() -> None:
-    pipe = DetectorPipeline([_Broken(), PeerOutlier(persistence=1)], FusionPolicy(hold_steps=0))
+    pipe = DetectorPipeline(
+        [_Broken(), PeerOutlier(persistence=1, warmup=0, offset_alpha=0)],
+        FusionPolicy(hold_steps=0),
+    )
     rng = np.random.default_rng(0)
     x = noisy(rng, 8)
     x[2] *= 2
@@ -102,7 +105,7 @@ def test_policy_validation() -> None:
 
 
 def test_flush_releases_held_findings() -> None:
-    pipe = DetectorPipeline([PeerOutlier(persistence=1)])
+    pipe = DetectorPipeline([PeerOutlier(persistence=1, warmup=0, offset_alpha=0)])
     rng = np.random.default_rng(0)
     x = noisy(rng, 8)
     x[2] *= 2
@@ -143,19 +146,19 @@ def test_frame_by_frame_pipeline_finds_every_fault_once() -> None:
 
 
 def test_a_stepless_lifecycle_frame_does_not_move_the_fusion_clock() -> None:
-    pipeline = DetectorPipeline([PeerOutlier(persistence=1, min_ranks=4)])
+    pipeline = DetectorPipeline([PeerOutlier(persistence=1, min_ranks=4, warmup=0, offset_alpha=0)])
     found = []
-    for step in range(3):
+    for step in range(2):
         for rank in range(4):
-            compute = 300.0 if rank == 2 and step >= 1 else 100.0 + rank
+            compute = 300.0 if rank == 2 else 100.0 + rank
             frame = Frame(Subject(0, rank, "n0"), step, 1e9 + step, {"compute_ms": compute})
             found += pipeline.process(frame)
-    assert found == []  # the finding of step 1 is held until step 3
+    assert found == []  # the finding of step 0 is held until step 2
     launched = Frame(Subject(0, 1, "n0"), None, 2e9, {"launched": 1.0})
     assert pipeline.process(launched) == []
     for rank in range(4):
-        found += pipeline.process(Frame(Subject(0, rank, "n0"), 3, 1e9 + 3, {"compute_ms": 100.0}))
-    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 2, 1)]
+        found += pipeline.process(Frame(Subject(0, rank, "n0"), 2, 1e9 + 2, {"compute_ms": 100.0}))
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 2, 0)]
 
 
 def test_a_finding_noted_from_outside_explains_symptoms_and_absorbs_duplicates() -> None:
@@ -174,3 +177,30 @@ def test_a_noted_finding_absorbs_only_its_own_kind() -> None:
     fuser.note(_f("nan", R3, 25, Severity.CRITICAL))
     assert fuser.add(_f("loss_spike", R3, 32)) == []  # held, not absorbed
     assert [f.kind for f in fuser.tick(34.0)] == ["loss_spike"]
+
+
+def test_a_gradient_spike_caused_by_one_rank_s_loss_spike_is_merged_into_it() -> None:
+    fuser = Fuser()
+    fuser.add(_f("loss_spike", Subject(0, 1, "n0"), 32, loss=40.0))
+    assert fuser.add(_f("grad_spike", JOB, 32, grad_norm=20.0)) == []
+    (found,) = fuser.tick(34.0)
+    assert (found.kind, found.subject.rank) == ("loss_spike", 1)
+    assert found.evidence["grad_norm"] == 20.0
+
+
+def test_a_gradient_spike_reported_before_its_cause_is_merged_into_it() -> None:
+    fuser = Fuser()
+    fuser.add(_f("grad_spike", Subject(0, 0, "n0"), 32, grad_norm=20.0))
+    fuser.add(_f("loss_spike", Subject(0, 1, "n0"), 32, loss=40.0))
+    (found,) = fuser.tick(34.0)
+    assert (found.kind, found.subject.rank) == ("loss_spike", 1)
+
+
+def test_a_generic_finding_waits_for_the_specific_one_on_its_subject() -> None:
+    fuser = Fuser()
+    fuser.add(_f("metric_outlier", R3, 10, gpu_util=30.0))
+    assert fuser.tick(14.0) == []  # held: something more specific may still come
+    fuser.add(_f("dataloader_stall", R3, 15, data_wait_ms=900.0))
+    (found,) = fuser.tick(17.0)
+    assert found.kind == "dataloader_stall"
+    assert found.evidence["gpu_util"] == 30.0

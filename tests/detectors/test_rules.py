@@ -31,10 +31,12 @@ def test_clean_exits_collateral_exits_and_other_frames_are_not_findings(values) 
 
 def test_non_finite_loss_names_the_bad_features() -> None:
     detector = NonFiniteLoss()
-    assert detector.process(Frame(RANK3, 1, 0.0, {"loss": 2.0, "grad_norm": 1.0})) == ()
+    assert not detector.process(Frame(RANK3, 1, 0.0, {"loss": 2.0, "grad_norm": 1.0}))
     (finding,) = detector.process(Frame(RANK3, 2, 0.0, {"loss": math.nan, "grad_norm": 1.0}))
     assert finding.kind == "nan"
-    assert set(finding.evidence) == {"loss"}
+    assert math.isnan(finding.evidence["loss"])
+    assert "grad_norm" not in finding.evidence  # finite: not evidence
+    assert finding.evidence["ranks_affected"] == 1.0
 
 
 def test_registry_builds_by_name_and_rejects_unknown_and_duplicate_names() -> None:

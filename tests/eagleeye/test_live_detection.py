@@ -80,8 +80,15 @@ def test_a_straggler_a_nan_and_a_loss_spike_each_give_their_finding(
 ) -> None:
     found = _findings(runs["soft"])
     assert ("slow_rank", 2) in found
-    assert ("nan", 0) in found
     assert ("loss_spike", 1) in found
+    # Rank 0's loss went NaN; the all-reduce gave the others a NaN gradient norm. One
+    # finding names the root, the ranks it spread to are its evidence.
+    assert [f for f in found if f[0] == "nan"] == [("nan", 0)]
+    with RunReader(runs["soft"]) as reader:
+        table = reader.findings()
+    (evidence,) = table.loc[table["kind"] == "nan", "evidence"]
+    assert evidence["ranks_affected"] == 4.0
+    assert sorted(evidence[f"affected_rank_{i}"] for i in range(3)) == [1.0, 2.0, 3.0]
     soft = {k for k, _ in found} - {"nan"}
     assert soft <= {"slow_rank", "loss_spike", "grad_spike"}, found
     with RunReader(runs["soft"]) as reader:

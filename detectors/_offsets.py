@@ -1,0 +1,73 @@
+"""Each rank's stable offset from its peers, learnt slowly and never from a fault.
+
+GPUs are not alike: one is always 3 % slower, one always runs 5 °C warmer, one rank always
+holds a little more memory. Compared raw, such a rank is an outlier for ever; compared
+after its own offset is removed, it is an outlier only when it *changes*. The offset of a
+rank is a running mean of ``value / peer median``, exact over the first ``1/alpha``
+observations and exponentially weighted after, updated only while the rank is not
+drifting out (so a fault is not learnt as the rank's nature).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Offsets:
+    """Per-slot, per-feature factors relative to the peer median.
+
+    Args:
+        enabled: per feature, whether it uses offsets (positive quantities compared by
+            ratio; flags and rates that idle at 0 do not).
+        alpha: the weight of a new observation once the running mean is full.
+        settle: reports a cell's offset needs before the cell is judged.
+    """
+
+    def __init__(self, enabled: np.ndarray, alpha: float = 0.05, settle: int = 10) -> None:
+        self.enabled, self.alpha, self.settle = np.asarray(enabled, dtype=bool), alpha, settle
+        self.factor = np.ones((0, len(self.enabled)))
+        self.count = np.zeros((0, len(self.enabled)))
+        self._settled = False
+
+    def add(self, enabled: bool) -> None:
+        """One more feature, with offsets or without."""
+        self.enabled = np.append(self.enabled, enabled)
+        self.factor = np.pad(self.factor, ((0, 0), (0, 1)), constant_values=1.0)
+        self.count = np.pad(self.count, ((0, 0), (0, 1)))
+        self._settled = False
+
+    def grow(self, size: int) -> None:
+        extra = size - len(self.factor)
+        if extra > 0:
+            self.factor = np.pad(self.factor, ((0, extra), (0, 0)), constant_values=1.0)
+            self.count = np.pad(self.count, ((0, extra), (0, 0)))
+            self._settled = False
+
+    def learning(self) -> np.ndarray | None:
+        """Cells whose offset rests on fewer than ``settle`` reports: they learn from
+        every report and are not judged yet (None once every cell has settled)."""
+        if self._settled:
+            return None
+        cells: np.ndarray = self.enabled & (self.count < self.settle)
+        self._settled = not cells.any()
+        return None if self._settled else cells
+
+    def forget(self, rows: np.ndarray) -> None:
+        """Starts the offsets of ``rows`` again (after a relaunch)."""
+        if rows.any():
+            self.count[rows] = 0.0
+            self._settled = False
+
+    def remove(self, x: np.ndarray) -> np.ndarray:
+        """The values with each rank's learnt factor divided out."""
+        return x / self.factor if self.enabled.any() else x
+
+    def learn(self, x: np.ndarray, med: np.ndarray, calm: np.ndarray) -> None:
+        """Updates the factors of the ``calm`` cells (finite, positive, not drifting out)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = x / med
+        ok = calm & np.isfinite(ratio) & (ratio > 0) & self.enabled & (med > 0)
+        self.count += ok
+        weight = np.maximum(1.0 / np.maximum(self.count, 1.0), self.alpha)
+
+        self.factor += np.where(ok, weight * (np.where(ok, ratio, 1.0) - self.factor), 0.0)

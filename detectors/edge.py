@@ -1,0 +1,162 @@
+"""The detectors' edge: what every detector may assume about the frames it reads.
+
+Telemetry arrives in its sources' names and units, with cumulative counters, and with
+the hook's raw timings; the pipeline passes each frame and step through ``Edge`` once:
+
+* names and units become canonical (collector.vocabulary): ``DCGM_FI_DEV_FB_USED`` in MiB
+  is ``mem_used`` in GB, ``section.data`` in seconds is ``data_wait_ms``;
+* derived features are added when absent: ``compute_ms`` (the step less collectives,
+  data wait and checkpoint: the rank's own work), ``throttle_thermal`` (from NVML's
+  throttle-reason bits), and ``<counter>_rate`` per second for every cumulative counter
+  (NIC errors, ECC counts), from its change since the rank's previous report;
+* ``since_launch``: the steps a rank has reported since it was (re)launched (or first
+  seen), present while any rank is within ``WARM_HORIZON`` steps of it. A ``launched``
+  report or a step that goes back (a restart from a checkpoint) starts it again: a
+  warming rank is no outlier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from collector.types import Frame
+from collector.vocabulary import METRICS
+from detectors._canonical import canonical_batch, canonical_frame
+from detectors._layout import RankLayout, to_slots
+from detectors.stepbatch import StepBatch
+
+#: Steps after a launch during which ``since_launch`` is reported.
+WARM_HORIZON = 64
+THERMAL_BITS = 0x20 | 0x40  # NVML clock-event reasons: software and hardware thermal
+COUNTERS = frozenset(m.name for m in METRICS.values() if m.kind == "counter")
+
+
+def derive(values: dict[str, float]) -> dict[str, float]:
+    """Adds the features a frame's own values imply (``compute_ms``, ``throttle_thermal``)."""
+    if "step_time" in values and "compute_ms" not in values:
+        checkpoint = 1000.0 * values.get("section.checkpoint", 0.0)
+        own = 1000.0 * values["step_time"] - checkpoint
+        own -= values.get("comm_ms", 0.0) + values.get("data_wait_ms", 0.0)
+        values["compute_ms"] = max(own, 0.0)
+    reasons = values.get("throttle_reasons")
+    if reasons is not None and "throttle_thermal" not in values and np.isfinite(reasons):
+        values["throttle_thermal"] = float(int(reasons) & THERMAL_BITS != 0)
+    return values
+
+
+class Edge:
+    """Stateful conversion of frames and steps for the detectors (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._layout = RankLayout()
+        self._since = np.zeros(0)
+        self._last_step = np.zeros(0)
+        self._counters: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # value, time per slot
+
+    def frame(self, frame: Frame) -> Frame:
+        """One frame: a rank's step goes through ``batch``; others are only derived."""
+        frame = canonical_frame(frame)
+        rank = frame.subject.rank
+        if rank is None:
+            return replace(frame, values=derive(dict(frame.values)))
+        if frame.step is None:
+            if "launched" in frame.values:  # a lifecycle report: the warm-up starts over
+                slots = self._layout.rows_to_slots(
+                    np.array([rank]), np.array([frame.subject.node or ""], dtype=object)
+                )
+                self._grow(len(self._layout.ranks))
+                slot = 0 if slots is None else int(slots[0])
+                self._since[slot], self._last_step[slot] = 0.0, -np.inf
+            return frame
+        (out,) = self.batch(StepBatch.from_frames([frame])).frames()
+        return replace(frame, values=out.values)
+
+    def batch(self, batch: StepBatch) -> StepBatch:
+        batch = canonical_batch(batch)
+        slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
+        self._grow(len(self._layout.ranks))
+        extra: dict[str, np.ndarray] = {}
+        self._derive_columns(batch, extra)
+        self._rates(batch, slots, extra)
+        since = self._launches(batch, slots)
+        if since is not None:
+            extra["since_launch"] = since
+        return _with_columns(batch, extra)
+
+    def _grow(self, size: int) -> None:
+        extra = size - len(self._since)
+        if extra > 0:
+            self._since = np.concatenate([self._since, np.zeros(extra)])
+            self._last_step = np.concatenate([self._last_step, np.full(extra, -np.inf)])
+            for name, (value, time) in self._counters.items():
+                self._counters[name] = (
+                    np.concatenate([value, np.full(extra, np.nan)]),
+                    np.concatenate([time, np.full(extra, np.nan)]),
+                )
+
+    def _derive_columns(self, batch: StepBatch, extra: dict[str, np.ndarray]) -> None:
+        has = set(batch.features)
+        if "step_time" in has and "compute_ms" not in has:
+            own = 1000.0 * batch.column("step_time")
+            for name, scale in (("section.checkpoint", 1000.0), ("comm_ms", 1.0)):
+                if name in has:
+                    own = own - scale * np.nan_to_num(batch.column(name))
+            if "data_wait_ms" in has:
+                own = own - np.nan_to_num(batch.column("data_wait_ms"))
+            extra["compute_ms"] = np.maximum(own, 0.0)
+        if "throttle_reasons" in has and "throttle_thermal" not in has:
+            reasons = batch.column("throttle_reasons")
+            known = np.isfinite(reasons)
+            bits = np.where(known, reasons, 0).astype(np.int64) & THERMAL_BITS
+            extra["throttle_thermal"] = np.where(known, (bits != 0).astype(float), np.nan)
+
+    def _rates(
+        self, batch: StepBatch, slots: np.ndarray | None, extra: dict[str, np.ndarray]
+    ) -> None:
+        size = len(self._since)
+        for name in COUNTERS.intersection(batch.features):
+            value = to_slots(batch.column(name), slots, size)
+            old, when = self._counters.get(name, (np.full(size, np.nan), np.full(size, np.nan)))
+            dt = batch.time - when
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rate = (value - old) / dt
+            rate[~(dt > 0) | (rate < 0)] = np.nan  # first report, or a counter reset
+            seen = np.isfinite(value)
+            old, when = old.copy(), when.copy()
+            old[seen], when[seen] = value[seen], batch.time
+            self._counters[name] = (old, when)
+            extra[f"{name}_rate"] = rate if slots is None else rate[slots]
+
+    def _launches(self, batch: StepBatch, slots: np.ndarray | None) -> np.ndarray | None:
+        """Steps each rank reported since its launch, the current one included."""
+        size = len(self._since)
+        present = batch.present if batch.present is not None else np.isfinite(batch.values)
+        here = to_slots(present.any(axis=1).astype(float), slots, size) > 0
+        launched = to_slots(batch.reported("launched").astype(float), slots, size) > 0
+        step = float(batch.step)
+        self._since[launched] = 0.0
+        self._last_step[launched] = -np.inf
+        went_back = here & ~launched & (step < self._last_step)
+        newer = here & ~launched & (step > self._last_step)
+        self._since[newer] += 1.0
+        self._since[went_back] = 1.0  # a restart from a checkpoint: this step is its first
+        self._last_step[here & ~launched] = step
+        if self._since.min(initial=WARM_HORIZON) >= WARM_HORIZON:
+            return None
+        return self._since.copy() if slots is None else self._since[slots]
+
+
+def _with_columns(batch: StepBatch, extra: dict[str, np.ndarray]) -> StepBatch:
+    """The batch with extra columns (features it already has are left as they are)."""
+    extra = {k: v for k, v in extra.items() if k not in batch.features}
+    if not extra:
+        return batch
+    names = tuple(extra)
+    values = np.column_stack([batch.values, *(extra[n] for n in names)])
+    present = None
+    if batch.present is not None:
+        added = np.column_stack([np.isfinite(extra[n]) for n in names])
+        present = np.hstack([batch.present, added])
+    return replace(batch, features=batch.features + names, values=values, present=present)

@@ -1,0 +1,56 @@
+"""Leaks are found by their trend, before they leave the peers' spread or kill the rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detectors.errors import DetectorError
+from detectors.peer import PeerOutlier
+from detectors.trend import Trend
+from tests.detectors._batches import batch
+
+
+def _memory(steps: int, leak: float = 0.0, common: float = 0.0, seed: int = 0):
+    """GB used by 32 ranks of different footprints; rank 9 leaks ``leak`` GB a step from
+    step 40; every rank grows by ``common`` a step (a cache warming up on all)."""
+    rng = np.random.default_rng(seed)
+    footprint = 60.0 + rng.uniform(0.0, 3.0, 32)
+    for s in range(steps):
+        x = footprint + common * s + 0.03 * rng.standard_normal(32)
+        x[9] += leak * max(0, s - 40)
+        yield batch(s, {"mem_used": x}, ranks_per_node=8)
+
+
+def test_a_slow_leak_is_found_while_it_is_still_inside_the_peers_spread() -> None:
+    trend, peer = Trend(warmup=0), PeerOutlier(features={"mem_used": (1, "memory_leak", 0.02)})
+    found, outlier = [], []
+    for b in _memory(120, leak=0.05):
+        found += trend.process_step(b)
+        outlier += peer.process_step(b)
+    assert [(f.kind, f.subject.rank) for f in found] == [("memory_leak", 9)]
+    step = found[0].step or 0
+    assert 40 < step < 60  # 1 GB at most leaked: 80 GB would take 1600 steps
+    assert found[0].evidence["mem_used_slope_per_s"] == pytest.approx(0.05, rel=0.3)
+    assert not outlier or (outlier[0].step or 0) > step
+
+
+def test_growth_shared_by_every_rank_and_flat_noise_are_no_trend() -> None:
+    trend = Trend(warmup=0)
+    assert not [f for b in _memory(200, common=0.05) for f in trend.process_step(b)]
+    assert not [f for b in _memory(400, seed=3) for f in Trend(warmup=0).process_step(b)]
+
+
+def test_a_drift_too_slow_to_matter_is_no_finding() -> None:
+    # Steps of a second: 0.0005 GB a step is 1.8 GB an hour, 3 % of 60 GB, under the 5 %
+    # that matters within the hour, however regular (no noise here to hide it).
+    trend = Trend(warmup=0)
+    for s in range(300):
+        x = np.full(32, 60.0)
+        x[9] += 0.0005 * s
+        assert not trend.process_step(batch(s, {"mem_used": x}, ranks_per_node=8))
+
+
+def test_the_window_must_allow_a_slope() -> None:
+    with pytest.raises(DetectorError, match="even and at least 4"):
+        Trend(window=3)

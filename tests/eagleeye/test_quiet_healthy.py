@@ -1,0 +1,64 @@
+"""Healthy live runs are quiet: no finding on any preset of the reference workload, in job
+and in replica mode, nor on the demo's fault-free reference run. (The users' client
+scripts are checked for the same in tests/eagleeye/test_clients_e2e.py.)"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from eagleeye.demo import WORKLOAD, DemoConfig
+from eagleeye.launch import JobConfig, run_job
+from eagleeye.store import RunReader
+from eagleeye.workload.model import PRESETS
+from ft_runtime.layout import JobLayout
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def _findings(run: Path) -> list[tuple[str, object, dict]]:
+    with RunReader(run) as reader:
+        table = reader.findings()
+        assert reader.actions().empty
+    return list(zip(table["kind"], table["rank"], table["evidence"], strict=True))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("recovery", ["job", "replica"])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_a_healthy_run_of_every_preset_and_mode_draws_no_finding(
+    tmp_path: Path, preset: str, recovery: str
+) -> None:
+    args = ["--preset", preset, "--steps", "40", "--batch-size", "2", "--block-size", "32"]
+    config = JobConfig(
+        script=WORKLOAD,
+        module=True,
+        script_args=[*args, "--checkpoint-every", "10"],
+        layout=JobLayout(nnodes=2, nproc_per_node=2, replicas=2 if recovery == "replica" else 1),
+        recovery=recovery,
+        remediate=True,
+        runs_dir=str(tmp_path),
+        run_id=f"{preset}-{recovery}",
+    )
+    result = run_job(config)
+    assert result.succeeded
+    assert _findings(result.run_dir) == []
+
+
+@pytest.mark.timeout(400)
+def test_the_demo_s_fault_free_reference_run_draws_no_finding(tmp_path: Path) -> None:
+    demo = replace(DemoConfig(), steps=60)  # the demo's workload and layout, fewer steps
+    clean = JobConfig(
+        script=WORKLOAD,
+        module=True,
+        script_args=demo.workload_args(),
+        layout=JobLayout(nnodes=2, nproc_per_node=2, replicas=2),
+        recovery=demo.recovery,
+        runs_dir=str(tmp_path),
+        run_id="demo-reference",
+    )
+    result = run_job(clean)
+    assert result.succeeded
+    assert _findings(result.run_dir) == []
