@@ -1,6 +1,6 @@
 """Zero-code telemetry: what a training script reports without a line of Eagle Eye in it.
 
-``ZeroCode(hook).start()`` arranges for three things to be installed the moment the script
+``ZeroCode(hook).start()`` arranges for four things to be installed the moment the script
 imports torch (at once if it has already), all through public PyTorch interfaces:
 
 - ``collector.autostep``: step boundaries and step times from the global optimizer step
@@ -8,7 +8,8 @@ imports torch (at once if it has already), all through public PyTorch interfaces
 - ``collector.instrument``: enter and exit, op, bytes and group of every collective
   called through ``torch.distributed``;
 - ``collector.ddp``: DistributedDataParallel's gradient all-reduce through PyTorch's
-  reference comm hook, so the wrappers see it.
+  reference comm hook, so the wrappers see it;
+- ``collector.autosave``: the script's own checkpoints, from ``torch.save`` to a file.
 
 A script that never imports torch (one that only prints) costs nothing: nothing is
 imported for it. Errors while installing are logged and leave the script untouched.
@@ -59,6 +60,7 @@ class ZeroCode:
         self._undo = []
 
     def _install(self, torch: ModuleType) -> None:
+        from collector.autosave import watch_saves
         from collector.autostep import AutoSteps
         from collector.ddp import watch_ddp
         from collector.instrument import patch_collectives
@@ -67,6 +69,7 @@ class ZeroCode:
             AutoSteps(self.hook).install,
             lambda: patch_collectives(self.hook),
             watch_ddp,
+            lambda: watch_saves(self.hook),
         )
         for install in steps:
             try:

@@ -8,6 +8,9 @@ from rich.console import Console
 
 from detectors.types import Finding, Severity
 from eagleeye.controller import UnknownProgress
+from eagleeye.failures import RankFailure
+from eagleeye.injector import FaultFired
+from eagleeye.launch import RunStarted, UnfiredFaults
 from eagleeye.stacks import HangStacks, top_frame
 from ft_runtime.types import LifecycleEvent, OutcomeStatus, Phase
 from remediation.remediator import Decision
@@ -43,6 +46,18 @@ class LiveLog:
             self._event(stamp, item)
         elif isinstance(item, HangStacks):
             self._stacks(stamp, item)
+        elif isinstance(item, RunStarted):
+            self.run_started(item)
+        elif isinstance(item, UnfiredFaults):
+            self.unfired(item)
+        elif isinstance(item, RankFailure):
+            self._failure(stamp, item)
+        elif isinstance(item, FaultFired):
+            where = "" if item.step is None else f" at step {item.step}"
+            self.console.print(
+                f"{stamp} [magenta]fault[/magenta] {item.spec} fired from outside the rank"
+                f"{where} (attempt {item.attempt})"
+            )
         elif isinstance(item, UnknownProgress):
             ranks = ", ".join(f"rank {r}" for r in item.ranks)
             self.console.print(
@@ -50,6 +65,15 @@ class LiveLog:
                 f"{item.attempt}; progress unknown, not judged hung (a stopped or blocked "
                 "process is still found from /proc)"
             )
+
+    def _failure(self, stamp: str, failure: RankFailure) -> None:
+        """The first failing rank of an attempt: its traceback and where its log is."""
+        self.console.print(
+            f"{stamp} [bold red]rank {failure.rank} failed[/bold red] with exit code "
+            f"{failure.exit_code} (log: {failure.log_path})"
+        )
+        for line in failure.error.splitlines():
+            self.console.print(f"          [rank{failure.rank}]: {line}", markup=False)
 
     def _stacks(self, stamp: str, item: HangStacks) -> None:
         """Where each rank stands: its innermost frame (full stacks: RunReader.stacks())."""
@@ -64,11 +88,46 @@ class LiveLog:
 
     def _event(self, stamp: str, event: LifecycleEvent) -> None:
         if event.subject == "job":
+            reason = event.detail.get("reason")
             self.console.print(
                 f"{stamp} [bold]job[/bold] {event.phase.value} (attempt {event.attempt})"
+                + (f": {reason}" if reason else "")
             )
+            if event.phase is Phase.LAUNCH and event.attempt > 0:
+                self._resume(stamp, event)
         elif event.phase is Phase.EXITED:
             code = event.detail.get("exit_code")
             note = " (collateral)" if event.detail.get("collateral") else ""
             if code != 0:
                 self.console.print(f"{stamp} {event.subject} exited with {code}{note}")
+
+    def _resume(self, stamp: str, event: LifecycleEvent) -> None:
+        """What a restarted attempt resumes from, or that nothing is known to resume from."""
+        source = event.detail.get("resume_from")
+        flags = event.detail.get("resume_args")
+        if source:
+            self.console.print(f"{stamp} resuming from {source} (EAGLEEYE_RESUME_FROM)")
+        if flags:
+            self.console.print(f"{stamp} the script is restarted with {flags}", markup=False)
+        if not source and not flags:
+            self.console.print(
+                f"{stamp} [yellow]no checkpoint known[/yellow]: attempt {event.attempt} "
+                "starts over unless the script resumes on its own (pass its resume flags "
+                "with --resume-args, or save through the hook)"
+            )
+
+    def run_started(self, item: RunStarted) -> None:
+        self.console.print(
+            f"run {item.run_dir.name}: store {item.run_dir / 'run.db'}; rank output in "
+            f"{item.logs}/attempt-N/rank-R.log",
+            markup=False,
+        )
+
+    def unfired(self, item: UnfiredFaults) -> None:
+        for spec in item.specs:
+            self.console.print(
+                f"[yellow]fault {spec} never fired[/yellow] (its rank never reached step "
+                f"{spec.step}, or its attempt {spec.attempt} never ran)"
+                if spec.time is None
+                else f"[yellow]fault {spec} never fired[/yellow] (its attempt ended first)"
+            )

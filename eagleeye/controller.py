@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from collector.aggregate import StepAggregator
@@ -21,9 +22,13 @@ from collector.types import JOB, Frame, Sample
 from detectors.base import Detector
 from detectors.progress import PROC_FEATURES, ProgressStall
 from detectors.types import Finding
+from eagleeye.failures import CrashLoop, RankFailure, rank_error
 from eagleeye.ingest import LaunchedAttempts, ingest_samples, lifecycle_frames
+from eagleeye.injector import OutsideInjector
 from eagleeye.procwatch import ProcessWatch
+from eagleeye.resume import KnownCheckpoints
 from eagleeye.stacks import HangStacks, StackCapture
+from eagleeye.stopping import EVENT_LISTENING, request_checkpoint
 from eagleeye.store import RunStore
 from ft_runtime.supervisor import JobSupervisor
 from ft_runtime.types import LifecycleEvent, Phase
@@ -46,9 +51,19 @@ class UnknownProgress:
     after_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class StopRequest:
+    """A stop asked of the job from outside (a signal), with its grace period."""
+
+    cause: str
+    signal: int
+    grace_s: float
+
+
 @dataclass
 class ControllerReport:
     succeeded: bool = False
+    stopped: StopRequest | None = None
     findings: list[Finding] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     events: list[LifecycleEvent] = field(default_factory=list)
@@ -69,6 +84,8 @@ class Controller:
         (``progress``: rank → stepping, waiting, paused, stopped, blocked, closing or
         unknown) and whose ranks of unknown progress are announced once per attempt.
     unknown_after_s: when, into an attempt, ranks without a step are announced.
+    injector: fires the job's kill, stop and slow faults from outside the ranks.
+    run_dir: the run folder (the checkpoint request of a graceful stop goes there).
     """
 
     def __init__(
@@ -85,6 +102,8 @@ class Controller:
         stacks: StackCapture | None = None,
         progress: ProgressStall | None = None,
         unknown_after_s: float = 60.0,
+        injector: OutsideInjector | None = None,
+        run_dir: Path | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.receiver = receiver
@@ -106,26 +125,74 @@ class Controller:
         self._progress_seen: dict[str, str] = {}
         self._progress_at = 0.0
         self._attempt_started = (0, 0.0)  # attempt, when; the unknown ranks announced once
+        self.injector = injector
+        self.run_dir = run_dir
+        self.checkpoints = KnownCheckpoints()
+        self.crash_loop = CrashLoop()
+        self._stop: StopRequest | None = None
+        self._listening: set[int] = set()  # ranks whose loop checkpoints when asked
+
+    def request_stop(self, request: StopRequest) -> None:
+        """Asks the loop to stop the job (safe from a signal handler); a second request
+        while the first is pending shortens the grace period to nothing."""
+        if self._stop is not None:
+            request = StopRequest(request.cause, request.signal, 0.0)
+        self._stop = request
 
     def run(self) -> ControllerReport:
         self.report.started = self.clock()
         self.supervisor.start()
         try:
-            while not self.supervisor.finished:
+            while not self.supervisor.finished and self._stop is None:
                 self.tick()
+            if self._stop is not None and not self.supervisor.finished:
+                self._stop_job(self._stop)
             self._drain_telemetry(grace_s=0.5)
             self._flush_detectors()
         finally:
+            if self.injector is not None:
+                self.injector.close()
             self.supervisor.stop_all()
             self.report.ended = self.clock()
             self.report.succeeded = self.supervisor.phase is Phase.SUCCEEDED
         return self.report
+
+    def _stop_job(self, request: StopRequest) -> None:
+        """Ends every rank on a stop request, after the checkpoint it asks for; recorded."""
+        self.report.stopped = request
+        if request.grace_s > 0 and self._listening and self.run_dir is not None:
+            self._await_checkpoints(request, self.clock() + request.grace_s / 2)
+        self.supervisor.stop(f"stopped by {request.cause}", request.grace_s)
+        self._lifecycle(self.supervisor.poll())
+
+    def _await_checkpoints(self, request: StopRequest, deadline: float) -> None:
+        """Asks the listening loops for a checkpoint and waits until each has saved one."""
+        assert self.run_dir is not None
+        asked = self.clock()
+        request_checkpoint(self.run_dir, request.cause)
+        saved: set[int] = set()
+        while self.clock() < deadline and not self._listening <= saved:
+            samples = self.receiver.receive(timeout_s=self.tick_s)
+            ingest_samples(self.store, samples, self.launched.current)
+            saved |= {
+                int(s.labels["rank"])
+                for s in samples
+                if s.name == "event.checkpoint"
+                and s.time >= asked
+                and s.labels.get("rank", "").isdigit()
+            }
+            self._lifecycle(self.supervisor.poll())
+            if self.supervisor.alive() == 0:
+                break
 
     def tick(self) -> None:
         samples = self.receiver.receive(timeout_s=self.tick_s)
         frames = ingest_samples(self.store, samples, self.launched.current)
         if samples:
             self.on_samples(samples)
+            self._observe(samples, frames)
+        if self.injector is not None:
+            self.injector.poll(self.clock())
         frames += self._lifecycle(self.supervisor.poll())
         frames += self._aggregate(frames)
         looks = self.procs.frames(self.clock())
@@ -138,6 +205,18 @@ class Controller:
         later = self._lifecycle(self.supervisor.poll() + self.supervisor.settle())
         for finding in self._detect(later, poll=False):
             self._answer(finding)
+
+    def _observe(self, samples: list[Sample], frames: list[Frame]) -> None:
+        """What the controller itself takes from telemetry: checkpoints to resume from,
+        loops that checkpoint on request, the steps at which faults fire."""
+        self.checkpoints.observe(samples)
+        self._listening |= {
+            int(s.labels["rank"])
+            for s in samples
+            if s.name == EVENT_LISTENING and s.labels.get("rank", "").isdigit()
+        }
+        if self.injector is not None:
+            self.injector.observe(samples, frames)
 
     def _aggregate(self, frames: list[Frame]) -> list[Frame]:
         """Node and replica frames: complete ones, and those whose wait ran out."""
@@ -242,10 +321,15 @@ class Controller:
         for event in events:
             if event.subject == "job" and event.phase is Phase.LAUNCH:
                 self._attempt_started = (event.attempt, event.time)
+                self._listening.clear()
+                if self.injector is not None:
+                    self.injector.new_attempt(event.attempt, event.time)
         for event in events:
             self.store.add_event(event)
             self.report.events.append(event)
             self.on_update(event)
+            if _first_failure(event):
+                self._failed(event)
         frames = lifecycle_frames(events)
         # A new attempt of the whole job is a new baseline for the detectors.
         frames += [
@@ -261,6 +345,25 @@ class Controller:
             for f in frames
         ]
 
+    def _failed(self, event: LifecycleEvent) -> None:
+        """A rank failed first in its attempt: show what it said; stop a crash loop."""
+        if not self.crash_loop.first_of_attempt(event.attempt):
+            return
+        rank = int(event.subject.removeprefix("rank:"))
+        log_path = self.supervisor.log_path(rank)
+        failure = RankFailure(
+            rank,
+            event.attempt,
+            int(event.detail["exit_code"]),
+            self._last_step.get(rank),
+            "" if log_path is None else rank_error(log_path.parent, rank),
+            "" if log_path is None else str(log_path),
+        )
+        self.on_update(failure)
+        loop = self.crash_loop.note(failure)
+        if loop is not None:
+            self.supervisor.stop_restarting(loop)
+
     def _drain_telemetry(self, grace_s: float) -> None:
         deadline = self.clock() + grace_s
         while self.clock() < deadline:
@@ -270,6 +373,16 @@ class Controller:
             frames = ingest_samples(self.store, samples, self.launched.current)
             for finding in self._detect(frames + self._aggregate(frames), poll=False):
                 self._answer(finding)
+
+
+def _first_failure(event: LifecycleEvent) -> bool:
+    """A rank's exit with an error that is not the collateral of another's."""
+    return (
+        event.phase is Phase.EXITED
+        and event.subject.startswith("rank:")
+        and event.detail.get("exit_code") not in (0, None)
+        and not event.detail.get("collateral")
+    )
 
 
 def _safely(name: str, call: Callable[[Any], Sequence[Finding]], arg: Any) -> Sequence[Finding]:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
+import math
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+import shlex
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -18,19 +24,23 @@ from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_co
 from detectors.progress import HangLimits, ProgressStall
 from detectors.types import Finding
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
-from eagleeye.controller import Controller, ControllerReport
+from eagleeye.controller import Controller, ControllerReport, StopRequest
 from eagleeye.detection import live_config, live_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.exporter import EagleEyeExporter
+from eagleeye.injector import FaultFired, OutsideInjector
+from eagleeye.rank_output import RankOutput
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
-from ft_runtime.faults import ENV_INJECT, load_scenario, parse_specs
-from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE, JobLayout
+from ft_runtime.faults import ENV_INJECT, FaultSpec, load_scenario, parse_specs
+from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
 from remediation.remediator import Decision, Remediator
+
+log = logging.getLogger(__name__)
 
 RECOVERIES = ("job", "replica", "none")
 
@@ -63,6 +73,9 @@ class JobConfig:
     policy: str | None = None
     metrics_port: int | None = None
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
+    resume_args: Sequence[str] = ()  # the script's own resume flags, added on restarts
+    grace_period_s: float = 0.0  # on SIGTERM/SIGINT: checkpoint, then this long to exit
+    stream_ranks: Collection[int] | None = ()  # ranks whose output is printed (None: all)
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERIES:
@@ -75,11 +88,26 @@ class JobConfig:
                 f"{self.layout.replicas} replicas (--replicas); give a count in that range"
             )
         for spec in parse_specs(self.inject):  # a bad spec fails here, before any launch
-            if spec.rank >= self.layout.world_size:
-                raise EagleEyeError(
-                    f"fault {spec} names rank {spec.rank}, but the job has "
-                    f"{self.layout.world_size} ranks"
-                )
+            self._check_fault(spec)
+        if not math.isfinite(self.grace_period_s) or self.grace_period_s < 0:
+            raise EagleEyeError(
+                f"--grace-period {self.grace_period_s} is not a number of seconds >= 0"
+            )
+
+    def _check_fault(self, spec: FaultSpec) -> None:
+        """A fault that can never fire is an error before the launch."""
+        if spec.rank >= self.layout.world_size:
+            raise EagleEyeError(
+                f"fault {spec} names rank {spec.rank}, but the job has "
+                f"{self.layout.world_size} ranks"
+            )
+        if spec.attempt > self.max_restarts:
+            raise EagleEyeError(
+                f"fault {spec} is for attempt {spec.attempt}, but the job has at most "
+                f"{self.max_restarts} restarts (--max-restarts); it could never fire"
+            )
+        if not spec.outside and not self.instrument and self.recovery != "replica":
+            log.info("fault %s fires only if the script calls ee.faults.fire(step)", spec)
 
     def command(self) -> list[str]:
         """The rank's command line after the interpreter; through the zero-code boot
@@ -133,7 +161,19 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         metrics_port=args.metrics_port,
         hang=hang_flags(args),
         instrument=getattr(args, "instrument", True),
+        resume_args=_split_args(getattr(args, "resume_args", "")),
+        grace_period_s=getattr(args, "grace_period", 0.0),
+        stream_ranks=getattr(args, "stream", None),
     )
+
+
+def _split_args(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise EagleEyeError(
+            f"--resume-args {text!r} cannot be split into arguments: {exc}"
+        ) from None
 
 
 def hang_flags(args: argparse.Namespace) -> dict[str, float]:
@@ -183,12 +223,48 @@ def supervisor_for(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RunStarted:
+    """A run's folder exists and its ranks are about to start (for the console)."""
+
+    run_dir: Path
+    logs: Path
+
+
+@dataclass(frozen=True, slots=True)
+class UnfiredFaults:
+    """Faults of the run that never fired (reported at its end)."""
+
+    specs: tuple[FaultSpec, ...]
+
+
 def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None) -> JobResult:
-    """Runs a job to its end (success, failure, or spent restart budget)."""
+    """Runs a job to its end (success, failure, spent restart budget, or a stop signal).
+    Whatever fails before the launch fails before a run folder is made."""
     command = config.command()
+    refuse_replica_without_api(config)
     limits, fused = _detector_config(config)  # a bad config file fails before any launch
+    policy = policy_for(config)
     run_id = config.run_id or new_run_id()
     run_dir = create_run_dir(config.runs_dir, run_id)
+    try:
+        return _run_in(run_dir, run_id, config, command, limits, fused, policy, on_update)
+    except BaseException:
+        if not (run_dir / "logs").exists():  # nothing was launched: leave no empty run
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _run_in(
+    run_dir: Path,
+    run_id: str,
+    config: JobConfig,
+    command: list[str],
+    limits: HangLimits,
+    fused: DetectorsConfig | None,
+    policy: Policy,
+    on_update: Callable[[object], None] | None,
+) -> JobResult:
     store = RunStore(run_dir)
     receiver = TelemetryReceiver()
     env = {
@@ -213,9 +289,9 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         config.master_addr,
         config.master_port,
         env,
+        resume_args=tuple(config.resume_args),
     )
     supervisor = supervisor_for(config, launch, store)
-    policy = policy_for(config)
     store.set_meta("run_id", run_id)
     store.set_meta(
         "config",
@@ -234,6 +310,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
             "snapshots": config.snapshots,
             "instrument": config.instrument,
             "hang": asdict(limits),
+            "resume_args": list(config.resume_args),
+            "grace_period_s": config.grace_period_s,
         },
     )
     detectors = live_detectors(limits, fused)
@@ -251,10 +329,25 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         on_samples=(lambda samples: None) if exporter is None else exporter.observe_samples,
         stacks=StackCapture(run_dir),
         progress=next((d for d in detectors if isinstance(d, ProgressStall)), None),
+        injector=OutsideInjector(
+            parse_specs(config.inject), supervisor.pids, _record_fault(store, show)
+        ),
+        run_dir=run_dir,
     )
+    supervisor.attempt_env = _resume_env(controller)
+    output = RankOutput(run_dir / "logs", config.stream_ranks)
+    show(RunStarted(run_dir, run_dir / "logs"))
     try:
-        with holders if holders is not None else nullcontext():
+        with (
+            _stop_on_signals(controller, config.grace_period_s),
+            output,
+            holders if holders is not None else nullcontext(),
+        ):
             report = controller.run()
+        unfired = tuple(controller.injector.unfired()) if controller.injector else ()
+        if unfired:
+            store.set_meta("faults_unfired", [str(spec) for spec in unfired])
+            show(UnfiredFaults(unfired))
         store.set_meta(
             "result",
             {
@@ -262,6 +355,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
                 "started": report.started,
                 "ended": report.ended,
                 "attempts": supervisor.attempt + 1,
+                "stopped_by": None if report.stopped is None else report.stopped.cause,
             },
         )
     finally:
@@ -270,6 +364,80 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         if server is not None:
             server.shutdown()
     return JobResult(run_dir, report)
+
+
+def refuse_replica_without_api(config: JobConfig) -> None:
+    """Replica recovery needs ranks that exchange gradients through the replica API; an
+    ordinary DDP script would hang in its own ``init_process_group``."""
+    if config.recovery != "replica":
+        return
+    for source in _script_sources(config):
+        try:
+            text = source.read_text(errors="replace")
+        except OSError:
+            continue
+        if any(name in text for name in REPLICA_API):
+            return
+    raise EagleEyeError(
+        f"--recovery replica needs a script that trains through the replica API "
+        f"({REPLICA_API[0]}, as {REPLICA_API[1]} does); {config.script} and the modules "
+        "beside it use none of it: run it with --recovery job"
+    )
+
+
+REPLICA_API = ("ReplicaComm", "eagleeye.workload.replicated", "ft_runtime.ftar")
+
+
+def _script_sources(config: JobConfig) -> list[Path]:
+    """The script and the Python files beside it (its own helper modules)."""
+    if config.module:
+        spec = importlib.util.find_spec(config.script)
+        origin = None if spec is None else spec.origin
+        if origin is None:
+            return []
+        script = Path(origin)
+    else:
+        script = Path(config.script)
+    return [script, *sorted(p for p in script.parent.glob("*.py") if p != script)]
+
+
+def _resume_env(controller: Controller) -> Callable[[int], dict[str, str]]:
+    """A restarted attempt's ranks get the newest complete checkpoint known."""
+
+    def env(attempt: int) -> dict[str, str]:
+        newest = controller.checkpoints.newest() if attempt > 0 else None
+        return {} if newest is None else {ENV_RESUME_FROM: newest}
+
+    return env
+
+
+def _record_fault(store: RunStore, show: Callable[[object], None]) -> Callable[[FaultFired], None]:
+    def record(fired: FaultFired) -> None:
+        spec = fired.spec
+        store.add_fault(fired.time, fired.step, fired.attempt, spec.kind, spec.rank, str(spec))
+        show(fired)
+
+    return record
+
+
+@contextmanager
+def _stop_on_signals(controller: Controller, grace_s: float) -> Iterator[None]:
+    """SIGTERM and SIGINT (what timeout, Slurm and Kubernetes send, and Ctrl-C) stop the
+    job through the controller: no rank outlives `eagleeye run`. Only the main thread can
+    take signals; elsewhere the caller stops the job."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        controller.request_stop(StopRequest(signal.Signals(signum).name, signum, grace_s))
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _detector_config(config: JobConfig) -> tuple[HangLimits, DetectorsConfig | None]:

@@ -19,9 +19,10 @@ from typing import Any
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_KEEP
 from eagleeye.snapshots import RankSnapshots
 from eagleeye.stackdump import enable_stack_dumps
+from eagleeye.stopping import EVENT_LISTENING, CheckpointRequest
 from eagleeye.telemetry import RankTelemetry, rank_labels, shared_telemetry
 from ft_runtime.checkpoint import DiskCheckpointer, SavedCheckpoint
-from ft_runtime.faults import FaultInjector, FaultSpec
+from ft_runtime.faults import EVENT_INJECTOR_ARMED, FaultInjector, FaultSpec
 from ft_runtime.layout import ENV_ATTEMPT, ENV_NODE, ENV_REPLICA
 
 
@@ -43,7 +44,9 @@ class RankSession:
         self._publisher = telemetry.publisher
         self.hook = telemetry.hook
         enable_stack_dumps(env, self.rank, self.attempt)
-        self.faults = FaultInjector.from_env(self.rank, self.attempt, self._announce_fault)
+        self.faults = FaultInjector.from_env(
+            self.rank, self.attempt, self._announce_fault, armed=self._announce_armed
+        )
         self.checkpoints = DiskCheckpointer(
             env.get(ENV_CHECKPOINT_DIR, "checkpoints"),
             self.rank,
@@ -51,6 +54,8 @@ class RankSession:
             barrier=_barrier_if_distributed,
             keep=int(env.get(ENV_CHECKPOINT_KEEP, 2)),
         )
+        self._stop_request = CheckpointRequest(env)
+        self._listening = False
         # with snapshot holders (`eagleeye run` with snapshots on), checkpoints go to memory
         self.snapshots = RankSnapshots.from_env(
             env, self.node, self.local_rank, int(env.get("LOCAL_WORLD_SIZE", 1))
@@ -106,6 +111,14 @@ class RankSession:
         return hf_callback(self.hook)
 
     # ---- checkpoints --------------------------------------------------------------------
+    def checkpoint_requested(self) -> bool:
+        """Whether `eagleeye run` is stopping the job with a grace period and asks for a
+        checkpoint now: save (``save_checkpoint``) and end the loop. Cheap at every step."""
+        if not self._listening:
+            self._listening = True  # the supervisor waits for this rank's save from now on
+            self.hook.event(EVENT_LISTENING, 0.0)
+        return self._stop_request.requested()
+
     def save_checkpoint(self, state: Mapping[str, Any], step: int) -> None:
         """Saves synchronously and reports it; the checkpoint error propagates (it is the
         loop's decision whether to go on without a checkpoint). With snapshot holders the
@@ -172,6 +185,10 @@ class RankSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _announce_armed(self) -> None:
+        # Sent before any step of the loop: the supervisor sees it before a fault's step.
+        self.hook.event(EVENT_INJECTOR_ARMED, 0.0)
 
     def _announce_fault(self, spec: FaultSpec) -> None:
         # A kill follows at once: hand the record to the transport before returning.

@@ -9,12 +9,19 @@ A spec names a fault kind, where and when::
     nan:rank=0@step=50               the loss of that step becomes NaN
     loss_spike:rank=0@step=50,factor=20
     kill:rank=3@step=40,phase=backward   fire in the middle of backward instead of at step start
+    stop:rank=1@time=20              SIGSTOP it 20 s after its attempt was launched
+
+Kill, stop and slow at a step or a time need nothing in the script: `eagleeye run` fires
+them from outside the rank (signals; slow is a SIGSTOP/SIGCONT duty cycle), at the step its
+telemetry reports. A loop that calls ``ee.faults.fire(step)`` fires its own instead, at the
+step's start. NaN, loss spikes, slow collectives and the other phases need that call.
 
 Faults fire in the first attempt only unless ``attempt=N`` says otherwise, so a job restarted
 from a checkpoint before the fault's step does not meet the same fault again.
 
->>> FaultSpec.parse("kill:rank=3@step=40")
-FaultSpec(kind='kill', rank=3, step=40, seconds=0.0, steps=0, factor=1.0, phase='step', attempt=0)
+>>> FaultSpec.parse("kill:rank=3@step=40")  # doctest: +NORMALIZE_WHITESPACE
+FaultSpec(kind='kill', rank=3, step=40, seconds=0.0, steps=0, factor=1.0, phase='step',
+          attempt=0, time=None)
 """
 
 from __future__ import annotations
@@ -30,10 +37,14 @@ from pathlib import Path
 from ft_runtime.errors import FaultSpecError
 
 KINDS = ("kill", "stop", "slow", "slow_collective", "nan", "loss_spike")
+OUTSIDE_KINDS = ("kill", "stop", "slow")
+"""Kinds the supervisor can fire from outside the rank (at the step phase)."""
 PHASES = ("step", "backward", "collective")
+EVENT_INJECTOR_ARMED = "event.injector"
+"""Telemetry a rank sends when its loop fires its own faults (``ee.faults.fire``)."""
 ENV_INJECT = "EAGLEEYE_INJECT"
 """Fault specs for the ranks, separated by ';'."""
-_FORM = "KIND:rank=R@step=S[,seconds=X][,steps=N][,factor=F][,phase=P][,attempt=A]"
+_FORM = "KIND:rank=R@step=S|time=T[,seconds=X][,steps=N][,factor=F][,phase=P][,attempt=A]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +57,7 @@ class FaultSpec:
     factor: float = 1.0
     phase: str = "step"
     attempt: int = 0
+    time: float | None = None  # seconds into the attempt, instead of a step (step is -1)
 
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
@@ -63,11 +75,15 @@ class FaultSpec:
                     f"bad fault spec {text!r}: {part!r} is not key=value; form: {_FORM}"
                 )
             fields[key.strip()] = value.strip()
+        if ("step" in fields) == ("time" in fields):
+            raise FaultSpecError(f"fault spec {text!r} needs one of step= or time=; form: {_FORM}")
+        at_time = fields.pop("time", None)
         try:
             spec = cls(
                 kind=kind,
                 rank=int(fields.pop("rank")),
-                step=int(fields.pop("step")),
+                step=int(fields.pop("step", -1)),
+                time=None if at_time is None else float(at_time),
                 seconds=float(fields.pop("seconds", 0.0)),
                 steps=int(fields.pop("steps", 0)),
                 factor=float(fields.pop("factor", 1.0)),
@@ -84,13 +100,27 @@ class FaultSpec:
             raise FaultSpecError(f"unknown keys {sorted(fields)} in fault spec {text!r}")
         if spec.phase not in PHASES:
             raise FaultSpecError(f"unknown phase {spec.phase!r} in {text!r}; phases: {PHASES}")
+        if spec.time is not None and not spec.outside:
+            raise FaultSpecError(
+                f"fault spec {text!r} cannot fire at a time: only "
+                f"{', '.join(OUTSIDE_KINDS)} at phase=step can; give step= instead"
+            )
         return spec
 
     def __str__(self) -> str:
-        return f"{self.kind}:rank={self.rank}@step={self.step}"
+        when = f"time={self.time:g}" if self.time is not None else f"step={self.step}"
+        return f"{self.kind}:rank={self.rank}@{when}"
+
+    @property
+    def outside(self) -> bool:
+        """Whether the supervisor can fire it from outside the rank."""
+        return self.kind in OUTSIDE_KINDS and self.phase == "step"
 
     def active(self, step: int) -> bool:
-        """Whether the fault applies at this step (one step, or a span for slow faults)."""
+        """Whether the fault applies at this step (one step, or a span for slow faults);
+        never for a fault at a time, which only the supervisor fires."""
+        if self.time is not None:
+            return False
         if self.kind in ("slow", "slow_collective"):
             return step >= self.step and (self.steps == 0 or step < self.step + self.steps)
         return step == self.step
@@ -132,6 +162,8 @@ class FaultInjector:
         attempt: the job's restart attempt.
         notify: called with a spec just before it fires (to record the injection); for
             kill and stop it must have delivered the record when it returns.
+        armed: called once, at the first ``fire()``: the loop fires its own faults, so the
+            supervisor leaves this rank's step faults to it.
     """
 
     def __init__(
@@ -140,19 +172,28 @@ class FaultInjector:
         rank: int,
         attempt: int,
         notify: Callable[[FaultSpec], None] = lambda spec: None,
+        armed: Callable[[], None] = lambda: None,
     ) -> None:
         self.specs = [s for s in specs if s.rank == rank and s.attempt == attempt]
         self.notify = notify
+        self._armed: Callable[[], None] | None = armed
         self._announced: set[FaultSpec] = set()
 
     @classmethod
     def from_env(
-        cls, rank: int, attempt: int, notify: Callable[[FaultSpec], None] = lambda spec: None
+        cls,
+        rank: int,
+        attempt: int,
+        notify: Callable[[FaultSpec], None] = lambda spec: None,
+        armed: Callable[[], None] = lambda: None,
     ) -> FaultInjector:
-        return cls(parse_specs([os.environ.get(ENV_INJECT, "")]), rank, attempt, notify)
+        return cls(parse_specs([os.environ.get(ENV_INJECT, "")]), rank, attempt, notify, armed)
 
     def fire(self, step: int, phase: str = "step") -> None:
         """Applies the kill, stop and slow faults due at this step and phase."""
+        if self._armed is not None:
+            armed, self._armed = self._armed, None
+            armed()
         for spec in self.specs:
             due_phase = "collective" if spec.kind == "slow_collective" else spec.phase
             if due_phase != phase or not spec.active(step):

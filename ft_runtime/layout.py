@@ -29,6 +29,8 @@ ENV_SERVE_NICE = "EAGLEEYE_SERVE_NICE"
 """Nice levels below the training thread at which a rank's catch-up server threads run."""
 ENV_ATTEMPT = "TORCHELASTIC_RESTART_COUNT"
 """Restart attempt, as torchrun names it; scripts use it to prefix store keys."""
+ENV_RESUME_FROM = "EAGLEEYE_RESUME_FROM"
+"""On a restart: the newest complete checkpoint Eagle Eye knows (unset when none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,10 @@ class JobLayout:
             "ROLE_WORLD_SIZE": str(self.world_size),
             "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port),
+            "GROUP_WORLD_SIZE": str(self.nnodes),
+            "ROLE_NAME": "default",
             "TORCHELASTIC_RUN_ID": run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
             ENV_ATTEMPT: str(attempt),
             ENV_REPLICA: str(spec.replica),
             ENV_NUM_REPLICAS: str(self.replicas),

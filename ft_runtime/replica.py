@@ -597,8 +597,8 @@ class ReplicaSupervisor(JobSupervisor):
             return self.launch.layout.rank(index).replica
         return None
 
-    def stop_all(self) -> None:
-        super().stop_all()
+    def stop_all(self, grace_s: float | None = None) -> None:
+        super().stop_all(grace_s)
         self.quorum.close()
         if self.store_host is not None:
             self.store_host.close()

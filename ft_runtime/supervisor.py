@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ft_runtime.errors import LaunchError
-from ft_runtime.layout import JobLayout, RankSpec
+from ft_runtime.layout import ENV_RESUME_FROM, JobLayout, RankSpec
 from ft_runtime.ports import free_port
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 
@@ -45,6 +45,7 @@ class LaunchSpec:
     python: str = ""
     collateral_window_s: float = 10.0
     stop_grace_s: float = 3.0
+    resume_args: Sequence[str] = ()  # appended to the command from the second attempt on
 
 
 @dataclass
@@ -52,6 +53,7 @@ class _Rank:
     spec: RankSpec
     process: subprocess.Popen[bytes]
     attempt: int
+    log_path: Path | None = None
     expected_stop: bool = False
     exit_collected: bool = False  # its exit left the queue: only then is it not live
 
@@ -81,6 +83,9 @@ class JobSupervisor:
         self._done_keys: set[str] = set()
         self._restart_requested = False
         self._exited: set[int] = set()
+        self._no_restart: str | None = None
+        # Variables of an attempt that only the caller knows (the checkpoint to resume from).
+        self.attempt_env: Callable[[int], Mapping[str, str]] = lambda attempt: {}
 
     # ---- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -92,7 +97,16 @@ class JobSupervisor:
         port = self.launch.master_port or free_port(self.launch.master_addr)
         log_dir = Path(self.launch.log_dir) / f"attempt-{self.attempt}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._emit("job", Phase.LAUNCH, world_size=self.launch.layout.world_size, master_port=port)
+        extra = dict(self.attempt_env(self.attempt))
+        self._emit(
+            "job",
+            Phase.LAUNCH,
+            world_size=self.launch.layout.world_size,
+            master_port=port,
+            # what a restart resumes from, for the record: a checkpoint, the script's flags
+            resume_from=extra.get(ENV_RESUME_FROM, ""),
+            resume_args=" ".join(self.command()[len(self.launch.command) :]),
+        )
         for spec in self.launch.layout.ranks():
             env = {
                 **os.environ,
@@ -100,6 +114,8 @@ class JobSupervisor:
                 **self.launch.layout.environment(
                     spec, self.launch.master_addr, port, self.attempt, self.launch.run_id
                 ),
+                **self._elastic_env(log_dir, spec.rank),
+                **extra,
             }
             self._ranks[spec.rank] = self._spawn(spec, env, log_dir / f"rank-{spec.rank}.log")
             self._emit(
@@ -111,20 +127,38 @@ class JobSupervisor:
             )
         self.phase = Phase.RUNNING
 
+    def _elastic_env(self, log_dir: Path, rank: int) -> dict[str, str]:
+        """torchrun's variables that depend on the supervisor: the restart budget and the
+        error file a rank's ``@record`` writes its traceback to."""
+        return {
+            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
+            "TORCHELASTIC_ERROR_FILE": str((log_dir / f"error-rank-{rank}.json").resolve()),
+        }
+
+    def command(self) -> list[str]:
+        """The ranks' command line of the current attempt (the resume flags on restarts)."""
+        resume = list(self.launch.resume_args) if self.attempt > 0 else []
+        return [*self.launch.command, *resume]
+
+    def stop_restarting(self, reason: str) -> None:
+        """From now on a restart fails the job with ``reason`` (a crash loop, a stop)."""
+        self._no_restart = reason
+
     def _spawn(self, spec: RankSpec, env: dict[str, str], log_path: Path) -> _Rank:
         python = self.launch.python or _python()
         try:
             with open(log_path, "wb") as out:
                 process = subprocess.Popen(
-                    [python, *self.launch.command],
+                    [python, *self.command()],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
         except OSError as exc:
             raise LaunchError(f"cannot start rank {spec.rank}: {exc}") from exc
-        rank = _Rank(spec, process, self.attempt)
+        rank = _Rank(spec, process, self.attempt, log_path)
         threading.Thread(
             target=self._wait, args=(rank,), daemon=True, name=f"wait-rank-{spec.rank}"
         ).start()
@@ -194,20 +228,32 @@ class JobSupervisor:
         self.start()
         return True
 
-    def stop_all(self) -> None:
-        """Stops every live rank: SIGTERM (and SIGCONT, for stopped ones), then SIGKILL."""
+    def stop(self, reason: str, grace_s: float = 0.0) -> None:
+        """Ends the job on request: every rank gets SIGTERM and at least ``grace_s`` seconds
+        before SIGKILL; the job is recorded as failed with ``reason``."""
+        self.stop_all(max(grace_s, self.launch.stop_grace_s))
+        if not self.finished:
+            self.phase = Phase.FAILED
+            self._emit("job", Phase.FAILED, reason=reason, stopped=True)
+
+    def stop_all(self, grace_s: float | None = None) -> None:
+        """Stops every live rank and the processes it started: SIGCONT (for stopped ones)
+        and SIGTERM, then SIGKILL after ``grace_s`` (default: the launch's)."""
         live = [r for r in self._ranks.values() if r.process.poll() is None]
         for rank in live:
             rank.expected_stop = True
-            _signal(rank.process, signal.SIGTERM)
             _signal(rank.process, signal.SIGCONT)
-        deadline = time.monotonic() + self.launch.stop_grace_s
+            _signal(rank.process, signal.SIGTERM)
+        grace_s = self.launch.stop_grace_s if grace_s is None else grace_s
+        deadline = time.monotonic() + grace_s
         for rank in live:
             try:
                 rank.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal(rank.process, signal.SIGKILL)
                 rank.process.wait()
+        for rank in self._ranks.values():  # what the ranks started (data loader workers)
+            _signal(rank.process, signal.SIGKILL)
         for rank in self._ranks.values():
             rank.expected_stop = True
 
@@ -229,18 +275,28 @@ class JobSupervisor:
         if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
             return self._outcome(action, OutcomeStatus.SKIPPED, f"job already {self.phase.value}")
         self._done_keys.add(action.key)
+        refusal = self.restart_refusal()
         if not self.restart_job(action.reason):
-            return self._outcome(
-                action,
-                OutcomeStatus.FAILED,
-                f"restart budget of {self.max_restarts} spent; job failed",
-            )
+            return self._outcome(action, OutcomeStatus.FAILED, f"{refusal}; job failed")
         scope = "" if action.target == "job" else f" (asked for {action.target})"
         return self._outcome(
             action, OutcomeStatus.DONE, f"restarted all ranks as attempt {self.attempt}{scope}"
         )
 
+    def restart_refusal(self) -> str | None:
+        """Why the next restart of the job would be refused, or None."""
+        if self._no_restart is not None:
+            return self._no_restart
+        if self.restarts >= self.max_restarts:
+            return f"restart budget of {self.max_restarts} spent"
+        return None
+
     # ---- state -----------------------------------------------------------------------------
+    def log_path(self, rank: int) -> Path | None:
+        """The log file of the rank's current process."""
+        found = self._ranks.get(rank)
+        return None if found is None else found.log_path
+
     def alive(self) -> int:
         return sum(1 for r in self._ranks.values() if r.process.poll() is None)
 
@@ -271,11 +327,31 @@ class JobSupervisor:
         return Outcome(action, status, detail, self.clock())
 
 
-def _signal(process: subprocess.Popen[bytes], sig: int) -> None:
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the supervising process dies, however it dies
+    (Linux; elsewhere the supervisor's own signal handling stops the ranks)."""
     try:
-        process.send_signal(sig)
-    except ProcessLookupError:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
         pass
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _signal(process: subprocess.Popen[bytes], sig: int) -> None:
+    """Signals the rank's process group (the rank leads its own session), so what it
+    started goes with it; the rank alone when the group is gone."""
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            process.send_signal(sig)
+        except ProcessLookupError:
+            pass
 
 
 def _python() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from eagleeye.commands.hang_flags import add_hang_arguments
@@ -129,7 +130,34 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="inject the faults listed in FILE (one spec per line, # comments)",
     )
+    g.add_argument(
+        "--resume-args",
+        default="",
+        metavar='"ARGS"',
+        help="the script's own resume flags, appended to its command on every restart "
+        '(e.g. --resume-args "--init_from=resume"); the ranks also get the newest '
+        "checkpoint Eagle Eye knows in EAGLEEYE_RESUME_FROM",
+    )
+    g.add_argument(
+        "--grace-period",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT: ask the loops for a checkpoint first and give every "
+        "rank S seconds to save and exit before SIGKILL (default: 0, stop at once)",
+    )
     add_hang_arguments(p)
+    g = p.add_argument_group("console")
+    g.add_argument(
+        "--stream",
+        "--local-ranks-filter",
+        dest="stream",
+        type=_ranks,
+        default=None,
+        metavar="RANKS",
+        help="ranks whose output is printed with a [rankN]: prefix: all, none, or a comma "
+        "list such as 0,3 (default: all; every rank's output is also in its log file)",
+    )
     g = p.add_argument_group("store")
     g.add_argument(
         "--runs-dir", default="runs", help="directory holding one folder per run (default: ./runs)"
@@ -144,20 +172,51 @@ def _run(args: argparse.Namespace) -> int:
     config = job_config_from_args(args)
     live = LiveLog()
     result = run_job(config, on_update=live)
+    stopped = result.report.stopped
     verdict = "succeeded" if result.succeeded else "failed"
+    if stopped is not None:
+        verdict = f"stopped by {stopped.cause}"
     live.console.print(f"run {verdict}; store: {result.run_dir / 'run.db'}")
+    if stopped is not None:
+        return 128 + stopped.signal  # as a shell reports a process ended by that signal
     return 0 if result.succeeded else 1
 
 
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
+    value = _whole(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def _ranks(text: str) -> frozenset[int] | None:
+    from eagleeye.rank_output import parse_ranks
+
+    try:
+        return parse_ranks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -46,7 +46,7 @@ def test_fault_specs_parse_with_options() -> None:
     ("text", "message"),
     [
         ("explode:rank=1@step=2", "unknown fault kind 'explode'"),
-        ("kill:rank=1", "lacks step="),
+        ("kill:rank=1", "needs one of step= or time="),
         ("kill:rank=x@step=2", "bad number"),
         ("kill:rank=1@step=2,color=red", "unknown keys"),
         ("kill:rank=1@step=2,phase=lunch", "unknown phase"),
