@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_joined_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as exc:
@@ -46,6 +46,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"eagleeye {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+VALUE_FLAGS = ("--resume-args",)
+"""Flags whose value is itself a script's flags (``--resume-args --init_from=resume``)."""
+
+
+def _joined_values(argv: list[str]) -> list[str]:
+    """``--resume-args --x`` as ``--resume-args=--x``: argparse would take the value for a
+    flag of its own. Only before the first ``--`` (what follows belongs to the script).
+
+    >>> _joined_values(["run", "--resume-args", "--init_from=resume", "t.py"])
+    ['run', '--resume-args=--init_from=resume', 't.py']
+    """
+    joined: list[str] = []
+    rest = iter(argv)
+    for arg in rest:
+        if arg == "--":
+            joined += [arg, *rest]
+            break
+        if arg in VALUE_FLAGS:
+            value = next(rest, None)
+            joined.append(arg if value is None else f"{arg}={value}")
+        else:
+            joined.append(arg)
+    return joined
 
 
 def _version() -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 from rich.console import Console
+from rich.markup import escape
 
 from detectors.types import Finding, Severity
 from eagleeye.controller import UnknownProgress
@@ -23,7 +25,8 @@ class LiveLog:
     """Prints findings, decisions and job-level lifecycle events as they happen."""
 
     def __init__(self, console: Console | None = None, started: float | None = None) -> None:
-        self.console = console or Console(stderr=True, highlight=False)
+        # soft_wrap: a line stays one line in a log file or a pipe
+        self.console = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.started = time.time() if started is None else started
 
     def __call__(self, item: object) -> None:
@@ -68,9 +71,10 @@ class LiveLog:
 
     def _failure(self, stamp: str, failure: RankFailure) -> None:
         """The first failing rank of an attempt: its traceback and where its log is."""
+        how = _signal_name(failure.exit_code)
         self.console.print(
             f"{stamp} [bold red]rank {failure.rank} failed[/bold red] with exit code "
-            f"{failure.exit_code} (log: {failure.log_path})"
+            f"{failure.exit_code}{how} (log: {escape(failure.log_path)})"
         )
         for line in failure.error.splitlines():
             self.console.print(f"          [rank{failure.rank}]: {line}", markup=False)
@@ -108,7 +112,7 @@ class LiveLog:
         if source:
             self.console.print(f"{stamp} resuming from {source} (EAGLEEYE_RESUME_FROM)")
         if flags:
-            self.console.print(f"{stamp} the script is restarted with {flags}", markup=False)
+            self.console.print(f"{stamp} the script is restarted with {escape(flags)}")
         if not source and not flags:
             self.console.print(
                 f"{stamp} [yellow]no checkpoint known[/yellow]: attempt {event.attempt} "
@@ -118,9 +122,10 @@ class LiveLog:
 
     def run_started(self, item: RunStarted) -> None:
         self.console.print(
-            f"run {item.run_dir.name}: store {item.run_dir / 'run.db'}; rank output in "
-            f"{item.logs}/attempt-N/rank-R.log",
-            markup=False,
+            escape(
+                f"run {item.run_dir.name}: store {item.run_dir / 'run.db'}; rank output in "
+                f"{item.logs}/attempt-N/rank-R.log"
+            )
         )
 
     def unfired(self, item: UnfiredFaults) -> None:
@@ -131,3 +136,13 @@ class LiveLog:
                 if spec.time is None
                 else f"[yellow]fault {spec} never fired[/yellow] (its attempt ended first)"
             )
+
+
+def _signal_name(exit_code: int) -> str:
+    """`` (SIGKILL)`` for an exit code of -9: the signal that ended the process."""
+    if exit_code >= 0:
+        return ""
+    try:
+        return f" ({signal.Signals(-exit_code).name})"
+    except ValueError:
+        return ""

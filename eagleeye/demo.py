@@ -19,6 +19,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from eagleeye.console import LiveLog
+from eagleeye.errors import EagleEyeError
 from eagleeye.launch import JobConfig, run_job
 from eagleeye.store import new_run_id
 from eagleeye.summary import (
@@ -35,6 +36,10 @@ from remediation.config import builtin_policy
 WORKLOAD = "eagleeye.workload.train"
 
 
+MIN_STEPS = 10
+WORLD_SIZE = 4  # the demo's layout: 2 replicas of 2 ranks on 2 virtual nodes
+
+
 @dataclass(frozen=True, slots=True)
 class DemoConfig:
     steps: int = 160
@@ -48,6 +53,22 @@ class DemoConfig:
     checkpoint_every: int = 20
     recovery: str = "replica"
     policy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < MIN_STEPS:
+            raise EagleEyeError(
+                f"--steps {self.steps} is too short for the demo: it needs at least "
+                f"{MIN_STEPS} steps (a fault, its detection and a recovery)"
+            )
+        if not 0 <= self.kill_rank < WORLD_SIZE:
+            raise EagleEyeError(
+                f"--kill-rank {self.kill_rank} is not a rank of the demo's {WORLD_SIZE} ranks"
+            )
+        if self.kill_step is not None and not 1 <= self.kill_step < self.steps:
+            raise EagleEyeError(
+                f"--kill-step {self.kill_step} is not between 1 and the last step "
+                f"({self.steps - 1}); the fault must fire while the job trains"
+            )
 
     def policy_file(self) -> str:
         """The policy the demo's actions come from: the one given, else the built-in file
@@ -100,7 +121,7 @@ class DemoReport:
 
 def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
     console = console or Console(highlight=False)
-    layout = JobLayout(nnodes=2, nproc_per_node=2, replicas=2)
+    layout = JobLayout(nnodes=2, nproc_per_node=2, replicas=2)  # WORLD_SIZE ranks
     run_id = new_run_id("demo")
     console.print(
         Panel.fit(

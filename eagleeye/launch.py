@@ -245,14 +245,21 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     refuse_replica_without_api(config)
     limits, fused = _detector_config(config)  # a bad config file fails before any launch
     policy = policy_for(config)
-    run_id = config.run_id or new_run_id()
-    run_dir = create_run_dir(config.runs_dir, run_id)
+    exporter, server = _exporter(config.metrics_port)  # a busy port fails here
     try:
-        return _run_in(run_dir, run_id, config, command, limits, fused, policy, on_update)
-    except BaseException:
-        if not (run_dir / "logs").exists():  # nothing was launched: leave no empty run
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+        run_id = config.run_id or new_run_id()
+        run_dir = create_run_dir(config.runs_dir, run_id)
+        try:
+            return _run_in(
+                run_dir, run_id, config, command, limits, fused, policy, on_update, exporter
+            )
+        except BaseException:
+            if not any((run_dir / "logs").iterdir()):  # nothing launched: leave no run
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+    finally:
+        if server is not None:
+            server.shutdown()
 
 
 def _run_in(
@@ -264,6 +271,7 @@ def _run_in(
     fused: DetectorsConfig | None,
     policy: Policy,
     on_update: Callable[[object], None] | None,
+    exporter: EagleEyeExporter | None,
 ) -> JobResult:
     store = RunStore(run_dir)
     receiver = TelemetryReceiver()
@@ -318,7 +326,6 @@ def _run_in(
     # --remediate enables actions; without it the policy decides (files default to dry-run).
     remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)
     show = on_update or (lambda item: None)
-    exporter, server = _exporter(config.metrics_port)
     controller = Controller(
         supervisor,
         receiver,
@@ -361,8 +368,6 @@ def _run_in(
     finally:
         receiver.close()
         store.close()
-        if server is not None:
-            server.shutdown()
     return JobResult(run_dir, report)
 
 
@@ -464,7 +469,13 @@ def _exporter(port: int | None) -> tuple[EagleEyeExporter | None, Any]:
     if port is None:
         return None, None
     exporter = EagleEyeExporter()
-    server, _ = exporter.serve(port)
+    try:
+        server, _ = exporter.serve(port)
+    except OSError as exc:
+        raise EagleEyeError(
+            f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} ({exc.strerror or exc}); "
+            "choose a free port, or 0 for any"
+        ) from None
     return exporter, server
 
 

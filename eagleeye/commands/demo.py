@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from eagleeye.commands._args import whole
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -16,8 +18,8 @@ def add_parser(sub: Any) -> None:
             "final loss with a fault-free reference run."
         ),
     )
-    p.add_argument("--steps", type=int, default=160, help="training steps (default: 160)")
-    p.add_argument("--kill-rank", type=int, default=3, help="rank to SIGKILL (default: 3)")
+    p.add_argument("--steps", type=whole, default=160, help="training steps (default: 160)")
+    p.add_argument("--kill-rank", type=whole, default=3, help="rank to SIGKILL (default: 3)")
     p.add_argument(
         "--kill-step",
         type=int,

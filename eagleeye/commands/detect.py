@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagleeye.commands._args import output_file
 from eagleeye.errors import EagleEyeError
 
 
@@ -23,7 +24,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("input", type=Path, metavar="INPUT", help="trace or timestamp,value CSV")
     p.add_argument(
-        "--output", "-o", type=Path, default=None, help="where to write (default: standard output)"
+        "--output",
+        "-o",
+        type=output_file,
+        default=None,
+        help="where to write (default: standard output)",
     )
     p.add_argument(
         "--config",
@@ -48,7 +53,10 @@ def add_parser(sub: Any) -> None:
         "--model", type=Path, default=None, help="score with the scorers of a saved model file"
     )
     learned.add_argument(
-        "--save-model", type=Path, default=None, help="write the scorers fitted by --fit (.npz)"
+        "--save-model",
+        type=output_file,
+        default=None,
+        help="write the scorers fitted by --fit (.npz)",
     )
     learned.add_argument(
         "--learned",
@@ -64,7 +72,7 @@ def add_parser(sub: Any) -> None:
     )
     learned.add_argument(
         "--scores",
-        type=Path,
+        type=output_file,
         default=None,
         help="write every scored vector (step,time,rank,scorer,score,threshold) as CSV",
     )

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagleeye.commands._args import output_file
 from eagleeye.errors import EagleEyeError
 
 DEFAULT_NAB = Path("..") / "shared" / "data" / "nab"
@@ -94,7 +95,9 @@ def add_parser(sub: Any) -> None:
         ),
     )
     x.add_argument("run", type=Path, metavar="RUN_DIR", help="a run folder under runs/")
-    x.add_argument("out", type=Path, metavar="OUT", help="trace file to write (.csv, .parquet)")
+    x.add_argument(
+        "out", type=output_file, metavar="OUT", help="trace file to write (.csv, .parquet)"
+    )
     x.set_defaults(func=_export)
     for q in (g, t, n, c):
         q.add_argument("--json", type=Path, default=None, help="also write results as JSON")

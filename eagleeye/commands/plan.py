@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from eagleeye.commands._args import output_file
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -92,9 +94,12 @@ def add_parser(sub: Any) -> None:
         help="FT-HSDP: minutes until the failed replica trains again (default: 7)",
     )
     p.add_argument(
-        "--plot", type=Path, default=Path("plan.png"), help="PNG plot to write (default: plan.png)"
+        "--plot",
+        type=output_file,
+        default=Path("plan.png"),
+        help="PNG plot to write (default: plan.png)",
     )
-    p.add_argument("--html", type=Path, default=None, help="also write an HTML report here")
+    p.add_argument("--html", type=output_file, default=None, help="also write an HTML report here")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     p.set_defaults(func=_plan)
 

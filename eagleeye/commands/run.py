@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
+from eagleeye.commands._args import non_negative, port, positive, seconds
 from eagleeye.commands.hang_flags import add_hang_arguments
 
 
@@ -35,25 +35,25 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by `run` and `demo`: the torchrun ones, replicas, store and recovery."""
     g = p.add_argument_group("layout (torchrun-compatible)")
     g.add_argument(
-        "--nnodes", type=_positive, default=1, help="virtual nodes on this machine (default: 1)"
+        "--nnodes", type=positive, default=1, help="virtual nodes on this machine (default: 1)"
     )
     g.add_argument(
         "--nproc-per-node",
         "--nproc_per_node",
         dest="nproc_per_node",
-        type=_positive,
+        type=positive,
         default=1,
         help="ranks per node (default: 1)",
     )
     g.add_argument(
         "--replicas",
-        type=_positive,
+        type=positive,
         default=1,
         help="data-parallel replicas the world is split into (default: 1)",
     )
     g.add_argument(
         "--min-replicas",
-        type=_positive,
+        type=positive,
         default=1,
         metavar="N",
         help="under --recovery replica: fewer healthy replicas than N left and the whole "
@@ -85,7 +85,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--max-restarts",
         "--max_restarts",
         dest="max_restarts",
-        type=_non_negative,
+        type=non_negative,
         default=3,
         help="restart budget of the job (default: 3)",
     )
@@ -105,7 +105,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=None,
         metavar="PORT",
         help="serve Prometheus metrics of the run on 127.0.0.1:PORT while it runs",
@@ -140,7 +140,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--grace-period",
-        type=_seconds,
+        type=seconds,
         default=0.0,
         metavar="S",
         help="on SIGTERM or SIGINT: ask the loops for a checkpoint first and give every "
@@ -180,37 +180,6 @@ def _run(args: argparse.Namespace) -> int:
     if stopped is not None:
         return 128 + stopped.signal  # as a shell reports a process ended by that signal
     return 0 if result.succeeded else 1
-
-
-def _whole(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-
-
-def _positive(text: str) -> int:
-    value = _whole(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = _whole(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
-    return value
 
 
 def _ranks(text: str) -> frozenset[int] | None:

@@ -5,13 +5,15 @@ Usage (one node, two processes):
     torchrun --nproc-per-node 2 ddp_train.py --max_iters 300
     torchrun --nproc-per-node 2 ddp_train.py --max_iters 300 --init_from=resume
 
-Rank 0 writes ``<out_dir>/ckpt.pt`` every ``--eval_interval`` iterations; a run resumes from
-it only with ``--init_from=resume``.
+Rank 0 writes ``<out_dir>/ckpt.pt`` every ``--eval_interval`` iterations, and when the job
+is preempted (SIGTERM, as Slurm and Kubernetes send); a run resumes from it only with
+``--init_from=resume``.
 """
 
 import argparse
 import math
 import os
+import signal
 import time
 
 import torch
@@ -112,6 +114,36 @@ def get_lr(it: int) -> float:
     return args.learning_rate * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+preempted = False
+
+
+def on_sigterm(signum, frame):
+    global preempted
+    preempted = True
+
+
+signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def save_checkpoint():
+    checkpoint = {
+        "model": raw_model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "iter_num": iter_num,
+        "args": vars(args),
+    }
+    print(f"saving checkpoint to {args.out_dir}")
+    torch.save(checkpoint, ckpt_path)
+
+
+def everyone_preempted() -> bool:
+    # every rank leaves at the same iteration, or the others would wait for it forever
+    flag = torch.tensor([1.0 if preempted else 0.0], device=device)
+    if ddp:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 epoch = iter_num // len(loader)
 if sampler is not None:
     sampler.set_epoch(epoch)
@@ -141,14 +173,12 @@ while iter_num < args.max_iters:
         t0 = time.time()
         print(f"iter {iter_num}: loss {loss.item():.4f}, time {dt * 1000 / args.log_interval:.2f}ms")
     if iter_num % args.eval_interval == 0 and master_process:
-        checkpoint = {
-            "model": raw_model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "iter_num": iter_num,
-            "args": vars(args),
-        }
-        print(f"saving checkpoint to {args.out_dir}")
-        torch.save(checkpoint, ckpt_path)
+        save_checkpoint()
+    if everyone_preempted():
+        if master_process:
+            print(f"preempted at iteration {iter_num}")
+            save_checkpoint()
+        break
 
 if master_process:
     print(f"done after {iter_num} iterations")

@@ -1,0 +1,198 @@
+"""The parts of `eagleeye run` that make any script safe to run: faults from outside the
+rank, crash loops, a failed rank's traceback, rank output, the resume contract, stops."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from collector.types import Frame, Sample, Subject
+from eagleeye.failures import CrashLoop, RankFailure, rank_error
+from eagleeye.injector import FaultFired, OutsideInjector
+from eagleeye.rank_output import RankOutput, parse_ranks
+from eagleeye.resume import KnownCheckpoints
+from eagleeye.stopping import CheckpointRequest, request_checkpoint
+from ft_runtime.faults import EVENT_INJECTOR_ARMED, FaultSpec, parse_specs
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _frame(rank: int, step: int, when: float = 0.0) -> Frame:
+    return Frame(Subject(rank=rank), step, when, {"step_time": 0.1})
+
+
+@pytest.fixture
+def sleeper():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _injector(specs: str, pid: int) -> tuple[OutsideInjector, list[FaultFired]]:
+    fired: list[FaultFired] = []
+    injector = OutsideInjector(parse_specs([specs]), lambda: {1: pid}, fired.append)
+    injector.new_attempt(0, started=100.0)
+    return injector, fired
+
+
+def test_a_kill_fires_from_outside_when_the_rank_reports_its_step(sleeper) -> None:
+    injector, fired = _injector("kill:rank=1@step=5", sleeper.pid)
+    injector.observe([], [_frame(1, 4), _frame(0, 9)])
+    assert sleeper.poll() is None
+    assert not fired
+    injector.observe([], [_frame(1, 5, when=101.0)])
+    assert sleeper.wait(5) == -signal.SIGKILL
+    (record,) = fired
+    assert (str(record.spec), record.step, record.attempt) == ("kill:rank=1@step=5", 5, 0)
+    assert injector.unfired() == []
+
+
+def test_a_loop_that_fires_its_own_faults_is_left_to_do_it(sleeper) -> None:
+    injector, fired = _injector("stop:rank=1@step=5", sleeper.pid)
+    armed = Sample(EVENT_INJECTOR_ARMED, 0.0, 0.0, {"rank": "1"})
+    injector.observe([armed], [_frame(1, 7)])
+    assert sleeper.poll() is None
+    assert _state(sleeper.pid) != "T"
+    assert not fired
+    assert [str(s) for s in injector.unfired()] == ["stop:rank=1@step=5"]
+    own = Sample("event.fault", 5.0, 0.0, {"rank": "1", "spec": "stop:rank=1@step=5"}, 5)
+    injector.observe([own], [])
+    assert injector.unfired() == []
+
+
+def test_a_stop_at_a_time_fires_once_its_attempt_has_run_that_long(sleeper) -> None:
+    injector, fired = _injector("stop:rank=1@time=3", sleeper.pid)
+    injector.poll(102.9)
+    assert _state(sleeper.pid) != "T"
+    injector.poll(103.0)
+    time.sleep(0.1)
+    assert _state(sleeper.pid) == "T"
+    assert [f.step for f in fired] == [None]
+    injector.poll(104.0)
+    assert len(fired) == 1
+
+
+def test_a_slow_fault_holds_the_rank_for_its_seconds_at_each_step_it_spans(sleeper) -> None:
+    sent: list[tuple[int, int]] = []
+
+    def send(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+
+    injector = OutsideInjector(
+        parse_specs(["slow:rank=1@step=3,seconds=0.05,steps=2"]),
+        lambda: {1: 42},
+        lambda f: None,
+        send,
+    )
+    injector.new_attempt(0, 0.0)
+    for step in range(1, 8):
+        injector.observe([], [_frame(1, step)])
+        time.sleep(0.15)  # a held rank reports its next step only once it runs again
+    assert sent == [(42, signal.SIGSTOP), (42, signal.SIGCONT)] * 2
+
+
+def test_faults_of_a_later_attempt_wait_for_it(sleeper) -> None:
+    injector, fired = _injector("kill:rank=1@step=2,attempt=1", sleeper.pid)
+    injector.observe([], [_frame(1, 5)])
+    assert sleeper.poll() is None
+    injector.new_attempt(1, 200.0)
+    injector.observe([], [_frame(1, 2)])
+    assert sleeper.wait(5) == -signal.SIGKILL
+    assert fired[0].attempt == 1
+
+
+def _failure(attempt: int, step: int | None = 12, line: str = "ValueError: boom") -> RankFailure:
+    return RankFailure(1, attempt, 1, step, f"Traceback (most recent call last):\n{line}", "x")
+
+
+def test_the_same_failure_in_two_attempts_in_a_row_is_a_crash_loop() -> None:
+    loop = CrashLoop()
+    assert loop.note(_failure(0)) is None
+    reason = loop.note(_failure(1))
+    assert reason is not None
+    assert "crash loop: rank 1 failed with exit code 1 at step 12" in reason
+    assert "ValueError: boom" in reason
+
+
+@pytest.mark.parametrize(
+    "second", [_failure(1, step=30), _failure(1, line="KeyError: 'x'"), _failure(2)]
+)
+def test_a_different_failure_or_a_gap_is_no_crash_loop(second) -> None:
+    loop = CrashLoop()
+    loop.note(_failure(0))
+    assert loop.note(second) is None
+
+
+def test_a_rank_error_comes_from_torchruns_error_file_first(tmp_path) -> None:
+    (tmp_path / "rank-1.log").write_text(
+        "step 1\nTraceback (most recent call last):\n  File x\nRuntimeError: from the log\n"
+    )
+    assert rank_error(tmp_path, 1).splitlines()[-1] == "RuntimeError: from the log"
+    error = {"message": {"message": "RuntimeError: x", "extraInfo": {"py_callstack": "T\nE"}}}
+    (tmp_path / "error-rank-1.json").write_text(json.dumps(error))
+    assert rank_error(tmp_path, 1) == "T\nE"
+    (tmp_path / "error-rank-1.json").write_text("{not json")
+    assert rank_error(tmp_path, 1).endswith("RuntimeError: from the log")
+    assert rank_error(tmp_path, 7) == ""
+
+
+def test_rank_output_is_streamed_with_prefixes_for_the_chosen_ranks(tmp_path) -> None:
+    logs = tmp_path / "logs"
+    (logs / "attempt-0").mkdir(parents=True)
+    out = io.StringIO()
+    with RankOutput(logs, ranks={0}, out=out):
+        (logs / "attempt-0" / "rank-0.log").write_text("hello\nhalf")
+        (logs / "attempt-0" / "rank-1.log").write_text("not shown\n")
+        time.sleep(0.4)
+        assert out.getvalue() == "[rank0]: hello\n"
+        (logs / "attempt-1").mkdir()
+        (logs / "attempt-1" / "rank-0.log").write_text("again\n")
+    assert out.getvalue().splitlines() == ["[rank0]: hello", "[rank0]: half", "[rank0]: again"]
+    assert parse_ranks("all") is None
+    assert parse_ranks("none") == frozenset()
+    with pytest.raises(ValueError, match="not all, none or a comma list"):
+        parse_ranks("two")
+
+
+def _saved(rank: int, step: int, path: str) -> Sample:
+    return Sample("event.checkpoint", float(step), 0.0, {"rank": str(rank), "path": path}, step)
+
+
+def test_the_newest_checkpoint_is_one_every_saving_rank_reported() -> None:
+    known = KnownCheckpoints()
+    assert known.newest() is None
+    known.observe([_saved(0, 10, "/c/10"), _saved(1, 10, "/c/10"), _saved(0, 20, "/c/20")])
+    assert known.newest() == "/c/10"  # rank 1 has not reported step 20
+    known.observe([_saved(1, 20, "/c/20")])
+    assert known.newest() == "/c/20"
+    memory = Sample("event.checkpoint", 30.0, 0.0, {"rank": "0", "tier": "memory"}, 30)
+    known.observe([memory])
+    assert known.newest() == "/c/20"
+
+
+def test_a_checkpoint_request_reaches_the_ranks_through_the_run_folder(tmp_path) -> None:
+    request = CheckpointRequest({"EAGLEEYE_RUN_DIR": str(tmp_path)}, every_s=0.0)
+    assert not request.requested()
+    request_checkpoint(tmp_path, "SIGTERM")
+    assert request.requested()
+    assert not CheckpointRequest({}).requested()
+
+
+def test_time_faults_are_only_the_ones_fired_from_outside() -> None:
+    assert str(FaultSpec.parse("stop:rank=1@time=2.5")) == "stop:rank=1@time=2.5"
+    assert not FaultSpec.parse("kill:rank=1@time=2").active(0)
+    for bad in ("nan:rank=0@time=3", "kill:rank=0@time=3,phase=backward"):
+        with pytest.raises(Exception, match="cannot fire at a time"):
+            FaultSpec.parse(bad)
+    with pytest.raises(Exception, match="needs one of step= or time="):
+        FaultSpec.parse("kill:rank=0@step=1,time=3")
