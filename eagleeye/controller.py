@@ -195,7 +195,7 @@ class Controller:
             self.injector.poll(self.clock())
         frames += self._lifecycle(self.supervisor.poll())
         frames += self._aggregate(frames)
-        looks = self.procs.frames(self.clock())
+        looks = self._unheld(self.procs.frames(self.clock()))
         frames += looks
         self.store.add_samples(self.procs.stopped_samples(looks, self._step_in))
         self._report_progress()
@@ -205,6 +205,16 @@ class Controller:
         later = self._lifecycle(self.supervisor.poll() + self.supervisor.settle())
         for finding in self._detect(later, poll=False):
             self._answer(finding)
+
+    def _unheld(self, looks: list[Frame]) -> list[Frame]:
+        """A rank held back by an injected slow fault is slow, not stopped."""
+        held = self.injector.held() if self.injector is not None else frozenset()
+        return [
+            replace(f, values={**f.values, "proc_stopped": 0.0})
+            if f.subject.rank in held and "proc_stopped" in f.values
+            else f
+            for f in looks
+        ]
 
     def _observe(self, samples: list[Sample], frames: list[Frame]) -> None:
         """What the controller itself takes from telemetry: checkpoints to resume from,

@@ -1,8 +1,10 @@
 """Faults fired from outside the ranks, so that `--inject` works on any script.
 
 Kill, stop and slow need no code in the rank: the supervisor sends SIGKILL or SIGSTOP, or
-slows the rank by a SIGSTOP/SIGCONT duty cycle, when the rank's telemetry (zero-code or the
-hook) reports the fault's step, or when the attempt has run for the fault's time. A loop
+slows the rank by a SIGSTOP/SIGCONT duty cycle (held ``seconds`` at each step it reports;
+the controller does not take those holds for a stopped rank), when the rank's telemetry
+(zero-code or the hook) reports the fault's step, or when the attempt has run for the
+fault's time. A loop
 that fires its own faults (``ee.faults.fire(step)``) says so once, before its first step,
 and its step faults are then left to it, so nothing fires twice. Faults that never fired
 are reported at the end of the run.
@@ -23,7 +25,7 @@ from ft_runtime.faults import EVENT_INJECTOR_ARMED, FaultSpec
 log = logging.getLogger(__name__)
 
 SLOW_PERIOD_S = 1.0
-"""A slow fault at a time on a rank with no step telemetry: stopped ``seconds`` per period."""
+"""A slow fault at a time on a rank with no step telemetry: held ``seconds`` per period."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,9 @@ class OutsideInjector:
         self._steps: dict[int, int] = {}
         self._slowed: dict[str, int] = {}  # slow fault → steps or periods slowed so far
         self._next_period: dict[str, float] = {}
-        self._timers: list[threading.Timer] = []
+        self._holds: list[threading.Thread] = []
+        self._held_ranks: dict[int, int] = {}
+        self._closing = threading.Event()
         self._lock = threading.Lock()
 
     def new_attempt(self, attempt: int, started: float) -> None:
@@ -107,13 +111,12 @@ class OutsideInjector:
         return [spec for spec in self.specs if str(spec) not in self.fired]
 
     def close(self) -> None:
-        """Cancels pending SIGCONTs of slow faults and continues the ranks they hold."""
+        """Ends the duty cycles of slow faults; every rank they hold is continued."""
+        self._closing.set()
         with self._lock:
-            timers, self._timers = self._timers, []
-        for timer in timers:
-            if timer.is_alive():
-                timer.cancel()
-                self._signal(*timer.args)
+            holds, self._holds = self._holds, []
+        for thread in holds:
+            thread.join()
 
     def _mine(self) -> list[FaultSpec]:
         """Faults of the current attempt that the supervisor fires."""
@@ -145,20 +148,36 @@ class OutsideInjector:
         self.fired.add(key)
         if spec.kind == "slow":
             self._slowed[key] = self._slowed.get(key, 0) + 1
-            self._hold(pid, spec.seconds)
+            self._hold(spec.rank, pid, spec.seconds)
         else:
             self._signal(pid, signal.SIGKILL if spec.kind == "kill" else signal.SIGSTOP)
         if first:
             self.record(FaultFired(spec, step, now, self._attempt))
 
-    def _hold(self, pid: int, seconds: float) -> None:
-        """Stops the rank for ``seconds`` (a SIGCONT on a timer thread)."""
-        self._signal(pid, signal.SIGSTOP)
-        timer = threading.Timer(seconds, self._signal, (pid, signal.SIGCONT))
-        timer.daemon = True
+    def _hold(self, rank: int, pid: int, seconds: float) -> None:
+        """Stops the rank for ``seconds``, then continues it (on a thread of its own)."""
+        thread = threading.Thread(
+            target=self._held, args=(rank, pid, seconds), daemon=True, name="eagleeye-slow"
+        )
         with self._lock:
-            self._timers = [t for t in self._timers if t.is_alive()] + [timer]
-        timer.start()
+            self._holds = [t for t in self._holds if t.is_alive()] + [thread]
+            self._held_ranks[rank] = self._held_ranks.get(rank, 0) + 1
+        thread.start()
+
+    def _held(self, rank: int, pid: int, seconds: float) -> None:
+        self._signal(pid, signal.SIGSTOP)
+        self._closing.wait(seconds)
+        with self._lock:
+            self._held_ranks[rank] -= 1
+            if not self._held_ranks[rank]:
+                del self._held_ranks[rank]
+            self._signal(pid, signal.SIGCONT)
+
+    def held(self) -> frozenset[int]:
+        """Ranks a slow fault holds right now: a slow rank, not a stopped one, so their
+        stopped state is no evidence of a hang."""
+        with self._lock:
+            return frozenset(self._held_ranks)
 
     def _signal(self, pid: int, sig: int) -> None:
         try:

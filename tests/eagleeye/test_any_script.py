@@ -89,16 +89,20 @@ def test_a_slow_fault_holds_the_rank_for_its_seconds_at_each_step_it_spans(sleep
         sent.append((pid, sig))
 
     injector = OutsideInjector(
-        parse_specs(["slow:rank=1@step=3,seconds=0.05,steps=2"]),
+        parse_specs(["slow:rank=1@step=3,seconds=0.1,steps=2"]),
         lambda: {1: 42},
         lambda f: None,
         send,
     )
     injector.new_attempt(0, 0.0)
+    held = []
     for step in range(1, 8):
         injector.observe([], [_frame(1, step)])
-        time.sleep(0.15)  # a held rank reports its next step only once it runs again
+        held.append(injector.held())
+        time.sleep(0.2)  # a held rank reports its next step only once it runs again
     assert sent == [(42, signal.SIGSTOP), (42, signal.SIGCONT)] * 2
+    assert held == [frozenset()] * 2 + [frozenset({1})] * 2 + [frozenset()] * 3
+    assert injector.held() == frozenset()
 
 
 def test_faults_of_a_later_attempt_wait_for_it(sleeper) -> None:
