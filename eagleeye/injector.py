@@ -4,10 +4,9 @@ Kill, stop and slow need no code in the rank: the supervisor sends SIGKILL or SI
 slows the rank by a SIGSTOP/SIGCONT duty cycle (held ``seconds`` at each step it reports;
 the controller does not take those holds for a stopped rank), when the rank's telemetry
 (zero-code or the hook) reports the fault's step, or when the attempt has run for the
-fault's time. A loop
-that fires its own faults (``ee.faults.fire(step)``) says so once, before its first step,
-and its step faults are then left to it, so nothing fires twice. Faults that never fired
-are reported at the end of the run.
+fault's time. A loop that fires its own faults (``ee.faults.fire(step)``) says so once,
+before its first step, and its step faults are then left to it, so nothing fires twice.
+Faults that never fired are reported at the end of the run.
 """
 
 from __future__ import annotations
