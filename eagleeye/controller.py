@@ -202,7 +202,9 @@ class Controller:
         for finding in self._detect(frames, poll=True):
             self._answer(finding)
         # A restart launched ranks just now, or the job failed: detectors must know at once.
-        later = self._lifecycle(self.supervisor.poll() + self.supervisor.settle())
+        # (Exits that came in meanwhile wait for the next tick: the job must not fail on
+        # an exit that no detector, and so no remediation, has seen yet.)
+        later = self._lifecycle(self.supervisor.settle())
         for finding in self._detect(later, poll=False):
             self._answer(finding)
 

@@ -1,0 +1,190 @@
+"""Faults, restarts and stops on users' scripts with no Eagle Eye code in them
+(tests/clients/), under `eagleeye run --remediate`: `--inject kill` and `--inject stop`
+fire from outside on every script, a killed DDP job resumes from its own checkpoint, and a
+signal to `eagleeye run` leaves no process of the job behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagleeye.store import RunReader, newest_run
+from tests.eagleeye.test_clients_e2e import CLIENTS, REPO, eagleeye_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def _faults_and_findings(run: Path) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    with RunReader(run) as reader:
+        faults = reader.faults()
+        findings = reader.findings()
+    fired = sorted(zip(faults["spec"], faults["attempt"], strict=True))
+    found = sorted(zip(findings["kind"], findings["rank"], strict=True))
+    return fired, found
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_and_a_stopped_ddp_job_resume_from_the_scripts_own_checkpoint(
+    tmp_path,
+) -> None:
+    # steps as the zero-code telemetry counts them: from 1 in each process
+    kill, stop = "kill:rank=1@step=30", "stop:rank=0@step=10"
+    result = eagleeye_run(
+        tmp_path,
+        "--inject",
+        kill,
+        "--inject",
+        f"{stop},attempt=1",
+        "--resume-args",
+        "--init_from=resume",
+        str(CLIENTS / "ddp_train.py"),
+        *("--max_iters", "60", "--eval_interval", "20", "--out_dir", "out"),
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = newest_run(tmp_path / "runs")
+    fired, found = _faults_and_findings(run)
+    assert fired == [(kill, 0), (stop, 1)]
+    assert ("process_exit", 1) in found
+    assert ("hang", 0) in found  # the stop, found from /proc, on the stopped rank
+    with RunReader(run) as reader:
+        launches = reader.events().query("subject == 'job' and phase == 'launch'")
+        assert reader.meta()["result"]["attempts"] == 3
+    resumed = [d.get("resume_from", "") for d in launches["detail"].iloc[1:]]
+    assert resumed == [str(tmp_path / "out" / "ckpt.pt")] * 2  # its own torch.save
+    for attempt in (1, 2):
+        log = (run / "logs" / f"attempt-{attempt}" / "rank-0.log").read_text()
+        assert "Resuming training from out" in log
+    final = (run / "logs" / "attempt-2" / "rank-0.log").read_text()
+    assert "done after 60 iterations" in final
+    # the console: rank output with prefixes, the killed rank named with its signal
+    assert "[rank0]: Resuming training from out" in result.stdout
+    assert "rank 1 failed with exit code -9 (SIGKILL)" in result.stderr
+    assert "resuming from" in result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_kill_and_stop_fire_on_a_lightning_script(tmp_path) -> None:
+    kill, stop, never = "kill:rank=1@step=8", "stop:rank=0@step=8", "kill:rank=0@step=999"
+    result = eagleeye_run(
+        tmp_path,
+        *("--inject", kill, "--inject", f"{stop},attempt=1", "--inject", f"{never},attempt=2"),
+        str(CLIENTS / "lightning_train.py"),
+        *("--max_steps", "16", "--val_every", "100", "--out_dir", "out"),
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    fired, found = _faults_and_findings(newest_run(tmp_path / "runs"))
+    assert fired == [(kill, 0), (stop, 1)]
+    assert ("process_exit", 1) in found
+    assert ("hang", 0) in found
+    assert "no checkpoint known" in result.stderr  # the script saved nothing Eagle Eye saw
+    assert f"fault {never} never fired" in result.stderr
+    with RunReader(newest_run(tmp_path / "runs")) as reader:
+        assert reader.meta()["faults_unfired"] == [never]
+
+
+@pytest.mark.timeout(200)
+def test_kill_and_stop_at_a_time_fire_on_a_script_without_steps(tmp_path) -> None:
+    kill, stop = "kill:rank=1@time=3", "stop:rank=0@time=3"
+    result = eagleeye_run(
+        tmp_path,
+        *("--inject", kill, "--inject", f"{stop},attempt=1"),
+        str(CLIENTS / "print_only.py"),
+        *("--seconds", "6", "--every", "1"),
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    fired, found = _faults_and_findings(newest_run(tmp_path / "runs"))
+    assert fired == [(kill, 0), (stop, 1)]
+    assert ("process_exit", 1) in found
+    assert ("hang", 0) in found
+
+
+def _start(root: Path, *args: str) -> subprocess.Popen[str]:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "eagleeye", "run", "--nproc-per-node", "2", "--remediate"]
+    return subprocess.Popen(
+        [*command, "--runs-dir", str(root / "runs"), *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _rank_pids(root: Path, wait_for_step: int | None, timeout_s: float = 120) -> list[int]:
+    """The ranks' pids, once they run (and have reported ``wait_for_step``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            reader = RunReader(newest_run(root / "runs"))
+        except Exception:
+            continue
+        with reader:
+            launches = reader.events().query("phase == 'launch' and subject != 'job'")
+            if len(launches) < 2:
+                continue
+            if wait_for_step is not None:
+                steps = reader.samples(names=["step_time"])
+                if steps.empty or steps["step"].max() < wait_for_step:
+                    continue
+        return [int(d["pid"]) for d in launches["detail"]]
+    raise AssertionError("the ranks never started")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return status == "Z"
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_with_a_grace_period_lets_the_job_checkpoint_and_leaves_no_process(
+    tmp_path,
+) -> None:
+    job = _start(
+        tmp_path,
+        *("--grace-period", "30", "--stream", "none"),
+        str(CLIENTS / "ddp_train.py"),
+        *("--max_iters", "100000", "--eval_interval", "100000", "--out_dir", "out"),
+    )
+    pids = _rank_pids(tmp_path, wait_for_step=10)
+    asked = time.time()
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert all(_gone(pid) for pid in pids)
+    run = newest_run(tmp_path / "runs")
+    with RunReader(run) as reader:
+        saved = reader.checkpoints()
+        stop = reader.events().query("subject == 'job' and phase == 'failed'")
+        assert reader.meta()["result"]["stopped_by"] == "SIGTERM"
+    assert (saved["time"] >= asked).any(), saved  # the save on preemption, seen by Eagle Eye
+    assert (tmp_path / "out" / "ckpt.pt").is_file()
+    assert list(stop["detail"].map(lambda d: d["reason"])) == ["stopped by SIGTERM"]
+    assert "preempted at iteration" in (run / "logs" / "attempt-0" / "rank-0.log").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_sigint_ends_every_rank_even_a_stopped_one(tmp_path) -> None:
+    job = _start(tmp_path, str(CLIENTS / "print_only.py"), "--seconds", "300", "--every", "1")
+    pids = _rank_pids(tmp_path, wait_for_step=None)
+    os.kill(pids[1], signal.SIGSTOP)
+    job.send_signal(signal.SIGINT)
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 128 + signal.SIGINT, err[-2000:]
+    assert all(_gone(pid) for pid in pids)
+    assert "[rank0]: [rank 0] still working" in out
+    assert "stopped by SIGINT" in err
