@@ -181,6 +181,10 @@ def test_sigterm_with_a_grace_period_lets_the_job_checkpoint_and_leaves_no_proce
 def test_sigint_ends_every_rank_even_a_stopped_one(tmp_path) -> None:
     job = _start(tmp_path, str(CLIENTS / "print_only.py"), "--seconds", "300", "--every", "1")
     pids = _rank_pids(tmp_path, wait_for_step=None)
+    log = newest_run(tmp_path / "runs") / "logs" / "attempt-0" / "rank-0.log"
+    deadline = time.monotonic() + 60
+    while "still working" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
     os.kill(pids[1], signal.SIGSTOP)
     job.send_signal(signal.SIGINT)
     out, err = job.communicate(timeout=60)
