@@ -33,7 +33,7 @@ def _faults_and_findings(run: Path) -> tuple[list[tuple[str, int]], list[tuple[s
 def test_a_killed_and_a_stopped_ddp_job_resume_from_the_scripts_own_checkpoint(
     tmp_path,
 ) -> None:
-    # steps as the zero-code telemetry counts them: from 1 in each process
+    # steps as the zero-code telemetry counts them: from 0 in each process
     kill, stop = "kill:rank=1@step=30", "stop:rank=0@step=10"
     result = eagleeye_run(
         tmp_path,
