@@ -36,6 +36,14 @@ from remediation.config import builtin_policy
 WORKLOAD = "eagleeye.workload.train"
 
 
+class DemoStopped(Exception):
+    """The demo was stopped by a signal (its ranks are gone, the stop is recorded)."""
+
+    def __init__(self, signal: int, run_dir: Path) -> None:
+        super().__init__(f"stopped by signal {signal}; store: {run_dir / 'run.db'}")
+        self.signal = signal
+
+
 MIN_STEPS = 10
 WORLD_SIZE = 4  # the demo's layout: 2 replicas of 2 ranks on 2 virtual nodes
 
@@ -147,7 +155,10 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
         policy=config.policy_file(),
         snapshots=config.snapshots(),
     )
-    faulted = summarize(str(run_job(job, on_update=LiveLog(console)).run_dir))
+    result = run_job(job, on_update=LiveLog(console))
+    if result.report.stopped is not None:
+        raise DemoStopped(result.report.stopped.signal, result.run_dir)
+    faulted = summarize(str(result.run_dir))
     reference = None
     if config.reference:
         with console.status("fault-free reference run with the same seed ..."):

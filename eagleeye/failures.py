@@ -2,8 +2,8 @@
 
 A rank's error is read from torchrun's error file (``TORCHELASTIC_ERROR_FILE``, written by
 ``torch.distributed.elastic.multiprocessing.errors.record``) when the script wrote one,
-else from the last traceback in its log. A crash loop is the same failure (rank, exit
-code, step and last error line) at the start of two attempts in a row: the job stops
+else from the last traceback in its log. A crash loop is the same failure (exit code,
+step and last error line) at the start of two attempts in a row: the job stops
 restarting and says why.
 """
 
@@ -34,8 +34,9 @@ class RankFailure:
         return lines[-1].strip() if lines else ""
 
     def same_as(self, other: RankFailure) -> bool:
-        return (self.rank, self.exit_code, self.step, self.last_line) == (
-            other.rank,
+        """The same exit code, step and error line (any rank: every rank of a job with a
+        bad setting fails alike, and whichever is first differs from run to run)."""
+        return (self.exit_code, self.step, self.last_line) == (
             other.exit_code,
             other.step,
             other.last_line,

@@ -214,11 +214,13 @@ class JobSupervisor:
 
     def restart_job(self, reason: str) -> bool:
         """Stops every rank and starts the next attempt; False if the budget is spent,
-        in which case the job has failed."""
-        if self.restarts >= self.max_restarts:
+        in which case the job has failed. A refusal (a spent budget, a crash loop) fails
+        the job with its reason."""
+        refusal = self.restart_refusal()
+        if refusal is not None:
             self.stop_all()
             self.phase = Phase.FAILED
-            self._emit("job", Phase.FAILED, reason=f"restart budget of {self.max_restarts} spent")
+            self._emit("job", Phase.FAILED, reason=refusal)
             return False
         self._restart_requested = True
         self.phase = Phase.RECOVERING

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from eagleeye.commands._args import whole
@@ -22,7 +23,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--kill-rank", type=whole, default=3, help="rank to SIGKILL (default: 3)")
     p.add_argument(
         "--kill-step",
-        type=int,
+        type=whole,
         default=None,
         help="step at which to kill it (default: 45%% of the steps)",
     )
@@ -49,18 +50,22 @@ def add_parser(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from eagleeye.demo import DemoConfig, run_demo
+    from eagleeye.demo import DemoConfig, DemoStopped, run_demo
 
-    report = run_demo(
-        DemoConfig(
-            steps=args.steps,
-            kill_rank=args.kill_rank,
-            kill_step=args.kill_step,
-            reference=not args.no_reference,
-            runs_dir=args.runs_dir,
-            seed=args.seed,
-            policy=args.policy,
-            recovery=args.recovery,
+    try:
+        report = run_demo(
+            DemoConfig(
+                steps=args.steps,
+                kill_rank=args.kill_rank,
+                kill_step=args.kill_step,
+                reference=not args.no_reference,
+                runs_dir=args.runs_dir,
+                seed=args.seed,
+                policy=args.policy,
+                recovery=args.recovery,
+            )
         )
-    )
+    except DemoStopped as stop:
+        print(f"eagleeye demo: {stop}", file=sys.stderr)
+        return 128 + stop.signal
     return 0 if report.succeeded else 1

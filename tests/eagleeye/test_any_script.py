@@ -19,6 +19,7 @@ from eagleeye.injector import FaultFired, OutsideInjector
 from eagleeye.rank_output import RankOutput, parse_ranks
 from eagleeye.resume import KnownCheckpoints
 from eagleeye.stopping import CheckpointRequest, request_checkpoint
+from eagleeye.store import RunReader
 from ft_runtime.faults import EVENT_INJECTOR_ARMED, FaultSpec, parse_specs
 
 
@@ -200,3 +201,38 @@ def test_time_faults_are_only_the_ones_fired_from_outside() -> None:
             FaultSpec.parse(bad)
     with pytest.raises(Exception, match="needs one of step= or time="):
         FaultSpec.parse("kill:rank=0@step=1,time=3")
+
+
+CRASHING = """
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+@record
+def main():
+    print("loading the config", flush=True)
+    raise ValueError("learning_rate must be positive, got -1")
+
+
+main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_crash_at_every_start_stops_after_two_attempts_with_its_traceback(tmp_path) -> None:
+    (tmp_path / "train.py").write_text(CRASHING)
+    command = [sys.executable, "-m", "eagleeye", "run", "--nproc-per-node", "2", "--remediate"]
+    command += ["--stream", "none", "--no-instrument", "train.py"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert result.returncode == 1
+    err = " ".join(result.stderr.split())
+    assert "crash loop: rank" in err
+    assert "before its first step in attempts 0 and 1" in err
+    # the traceback, from torchrun's error file that @record wrote
+    assert "ValueError: learning_rate must be positive, got -1" in err
+    assert "in main" in err
+    (run,) = (tmp_path / "runs").iterdir()
+    with RunReader(run) as reader:
+        assert reader.meta()["result"]["attempts"] == 2
+        failed = reader.events().query("subject == 'job' and phase == 'failed'")
+    assert "crash loop" in failed["detail"].iloc[0]["reason"]
+    assert (run / "logs" / "attempt-1" / "error-rank-0.json").is_file()

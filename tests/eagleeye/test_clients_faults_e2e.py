@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from eagleeye.store import RunReader, newest_run
@@ -130,7 +131,8 @@ def _rank_pids(root: Path, wait_for_step: int | None, timeout_s: float = 120) ->
         except Exception:
             continue
         with reader:
-            launches = reader.events().query("phase == 'launch' and subject != 'job'")
+            events = reader.events()
+            launches = events[(events["phase"] == "launch") & events["subject"].str.match("rank:")]
             if len(launches) < 2:
                 continue
             if wait_for_step is not None:
@@ -192,3 +194,25 @@ def test_sigint_ends_every_rank_even_a_stopped_one(tmp_path) -> None:
     assert all(_gone(pid) for pid in pids)
     assert "[rank0]: [rank 0] still working" in out
     assert "stopped by SIGINT" in err
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_to_the_demo_leaves_no_process_of_it(tmp_path) -> None:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "eagleeye", "demo", "--no-reference", "--steps", "400"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _rank_pids(tmp_path, wait_for_step=5)
+    family = psutil.Process(demo.pid).children(recursive=True)  # ranks, the quorum's store
+    assert len(family) >= 5
+    demo.send_signal(signal.SIGTERM)
+    _, err = demo.communicate(timeout=60)
+    assert demo.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "eagleeye demo: stopped by signal 15" in err
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, alive
