@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -114,3 +115,55 @@ def test_stop_all_ends_a_stopped_rank(tmp_path) -> None:
     assert sup.alive() == 0
     assert time.monotonic() - started < 5
     assert [e for e in sup.poll() if e.phase is Phase.EXITED] == []  # expected stops
+
+
+ENV_SCRIPT = """
+import json, os, sys
+names = ["GROUP_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_ERROR_FILE",
+         "TORCHELASTIC_USE_AGENT_STORE", "EAGLEEYE_RESUME_FROM", "LOCAL_WORLD_SIZE"]
+print(json.dumps({"argv": sys.argv[1:], **{n: os.environ.get(n) for n in names}}))
+sys.exit(3 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
+"""
+
+
+def test_restarts_get_torchruns_variables_the_resume_flags_and_checkpoint(tmp_path) -> None:
+    script = tmp_path / "env.py"
+    script.write_text(ENV_SCRIPT)
+    spec = LaunchSpec(
+        [str(script), "--lr", "1"],
+        JobLayout(1, 1, 1),
+        "t",
+        str(tmp_path / "logs"),
+        resume_args=("--init_from=resume",),
+    )
+    sup = JobSupervisor(spec, max_restarts=2)
+    sup.attempt_env = lambda attempt: {"EAGLEEYE_RESUME_FROM": "/ckpt/10"} if attempt else {}
+    sup.start()
+    run_until(sup, lambda ev: any(e.phase is Phase.EXITED for e in ev))
+    assert sup.restart_job("test")
+    events = run_until(sup, lambda ev: sup.finished)
+    seen = [
+        json.loads((tmp_path / "logs" / f"attempt-{a}" / "rank-0.log").read_text()) for a in (0, 1)
+    ]
+    assert seen[0]["argv"] == ["--lr", "1"]
+    assert seen[1]["argv"] == ["--lr", "1", "--init_from=resume"]
+    assert (seen[0]["EAGLEEYE_RESUME_FROM"], seen[1]["EAGLEEYE_RESUME_FROM"]) == (None, "/ckpt/10")
+    assert seen[1]["GROUP_WORLD_SIZE"] == "1"
+    assert seen[1]["ROLE_NAME"] == "default"
+    assert seen[1]["TORCHELASTIC_MAX_RESTARTS"] == "2"
+    assert seen[1]["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert seen[1]["TORCHELASTIC_ERROR_FILE"].endswith("attempt-1/error-rank-0.json")
+    launch = [e for e in events if e.subject == "job" and e.phase is Phase.LAUNCH]
+    assert launch[0].detail["resume_from"] == "/ckpt/10"
+    assert launch[0].detail["resume_args"] == "--init_from=resume"
+
+
+def test_a_refused_restart_fails_the_job_with_its_reason(tmp_path) -> None:
+    sup = supervisor(tmp_path, ["0@0=exit3"])
+    sup.start()
+    run_until(sup, lambda ev: any(e.phase is Phase.EXITED for e in ev))
+    sup.stop_restarting("crash loop: the same failure twice")
+    assert not sup.restart_job("again")
+    events = sup.poll()
+    assert sup.phase is Phase.FAILED
+    assert events[-1].detail["reason"] == "crash loop: the same failure twice"
