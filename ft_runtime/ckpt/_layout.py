@@ -247,7 +247,9 @@ def assemble(
 ) -> list[torch.Tensor]:
     """Rebuilds every whole tensor from the ``D`` shard sources, in order.
 
-    A tensor of ``into`` with the entry's name, dtype and shape is filled in place (no new
+    A tensor of ``into`` with the entry's name is refused (CheckpointError) when its dtype
+    or shape differs from the entry's. One with the entry's name, dtype and shape is
+    filled in place (no new
     allocation, as a restarted trainer's model already holds its tensors); any other entry
     gets a new tensor. Each byte goes once, straight from the source into the tensor, by
     the sources' tasks (memory: copies of at most 16 MiB; storage: verified reads of one
@@ -261,6 +263,11 @@ def assemble(
     out: list[torch.Tensor] = []
     for e in entries:
         t = into.get(e.name) if into is not None else None
+        if t is not None and (t.dtype != e.torch_dtype or tuple(t.shape) != e.shape):
+            raise CheckpointError(
+                f"tensor {e.name} is {e.dtype} {list(e.shape)} in the checkpoint, the target "
+                f"is {str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+            )
         fits = (
             t is not None
             and t.dtype == e.torch_dtype

@@ -27,12 +27,12 @@ from typing import Any
 import torch
 import zmq
 
-from ft_runtime.ckpt import _layout, _shm, _tree
+from ft_runtime.ckpt import _layout, _shm, _stored, _tree
 from ft_runtime.ckpt._rpc import HolderUnavailable, Rpc
 from ft_runtime.ckpt._sources import Catalog
 from ft_runtime.ckpt.config import ClientConfig
 from ft_runtime.ckpt.types import LoadResult, SaveResult
-from ft_runtime.errors import CheckpointError
+from ft_runtime.errors import CheckpointError, CheckpointsUnusable
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,9 @@ class CheckpointClient:
                 and optimizer's state dicts): its CPU tensors with matching name, dtype and
                 shape are filled in place and returned, which saves allocating them again.
 
-        Returns None when no checkpoint exists anywhere. Never unpickles: tensors come from
+        Returns None when no checkpoint exists anywhere; raises CheckpointsUnusable when
+        some exist but none can be loaded (corrupt, or of another shape or dtype than
+        ``into``). Never unpickles: tensors come from
         raw bytes (storage: at the offsets the manifest records, checksums verified while
         reading), plain data from JSON. The tensors of ``into`` are written while a step is
         read: when every step fails, they may hold partial content.
@@ -273,8 +275,9 @@ class CheckpointClient:
             shards = [g for g in got if g is not None]
             meta = shards[0][0]
             try:
-                entries = [_layout.Entry.from_json(e) for e in meta["entries"]]
+                entries = _stored.entries_of(meta, f"step {step}")
                 tensors = _layout.assemble(entries, [src for _, src, _ in shards], template)
+                state = _tree.unflatten(meta["tree"], tensors)
                 cat.finish()
             except CheckpointError as exc:
                 skipped.append(f"step {step}: {exc}")
@@ -284,13 +287,16 @@ class CheckpointClient:
                     pass
                 continue
             return LoadResult(
-                _tree.unflatten(meta["tree"], tensors),
+                state,
                 step,
                 tuple(t for _, _, t in shards),
                 tuple(skipped),
             )
         if skipped:
             log.warning("no loadable checkpoint: %s", "; ".join(skipped))
+            raise CheckpointsUnusable(
+                f"checkpoints exist but none could be loaded: {'; '.join(skipped)[:500]}"
+            )
         return None
 
     def close(self) -> None:
