@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -71,6 +72,20 @@ class Entry:
     @property
     def nbytes(self) -> int:
         return self.shard_len * self.torch_dtype.itemsize
+
+
+def crc32(buf: torch.Tensor) -> int:
+    """The CRC-32 of a uint8 buffer: what a snapshot in memory is verified against."""
+    return zlib.crc32(buf.numpy().data) if buf.numel() else 0
+
+
+def verify_crc32(buf: torch.Tensor, meta: Mapping[str, Any], where: str) -> None:
+    """Raises CheckpointError unless ``buf`` has the CRC-32 that ``meta`` records."""
+    want = meta.get("crc32") if isinstance(meta, Mapping) else None
+    if not isinstance(want, int) or isinstance(want, bool):
+        raise CheckpointError(f"{where}: the snapshot carries no checksum")
+    if crc32(buf) != want:
+        raise CheckpointError(f"{where}: the snapshot's CRC-32 does not match (altered)")
 
 
 def plan(tensors: Sequence[tuple[str, torch.Tensor]], nshards: int) -> tuple[list[Entry], int]:
