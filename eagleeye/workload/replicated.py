@@ -124,7 +124,8 @@ def train(
         ee.faults.fire(step, "collective")
         flat, result = _exchange(ee, comm, params, step, state.batch)
         with ee.section("optimizer"):
-            lr = learning_rate(step, args) * result.lr_scale  # type: ignore[operator]
+            # the schedule's rate, scaled for missing replicas and by every rollback's factor
+            lr = learning_rate(step, args) * result.lr_scale * state.lr_factor  # type: ignore[operator]
             grad_norm = _apply(params, optimizer, flat, lr)
         comm.after_step(step, flat, lr)
         metrics = {
@@ -174,6 +175,7 @@ class _Replica:
     ) -> None:
         self.ee, self.comm, self.model, self.optimizer = ee, comm, model, optimizer
         self.sampler = sampler
+        self.lr_factor = 1.0  # the product of the rollbacks' lr_factor so far
         self.disk = DiskCheckpointer(
             Path(ee.checkpoints.directory) / "replicas",
             comm.replica_rank,
@@ -261,7 +263,9 @@ class _Replica:
                         command, {"error": f"no checkpoint at or before {command.step}"}
                     )
                     continue
-                self.comm.answer(command, {"restored": restored, "from": step})
+                self.lr_factor *= command.lr_factor
+                answer = {"restored": restored, "from": step, "lr_factor": self.lr_factor}
+                self.comm.answer(command, answer)
                 step = restored
             elif command.applies_to(self.comm.replica):  # skip_batch
                 self.comm.skip_batch(self.batch)
