@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -119,3 +120,30 @@ def test_an_older_checkpoint_of_the_right_shape_is_used(tmp_path) -> None:
     ckpt.save(state(2, size=16), step=20)  # the model changed shape since
     step, _ = ckpt.load(like={"model": {"w": torch.zeros(8, 8)}})
     assert step == 10
+
+
+SAVE_OVER_LIMIT = """
+import resource, signal, sys
+import torch
+from ft_runtime.checkpoint import DiskCheckpointer
+from ft_runtime.errors import CheckpointError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+try:
+    DiskCheckpointer(sys.argv[1]).save({"w": torch.zeros(600, 600)}, step=10)
+except CheckpointError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_failed_write_leaves_no_temporary_file_without_a_small_disk(tmp_path) -> None:
+    """The same path as ENOSPC, reachable without the right to mount: a file size limit."""
+    result = subprocess.run(
+        [sys.executable, "-c", SAVE_OVER_LIMIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "refused:" in result.stdout, result.stderr
+    assert leftovers(tmp_path) == []
+    assert DiskCheckpointer(tmp_path).load() is None
