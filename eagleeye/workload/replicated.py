@@ -34,6 +34,7 @@ from ft_runtime import _dist as dist
 from ft_runtime.catchup import SERVE_NICE
 from ft_runtime.checkpoint import DiskCheckpointer
 from ft_runtime.commands import CHECKPOINT, ROLLBACK, Command
+from ft_runtime.errors import CheckpointsUnusable
 from ft_runtime.ftar import ExchangeResult, ReplicaComm
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE
 from ft_runtime.quorum import ENV_QUORUM
@@ -257,7 +258,11 @@ class _Replica:
                 if not self.checkpoint(step, saved):
                     self.comm.answer(command, {"saved": -1, "path": ""})
             elif command.kind == ROLLBACK:
-                restored = self.restore(command.step)
+                try:
+                    restored = self.restore(command.step)
+                except CheckpointsUnusable as exc:  # the rollback fails; training goes on
+                    self.comm.answer(command, {"error": str(exc)})
+                    continue
                 if restored == -2:
                     self.comm.answer(
                         command, {"error": f"no checkpoint at or before {command.step}"}
