@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collector._wire import MalformedTelemetry
 from collector.base import Source
 from collector.errors import CollectorError, ParseError
 from collector.events import Event, Parsed
@@ -41,6 +42,7 @@ __all__ = [
     "Frame",
     "HostSource",
     "KernelLogSource",
+    "MalformedTelemetry",
     "NvmlPoller",
     "ParseError",
     "PrometheusClient",

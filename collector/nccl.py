@@ -15,6 +15,7 @@ conclusion. The watchdog's log lines are read by :mod:`collector.nccl_log`.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,10 +113,16 @@ def rank_from_filename(name: str) -> int | None:
     return int(match[1]) if match else None
 
 
+MAX_ENTRIES = 1 << 16  # the recorder keeps 2000 by default; more are counted as dropped
+MAX_GROUPS = 1 << 12
+MAX_RANKS_TEXT = 1 << 20
+
+
 def _record(raw: dict[str, Any], rank: int | None) -> FlightRecord:
     entries: list[CollectiveRecord] = []
-    dropped = 0
-    for item in _as_list(raw.get("entries")):
+    items = _as_list(raw.get("entries"))
+    dropped = max(0, len(items) - MAX_ENTRIES)
+    for item in items[:MAX_ENTRIES]:
         entry = _entry(item)
         if entry is None:
             dropped += 1
@@ -126,7 +133,7 @@ def _record(raw: dict[str, Any], rank: int | None) -> FlightRecord:
         status = {}
     return FlightRecord(
         rank=rank,
-        version=clean_label(raw.get("version")),
+        version=_label(raw.get("version")),
         entries=tuple(entries),
         pg_ranks=_pg_ranks(raw.get("pg_config")),
         last_enqueued=_status(status, "last_enqueued_collective"),
@@ -140,17 +147,20 @@ def _entry(item: Any) -> CollectiveRecord | None:
     if not isinstance(item, dict):
         return None
     group = item.get("process_group")
-    name, desc = (str(item.get("pg_id", "")), "")
+    name, desc = (_label(item.get("pg_id", "")), "")
     if isinstance(group, list | tuple) and len(group) == 2:
         name, desc = group[0], group[1]
+    pg_id, seq = _int_or_none(item.get("pg_id")), _int_or_none(item.get("collective_seq_id"))
+    if pg_id is None or seq is None:
+        return None
     try:
         return CollectiveRecord(
-            pg_id=str(int(item["pg_id"])),
-            pg_name=clean_label(name),
-            pg_desc=clean_label(desc),
-            seq=int(item["collective_seq_id"]),
-            op=clean_label(item.get("profiling_name", "")),
-            state=clean_label(item.get("state", "")),
+            pg_id=str(pg_id),
+            pg_name=_label(name),
+            pg_desc=_label(desc),
+            seq=seq,
+            op=_label(item.get("profiling_name", "")),
+            state=_label(item.get("state", "")),
             retired=bool(item.get("retired", False)),
             is_p2p=bool(item.get("is_p2p", False)),
             timeout_ms=_int_or_none(item.get("timeout_ms")),
@@ -169,33 +179,64 @@ def _pg_ranks(config: Any) -> dict[str, tuple[int, ...]]:
     result: dict[str, tuple[int, ...]] = {}
     if not isinstance(config, dict):
         return result
-    for name, info in config.items():
-        if not isinstance(info, dict) or not name:
+    for name, info in list(config.items())[:MAX_GROUPS]:
+        if not isinstance(info, dict) or not isinstance(name, str | int) or not name:
             continue
-        ranks = tuple(int(r) for r in re.findall(r"\d+", str(info.get("ranks", ""))))
+        ranks = _ranks(info.get("ranks", ""))
         if ranks:
-            result[str(name)] = ranks
+            result[_label(name)] = ranks
     return result
+
+
+def _ranks(value: Any) -> tuple[int, ...]:
+    """Member ranks from ``"[0, 1]"`` (or a list of ints); bounded, junk ignored."""
+    if isinstance(value, list | tuple):
+        value = ",".join(str(v) for v in value[:MAX_RANKS_TEXT] if _int_or_none(v) is not None)
+    if not isinstance(value, str) or len(value) > MAX_RANKS_TEXT:
+        return ()
+    return tuple(int(r) for r in re.findall(r"\d{1,9}", value))
+
+
+def _label(value: Any) -> str:
+    """A dump's text field as a bounded label; containers (whose text a pickle's shared
+    references can make enormous) and numbers beyond 64 bits become ``?``."""
+    if isinstance(value, str):
+        return clean_label(value[:MAX_RANKS_TEXT])
+    if value is None or isinstance(value, bool | float):
+        return clean_label(value)
+    if isinstance(value, int) and -(2**63) <= value < 2**63:
+        return str(value)
+    return "?"
 
 
 def _status(status: Mapping[Any, Any], key: str) -> dict[str, int]:
     result = {}
-    for pg, info in status.items():
+    for pg, info in list(status.items())[:MAX_GROUPS]:
         value = _int_or_none(info.get(key)) if isinstance(info, dict) else None
         if value is not None:
-            result[str(pg)] = value
+            result[_label(pg)] = value
     return result
 
 
 def _int_or_none(value: Any) -> int | None:
-    try:
-        return None if value is None or isinstance(value, bool) else int(value)
-    except (TypeError, ValueError, OverflowError):
+    """A 64-bit integer from an int or a short decimal string, else None."""
+    if isinstance(value, str) and len(value) <= 20:
+        try:
+            value = int(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
         return None
+    return value
 
 
 def _float_or_none(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
+    try:
+        number = float(value[:64] if isinstance(value, str) else value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None

@@ -7,23 +7,34 @@ dropped and counted. Wire format, version 1, one JSON object per message::
     {"v": 1, "labels": {"rank": "3", ...}, "samples": [[name, value, time, step], ...]}
 
 Labels common to the batch travel once; a sample may carry a fifth element with its own
-extra labels.
+extra labels. With a per-job key (``key=``, handed to ranks in ``EAGLEEYE_TELEMETRY_KEY``)
+a second frame carries the HMAC-SHA256 of the message, and the receiver drops every
+message without a valid one. The receiver bounds the size of a message (the socket's
+``MAXMSGSIZE``), checks every field against the schema of :mod:`collector._wire`, keeps
+times near its own clock and bounds the distinct values of the labels that name series;
+a message that fails is dropped, counted by reason and logged once per sender.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
 
+from collector._wire import WIRE_VERSION, MalformedTelemetry, decode_message
 from collector.types import Sample
 
 log = logging.getLogger(__name__)
-WIRE_VERSION = 1
 Row = Sequence[Any]
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+SERIES_LABELS = ("rank", "replica", "node", "gpu")
 
 
 def encode(labels: Mapping[str, str], rows: Sequence[Row]) -> bytes:
@@ -32,50 +43,43 @@ def encode(labels: Mapping[str, str], rows: Sequence[Row]) -> bytes:
     ).encode()
 
 
+def sign(key: bytes, payload: bytes) -> bytes:
+    """The authentication frame of ``payload`` under the job's ``key``."""
+    return hmac.new(key, payload, hashlib.sha256).digest()
+
+
 def decode(payload: bytes) -> list[Sample]:
-    """Turns one message into Samples; raises ValueError naming what is malformed."""
-    try:
-        message = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"telemetry message is not JSON: {exc}") from None
-    if not isinstance(message, dict) or message.get("v") != WIRE_VERSION:
-        raise ValueError(f"telemetry message lacks wire version {WIRE_VERSION}")
-    labels = message.get("labels", {})
-    rows = message.get("samples")
-    if not isinstance(labels, dict) or not isinstance(rows, list):
-        raise ValueError("telemetry message needs a 'labels' object and a 'samples' list")
-    return [_sample(row, labels) for row in rows]
-
-
-def _sample(row: Any, labels: Mapping[str, Any]) -> Sample:
-    if not isinstance(row, list) or len(row) not in (4, 5):
-        raise ValueError(f"telemetry sample must be [name, value, time, step(, labels)]: {row!r}")
-    name, value, time, step = row[:4]
-    merged = {str(k): str(v) for k, v in labels.items()}
-    if len(row) == 5 and isinstance(row[4], dict):
-        merged.update({str(k): str(v) for k, v in row[4].items()})
-    try:
-        return Sample(
-            str(name), float(value), float(time), merged, None if step is None else int(step)
-        )
-    except (TypeError, ValueError):
-        raise ValueError(f"telemetry sample has a non-numeric field: {row!r}") from None
+    """Turns one message into Samples; raises MalformedTelemetry (a ValueError) naming what
+    is malformed. Times are not compared with a clock here (the receiver does that)."""
+    return decode_message(payload)
 
 
 class TelemetryPublisher:
-    """Rank side: sends batches without ever blocking; counts what it had to drop."""
+    """Rank side: sends batches without ever blocking; counts what it had to drop.
 
-    def __init__(self, address: str, high_water_mark: int = 1000, linger_ms: int = 1000):
+    ``key``: the job's telemetry key; each message then carries its HMAC.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        high_water_mark: int = 1000,
+        linger_ms: int = 1000,
+        key: bytes | None = None,
+    ):
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.SNDHWM, high_water_mark)
         self._socket.setsockopt(zmq.LINGER, linger_ms)
         self._socket.connect(address)
+        self._key = key
         self.dropped = 0
 
     def send(self, labels: Mapping[str, str], rows: Sequence[Row]) -> bool:
+        payload = encode(labels, rows)
+        frames = [payload] if self._key is None else [payload, sign(self._key, payload)]
         try:
-            self._socket.send(encode(labels, rows), zmq.NOBLOCK)
+            self._socket.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             self.dropped += len(rows)
             return False
@@ -86,19 +90,52 @@ class TelemetryPublisher:
 
 
 class TelemetryReceiver:
-    """Controller side: binds a PULL socket (loopback by default) and drains it."""
+    """Controller side: binds a PULL socket (loopback by default) and drains it.
 
-    def __init__(self, address: str = "tcp://127.0.0.1", high_water_mark: int = 100_000):
+    Args:
+        key: the job's telemetry key; messages without its valid HMAC are dropped. None
+            accepts unsigned messages (tests, benchmarks, a local tool).
+        max_message_bytes: larger messages are refused by the socket itself.
+        max_skew_s: samples further than this from ``clock`` are dropped.
+        max_label_values: distinct values each series label (rank, replica, node, gpu) may
+            take; a message bringing one more is dropped.
+
+    ``rejected`` counts dropped messages by reason (``auth``, ``schema``, ``clock``,
+    ``cardinality``, ``frames``); ``malformed`` is their total.
+    """
+
+    def __init__(
+        self,
+        address: str = "tcp://127.0.0.1",
+        high_water_mark: int = 100_000,
+        *,
+        key: bytes | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_skew_s: float = 300.0,
+        max_label_values: int = 4096,
+        clock: Callable[[], float] = time.time,
+    ):
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.RCVHWM, high_water_mark)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         if address.startswith("tcp://") and address.count(":") == 1:
             port = self._socket.bind_to_random_port(address)
             self.address = f"{address}:{port}"
         else:
             self._socket.bind(address)
             self.address = address
-        self.malformed = 0
+        self._key = key
+        self.max_skew_s = max_skew_s
+        self.max_label_values = max_label_values
+        self.clock = clock
+        self.rejected: Counter[str] = Counter()
+        self._seen: dict[str, set[str]] = {name: set() for name in SERIES_LABELS}
+        self._logged: set[str] = set()
+
+    @property
+    def malformed(self) -> int:
+        return sum(self.rejected.values())
 
     def receive(self, timeout_s: float = 0.0, max_messages: int = 10_000) -> list[Sample]:
         """Returns every sample that arrived, waiting up to ``timeout_s`` for the first."""
@@ -107,15 +144,57 @@ class TelemetryReceiver:
             return samples
         for _ in range(max_messages):
             try:
-                payload = self._socket.recv(zmq.NOBLOCK)
+                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             try:
-                samples.extend(decode(payload))
-            except ValueError as exc:
-                self.malformed += 1
-                log.warning("dropped a malformed telemetry message: %s", exc)
+                samples.extend(self._accept(frames))
+            except MalformedTelemetry as exc:
+                self._reject(exc, _peer(frames[0]))
         return samples
+
+    def _accept(self, frames: Sequence[zmq.Frame]) -> list[Sample]:
+        if len(frames) not in (1, 2):
+            raise MalformedTelemetry(f"telemetry message of {len(frames)} frames", "frames")
+        payload = frames[0].bytes
+        if self._key is not None:
+            mac = frames[1].bytes if len(frames) == 2 else b""
+            if not hmac.compare_digest(mac, sign(self._key, payload)):
+                raise MalformedTelemetry("telemetry message without a valid job HMAC", "auth")
+        samples = decode_message(payload, self.clock(), self.max_skew_s)
+        self._bound_series(samples)
+        return samples
+
+    def _bound_series(self, samples: list[Sample]) -> None:
+        """Refuses a message that would add a value beyond the cap to a series label."""
+        fresh: dict[str, set[str]] = {}
+        for sample in samples:
+            for name in SERIES_LABELS:
+                value = sample.labels.get(name)
+                if value is not None and value not in self._seen[name]:
+                    fresh.setdefault(name, set()).add(value)
+        for name, values in fresh.items():
+            if len(self._seen[name]) + len(values) > self.max_label_values:
+                raise MalformedTelemetry(
+                    f"telemetry label {name!r} would take over {self.max_label_values} values",
+                    "cardinality",
+                )
+        for name, values in fresh.items():
+            self._seen[name] |= values
+
+    def _reject(self, exc: MalformedTelemetry, peer: str) -> None:
+        self.rejected[exc.reason] += 1
+        sender = exc.sender or peer or "unknown sender"
+        if sender not in self._logged and len(self._logged) < 1024:
+            self._logged.add(sender)
+            log.warning("dropped telemetry from %s (further drops counted only): %s", sender, exc)
 
     def close(self) -> None:
         self._socket.close(linger=0)
+
+
+def _peer(frame: zmq.Frame) -> str:
+    try:
+        return str(frame.get("Peer-Address"))
+    except (zmq.ZMQError, AttributeError, TypeError, ValueError):
+        return ""

@@ -131,6 +131,8 @@ class Controller:
         self.crash_loop = CrashLoop()
         self._stop: StopRequest | None = None
         self._listening: set[int] = set()  # ranks whose loop checkpoints when asked
+        self._tick_errors: dict[str, int] = {}
+        self._rejected = 0
 
     def request_stop(self, request: StopRequest) -> None:
         """Asks the loop to stop the job (safe from a signal handler); a second request
@@ -186,7 +188,37 @@ class Controller:
                 break
 
     def tick(self) -> None:
+        """One pass of the loop. An exception in any stage is recorded as an event (once
+        per kind of failure, then counted) and the loop goes on."""
+        try:
+            self._tick()
+        except Exception as exc:
+            self._tick_failed(exc)
+
+    def _tick_failed(self, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        if error not in self._tick_errors and len(self._tick_errors) >= 256:
+            error = type(exc).__name__  # bounded: new kinds are counted by type alone
+        time.sleep(self.tick_s)  # a stage that fails at once must not spin the loop
+        count = self._tick_errors.get(error, 0) + 1
+        self._tick_errors[error] = count
+        if count & (count - 1):  # recorded the 1st, 2nd, 4th, 8th... time
+            return
+        log.error("a controller stage failed (%d times); the loop goes on", count, exc_info=exc)
+        try:
+            attempt = self.supervisor.attempt
+            detail = {"error": error, "count": count}
+            self.store.add_event(
+                LifecycleEvent("controller", Phase.RUNNING, self.clock(), attempt, detail)
+            )
+        except Exception:
+            log.exception("could not record a controller failure")
+
+    def _tick(self) -> None:
         samples = self.receiver.receive(timeout_s=self.tick_s)
+        if self.receiver.malformed != self._rejected:  # dropped telemetry, counted by reason
+            self._rejected = self.receiver.malformed
+            self.store.set_meta("telemetry_rejected", dict(self.receiver.rejected))
         frames = ingest_samples(self.store, samples, self.launched.current)
         if samples:
             self.on_samples(samples)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Iterable
 
 from collector.frames import COLLECTIVE, frames_from_samples, subject_of
 from collector.types import Frame, Sample
 from eagleeye.store import RunStore
 from ft_runtime.types import LifecycleEvent, Phase
+
+log = logging.getLogger(__name__)
+INT64 = 2**63
 
 
 class LaunchedAttempts:
@@ -70,17 +75,20 @@ def _store_checkpoint(store: RunStore, sample: Sample) -> None:
         state = "RESTORED"
     else:  # a snapshot in a holder's memory is cached; one written to disk is persistent
         state = "CACHED" if tier == "memory" else "PERSISTENT"
-    seconds = labels.get("seconds")
+    step = sample.value
+    if not (math.isfinite(step) and 0 <= step < INT64 and step == int(step)):
+        log.warning("dropped a %s event whose step is %r, not a step number", sample.name, step)
+        return
     store.add_checkpoint(
         sample.time,
-        int(sample.value),
+        int(step),
         state,
         tier,
         rank=_int(labels.get("rank")),
         attempt=_int(labels.get("attempt")),
         path=labels.get("path"),
         nbytes=_int(labels.get("bytes")),
-        seconds=None if seconds is None else float(seconds),
+        seconds=_seconds(labels.get("seconds")),
     )
 
 
@@ -115,7 +123,18 @@ def lifecycle_frames(events: Iterable[LifecycleEvent]) -> list[Frame]:
 
 
 def _int(value: str | None) -> int | None:
+    """An integer label within 64 bits, else None (a label that is no count says nothing)."""
     try:
-        return None if value is None else int(value)
+        number = None if value is None else int(value)
     except ValueError:
         return None
+    return number if number is None or -INT64 <= number < INT64 else None
+
+
+def _seconds(value: str | None) -> float | None:
+    """A duration label: a finite number of seconds from 0, else None."""
+    try:
+        seconds = None if value is None else float(value)
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < math.inf else None

@@ -23,7 +23,7 @@ from collector.transport import TelemetryReceiver
 from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_config
 from detectors.progress import HangLimits, ProgressStall
 from detectors.types import Finding
-from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
+from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from eagleeye.controller import Controller, ControllerReport, StopRequest
 from eagleeye.detection import live_config, live_detectors
 from eagleeye.errors import EagleEyeError
@@ -274,10 +274,12 @@ def _run_in(
     exporter: EagleEyeExporter | None,
 ) -> JobResult:
     store = RunStore(run_dir)
-    receiver = TelemetryReceiver()
+    telemetry_key = secrets.token_hex(32)  # ranks sign telemetry; unsigned is dropped
+    receiver = TelemetryReceiver(key=telemetry_key.encode())
     env = {
         **config.env,
         ENV_TELEMETRY: receiver.address,
+        ENV_TELEMETRY_KEY: telemetry_key,
         ENV_RUN_DIR: str(run_dir.resolve()),
         ENV_CHECKPOINT_DIR: str((run_dir / "checkpoints").resolve()),
         ENV_INJECT: ";".join(config.inject),

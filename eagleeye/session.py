@@ -141,11 +141,18 @@ class RankSession:
             seconds=f"{saved.seconds:.6f}",
         )
 
-    def load_checkpoint(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest intact checkpoint as (step, state), or None to start fresh."""
+    def load_checkpoint(
+        self, like: Mapping[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """The newest intact checkpoint as (step, state), or None to start fresh.
+
+        ``like``: the state it will be loaded into; a checkpoint whose tensors differ from
+        it in shape or dtype is refused. Raises CheckpointsUnusable when checkpoints exist
+        but none can be loaded: starting fresh would silently lose the run's progress.
+        """
         if self.snapshots is not None:
             return self._restore_snapshot(self.snapshots)
-        restored = self.checkpoints.load()
+        restored = self.checkpoints.load(like=like)
         if restored is not None:
             self.hook.event("event.restore", float(restored[0]), tier="disk")
         return restored

@@ -10,20 +10,29 @@ the tier it came from and its time.
 
 The ranks of a node hold the same state (data parallel), so each snapshots its
 ``1/nproc_per_node`` share and a restore reassembles the whole from the node's holder.
+
+Holders answer only requests that carry the job's secret (handed to holders and ranks in
+their environment). A holder that dies is started again (it wipes its node's segments and
+pulls its snapshots back from the next node's backups); meanwhile its ranks' saves fail
+at once rather than wait for it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import socket
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ft_runtime.ckpt import (
+    ENV_CKPT_TOKEN,
     CheckpointClient,
     ClientConfig,
     HolderConfig,
@@ -33,6 +42,7 @@ from ft_runtime.ckpt import (
 )
 from ft_runtime.layout import JobLayout
 
+log = logging.getLogger(__name__)
 _NICE = 10
 
 ENV_SNAPSHOT_RING = "EAGLEEYE_SNAPSHOT_RING"
@@ -95,6 +105,7 @@ class RankSnapshots:
             dp_rank=local_rank,
             dp_size=nproc_per_node,
             storage=env.get(ENV_SNAPSHOT_STORAGE) or None,
+            token=env.get(ENV_CKPT_TOKEN, ""),
         )
         return cls(CheckpointClient(cfg))
 
@@ -122,7 +133,20 @@ class Holders:
     Use as a context manager around the job; :attr:`env` is what the ranks need.
     """
 
-    def __init__(self, layout: JobLayout, job: str, storage: Path, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        layout: JobLayout,
+        job: str,
+        storage: Path,
+        host: str = "127.0.0.1",
+        max_restarts: int = 5,
+        watch_s: float = 0.5,
+    ):
+        self.token = secrets.token_hex(16)
+        self.max_restarts, self.watch_s = max_restarts, watch_s
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
         nodes = [f"node{i}" for i in range(layout.nnodes)]
         self.ring = Ring(tuple((n, f"tcp://{host}:{_free_port(host)}") for n in nodes))
         self.storage = storage
@@ -135,33 +159,71 @@ class Holders:
                 persist_every=1,
                 keep_last=2,
                 shm_dir=shm_dir_from(os.environ),
+                token=self.token,
             )
             for n in nodes
         ]
-        self._stack = ExitStack()
-        self.processes: Sequence[HolderProcess] = ()
+        self.processes: list[HolderProcess] = []
 
     @property
     def env(self) -> dict[str, str]:
-        return {ENV_SNAPSHOT_RING: ring_text(self.ring), ENV_SNAPSHOT_STORAGE: str(self.storage)}
+        return {
+            ENV_SNAPSHOT_RING: ring_text(self.ring),
+            ENV_SNAPSHOT_STORAGE: str(self.storage),
+            ENV_CKPT_TOKEN: self.token,
+        }
 
     def __enter__(self) -> Holders:
-        self.processes = [HolderProcess(c).launch() for c in self.configs]
-        for p in self.processes:
-            self._stack.callback(p.stop)
-            if p.proc is not None:
-                # backup and persistence run at a lower priority than the ranks' training
-                os.setpriority(os.PRIO_PROCESS, p.proc.pid, _NICE)
+        self.processes = [_launch(c) for c in self.configs]
         try:
             for p in self.processes:
                 p.wait_ready()
         except BaseException:
-            self._stack.close()
+            self._stop_all()
             raise
+        self._watcher = threading.Thread(target=self._watch, name="holders", daemon=True)
+        self._watcher.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        self._stop_all()
+
+    def _stop_all(self) -> None:
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        with ExitStack() as stack:
+            for p in self.processes:
+                stack.callback(p.stop)
+
+    def _watch(self) -> None:
+        """Starts again every holder that exited, up to ``max_restarts`` in all."""
+        while not self._stopping.wait(self.watch_s):
+            for i, p in enumerate(self.processes):
+                if p.proc is None or p.proc.poll() is None or self._stopping.is_set():
+                    continue
+                if self.restarts >= self.max_restarts:
+                    continue
+                self.restarts += 1
+                log.warning(
+                    "snapshot holder of %s exited with %s; starting it again (%d of %d)",
+                    p.cfg.node,
+                    p.proc.returncode,
+                    self.restarts,
+                    self.max_restarts,
+                )
+                try:
+                    self.processes[i] = _launch(p.cfg).wait_ready()
+                except Exception:
+                    log.exception("snapshot holder of %s did not start again", p.cfg.node)
+
+
+def _launch(cfg: HolderConfig) -> HolderProcess:
+    process = HolderProcess(cfg).launch()
+    if process.proc is not None:
+        # backup and persistence run at a lower priority than the ranks' training
+        os.setpriority(os.PRIO_PROCESS, process.proc.pid, _NICE)
+    return process
 
 
 def _job_name(run_id: str) -> str:

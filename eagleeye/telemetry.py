@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from collector.hooks import TrainingHook
 from collector.transport import TelemetryPublisher
-from eagleeye.config import ENV_TELEMETRY
+from eagleeye.config import ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from ft_runtime.layout import ENV_ATTEMPT, ENV_NODE, ENV_REPLICA
 
 
@@ -23,7 +23,8 @@ class RankTelemetry:
     @classmethod
     def from_env(cls, env: Mapping[str, str], labels: Mapping[str, str]) -> RankTelemetry:
         address = env.get(ENV_TELEMETRY)
-        publisher = TelemetryPublisher(address) if address else None
+        key = telemetry_key(env)
+        publisher = TelemetryPublisher(address, key=key) if address else None
         send = publisher.send if publisher else (lambda labels, rows: True)
         return cls(TrainingHook(send, labels), publisher)
 
@@ -31,6 +32,12 @@ class RankTelemetry:
         self.hook.close()
         if self.publisher is not None:
             self.publisher.close()
+
+
+def telemetry_key(env: Mapping[str, str]) -> bytes | None:
+    """The job's telemetry key from the launcher's environment (None: unsigned)."""
+    text = env.get(ENV_TELEMETRY_KEY)
+    return text.encode() if text else None
 
 
 class _Process:

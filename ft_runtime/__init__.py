@@ -12,6 +12,7 @@ from ft_runtime.base import Runtime
 from ft_runtime.errors import (
     CatchUpError,
     CheckpointError,
+    CheckpointsUnusable,
     FaultSpecError,
     FTRuntimeError,
     LaunchError,
@@ -25,6 +26,7 @@ __all__ = [
     "ActionKind",
     "CatchUpError",
     "CheckpointError",
+    "CheckpointsUnusable",
     "FTRuntimeError",
     "FaultSpecError",
     "LaunchError",

@@ -260,7 +260,7 @@ def fetch_snapshot(
         CatchUpError: the peer is unreachable, or a chunk stays corrupt after ``retries``.
     """
     base = f"http://{address}/snapshot/{tag}"
-    meta = json.loads(_get(f"{base}/meta", token, timeout_s))
+    meta = _meta(_get(f"{base}/meta", token, timeout_s), f"snapshot {tag} from {address}")
     payload = bytearray()
     for index, digest in enumerate(meta["sha256"]):
         for _attempt in range(retries):
@@ -272,7 +272,7 @@ def fetch_snapshot(
             raise CatchUpError(f"chunk {index} of snapshot {tag} from {address} stays corrupt")
     if len(payload) != meta["bytes"]:
         raise CatchUpError(f"snapshot {tag}: got {len(payload)} bytes, expected {meta['bytes']}")
-    state = torch.load(io.BytesIO(bytes(payload)), weights_only=True, map_location="cpu")
+    state = load_state(bytes(payload), f"snapshot {tag} from {address}")
     return int(meta["step"]), state
 
 
@@ -296,8 +296,40 @@ def fetch_update(address: str, step: int, token: str = "") -> dict[str, Any] | N
         raise CatchUpError(f"cannot fetch update {step} from {address}: {exc}") from exc
     if hashlib.sha256(body).hexdigest() != digest:
         raise CatchUpError(f"update {step} from {address} fails its checksum")
-    entry = torch.load(io.BytesIO(body), weights_only=True)
-    return dict(entry)
+    return load_state(body, f"update {step} from {address}", map_location=None)
+
+
+def load_state(payload: bytes, what: str, map_location: str | None = "cpu") -> dict[str, Any]:
+    """Tensors and plain data from a peer (``weights_only``: never arbitrary objects).
+
+    Raises:
+        CatchUpError: the bytes are not such a state (any unpickling error included).
+    """
+    try:
+        state = torch.load(io.BytesIO(payload), weights_only=True, map_location=map_location)
+    except Exception as exc:  # the unpickler's errors have no common base
+        raise CatchUpError(f"{what} cannot be loaded: {type(exc).__name__}: {exc}"[:500]) from None
+    if not isinstance(state, dict):
+        raise CatchUpError(f"{what} holds {type(state).__name__}, not a dict")
+    return state
+
+
+def _meta(body: bytes, what: str) -> dict[str, Any]:
+    """A snapshot's meta: its step, size and chunk digests; CatchUpError when malformed."""
+    try:
+        meta = json.loads(body)
+        ok = (
+            isinstance(meta, dict)
+            and isinstance(meta.get("step"), int)
+            and isinstance(meta.get("bytes"), int)
+            and isinstance(meta.get("sha256"), list)
+            and all(isinstance(d, str) for d in meta["sha256"])
+        )
+    except (ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise CatchUpError(f"{what}: malformed meta (want step, bytes and sha256 digests)")
+    return dict(meta)
 
 
 def encode_update(update: Mapping[str, Any]) -> bytes:

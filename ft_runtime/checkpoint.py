@@ -9,11 +9,20 @@ Layout, one folder per step::
 Every file is written atomically (temporary name, fsync, rename), so a crash mid-save leaves
 no file that looks complete. A checkpoint counts only once its manifest exists. Loading
 verifies the checksum and uses ``torch.load(weights_only=True)``: tensors and plain data,
-never arbitrary objects. A corrupt or truncated checkpoint falls back to the previous one.
+never arbitrary objects. A corrupt or truncated checkpoint (or one whose manifest or
+metadata is not what it should be) falls back to the previous one; when checkpoints exist
+but none can be loaded, ``load`` raises :class:`CheckpointsUnusable` rather than answer
+"no checkpoint". Given the target state (``like=``), a checkpoint whose tensors differ from
+it in shape or dtype is refused the same way.
+
+A failed write removes its temporary file. When the disk has less free space than the
+save needs (or a write fails with ENOSPC), older checkpoints are removed first, keeping
+the newest complete one, and the write is tried once more.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -28,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ft_runtime.errors import CheckpointError
+from ft_runtime.errors import CheckpointError, CheckpointsUnusable
 
 log = logging.getLogger(__name__)
 MANIFEST = "MANIFEST.json"
@@ -52,6 +61,7 @@ class DiskCheckpointer:
             manifest (``torch.distributed.barrier`` in a job); None: rank 0 waits until
             every rank's file is in the folder (ranks that save from a background thread).
         keep: complete checkpoints retained; older ones are deleted by rank 0.
+        free_bytes: free space of a folder (``shutil.disk_usage`` by default).
     """
 
     def __init__(
@@ -61,6 +71,7 @@ class DiskCheckpointer:
         world_size: int = 1,
         barrier: Callable[[], None] | None = None,
         keep: int = 2,
+        free_bytes: Callable[[Path], int] = lambda path: shutil.disk_usage(path).free,
     ) -> None:
         if keep < 1:
             raise CheckpointError(f"keep must be at least 1, got {keep}")
@@ -69,6 +80,7 @@ class DiskCheckpointer:
         self.world_size = world_size
         self.barrier = barrier
         self.keep = keep
+        self.free_bytes = free_bytes
 
     def save(self, state: Mapping[str, Any], step: int) -> SavedCheckpoint:
         """Writes this rank's state for ``step``; raises CheckpointError if it cannot."""
@@ -86,7 +98,14 @@ class DiskCheckpointer:
         }
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            _atomic_write(folder / f"{name}.pt", payload)
+            if self.free_bytes(folder) < 2 * payload.nbytes + (1 << 20):
+                self._make_room(step)
+            try:
+                _atomic_write(folder / f"{name}.pt", payload)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC or not self._make_room(step):
+                    raise
+                _atomic_write(folder / f"{name}.pt", payload)
             _atomic_write(folder / f"{name}.json", json.dumps(meta).encode())
             if self.barrier is not None:
                 self.barrier()
@@ -112,16 +131,36 @@ class DiskCheckpointer:
                 continue
         return sorted(steps, reverse=True)
 
-    def load(self, at_most: int | None = None) -> tuple[int, dict[str, Any]] | None:
-        """The newest complete, intact checkpoint of this rank as (step, state), or None;
-        with ``at_most``, the newest of a step no later than that."""
+    def load(
+        self, at_most: int | None = None, like: Mapping[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """The newest complete, intact checkpoint of this rank as (step, state), or None
+        when there is none; with ``at_most``, the newest of a step no later than that.
+
+        Args:
+            like: the state the checkpoint will be loaded into; a checkpoint missing one
+                of its tensors, or holding one of another shape or dtype, is refused.
+
+        Raises:
+            CheckpointsUnusable: complete checkpoints exist but none could be loaded.
+        """
+        refused = []
         for step in self.complete_steps():
             if at_most is not None and step > at_most:
                 continue
             try:
-                return step, self._load_step(step)
+                state = self._load_step(step)
+                if like is not None:
+                    _check_like(state, like, "")
+                return step, state
             except CheckpointError as exc:
                 log.warning("skipping checkpoint of step %d: %s", step, exc)
+                refused.append(f"step {step}: {exc}")
+        if refused:
+            raise CheckpointsUnusable(
+                f"{len(refused)} checkpoint(s) in {self.directory} but none usable "
+                f"({'; '.join(refused)[:500]}); remove them to start fresh"
+            )
         return None
 
     def _load_step(self, step: int) -> dict[str, Any]:
@@ -131,8 +170,10 @@ class DiskCheckpointer:
             manifest = json.loads((folder / MANIFEST).read_text())
             meta = json.loads((folder / f"{name}.json").read_text())
             payload = (folder / f"{name}.pt").read_bytes()
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise CheckpointError(f"unreadable: {exc}") from None
+        if not isinstance(manifest, dict) or not isinstance(meta, dict):
+            raise CheckpointError(f"{MANIFEST} or {name}.json is not a JSON object")
         if manifest.get("world_size") != self.world_size:
             raise CheckpointError(
                 f"saved by {manifest.get('world_size')} ranks, this job has {self.world_size}"
@@ -153,6 +194,42 @@ class DiskCheckpointer:
         for step in self.complete_steps()[self.keep :]:
             shutil.rmtree(self.directory / f"step-{step:08d}", ignore_errors=True)
 
+    def _make_room(self, saving: int) -> bool:
+        """Space is short: removes every checkpoint but the newest complete one (and the
+        one being saved), incomplete leftovers included; True if it removed any."""
+        newest = next(iter(self.complete_steps()), None)
+        removed = False
+        for folder in self.directory.glob("step-*"):
+            try:
+                step = int(folder.name.removeprefix("step-"))
+            except ValueError:
+                continue
+            if step not in (newest, saving):
+                log.warning("disk space is short: removing checkpoint folder %s", folder)
+                shutil.rmtree(folder, ignore_errors=True)
+                removed = True
+        return removed
+
+
+def _check_like(state: Any, like: Any, where: str) -> None:
+    """Raises CheckpointError where ``state`` lacks a tensor of ``like`` or holds it with
+    another shape or dtype."""
+    if isinstance(like, torch.Tensor):
+        if not isinstance(state, torch.Tensor):
+            raise CheckpointError(f"{where or 'state'} is {type(state).__name__}, not a tensor")
+        if state.shape != like.shape or state.dtype != like.dtype:
+            raise CheckpointError(
+                f"{where.rstrip('.')} is {state.dtype} {list(state.shape)}, the target is "
+                f"{like.dtype} {list(like.shape)}"
+            )
+    elif isinstance(like, Mapping):
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"{where or 'state'} is {type(state).__name__}, not a dict")
+        for key, value in like.items():
+            if key not in state:
+                raise CheckpointError(f"{where}{key} is missing")
+            _check_like(state[key], value, f"{where}{key}.")
+
 
 def _await_files(folder: Path, count: int, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
@@ -163,9 +240,14 @@ def _await_files(folder: Path, count: int, timeout_s: float = 300.0) -> None:
 
 
 def _atomic_write(path: Path, data: bytes | memoryview) -> None:
+    """Writes ``path`` whole or not at all; a failed write leaves no temporary file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -31,13 +31,14 @@ def key_answer(number: int, replica: int) -> str:
 @dataclass(frozen=True, slots=True)
 class Command:
     """One command: ``checkpoint`` (the lowest healthy replica saves), ``rollback`` to the
-    newest checkpoint at or before ``step``, ``skip_batch`` (``replicas`` skip their next
-    batch; empty means all)."""
+    newest checkpoint at or before ``step`` (the learning rate then multiplied by
+    ``lr_factor``), ``skip_batch`` (``replicas`` skip their next batch; empty means all)."""
 
     number: int
     kind: str
     step: int = -1
     replicas: tuple[int, ...] = ()
+    lr_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -47,9 +48,13 @@ class Command:
         return not self.replicas or replica in self.replicas
 
     def to_json(self) -> str:
-        return json.dumps({"kind": self.kind, "step": self.step, "replicas": list(self.replicas)})
+        data = {"kind": self.kind, "step": self.step, "replicas": list(self.replicas)}
+        if self.lr_factor != 1.0:
+            data["lr_factor"] = self.lr_factor
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, number: int, text: str | bytes) -> Command:
         data = json.loads(text)
-        return cls(number, data["kind"], int(data["step"]), tuple(data["replicas"]))
+        lr_factor = float(data.get("lr_factor", 1.0))
+        return cls(number, data["kind"], int(data["step"]), tuple(data["replicas"]), lr_factor)

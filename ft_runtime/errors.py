@@ -23,6 +23,11 @@ class CheckpointError(FTRuntimeError):
     """A checkpoint could not be written or none could be read back."""
 
 
+class CheckpointsUnusable(CheckpointError):
+    """Checkpoints exist but none can be loaded (every one corrupt, or of another shape):
+    unlike "no checkpoint", starting fresh would silently lose the run's progress."""
+
+
 class FaultSpecError(FTRuntimeError):
     """A fault injection spec that cannot be parsed; the message shows the expected form."""
 

@@ -59,6 +59,19 @@ class FaultSpec:
     attempt: int = 0
     time: float | None = None  # seconds into the attempt, instead of a step (step is -1)
 
+    def __post_init__(self) -> None:
+        for name in ("rank", "steps", "attempt") + (("step",) if self.time is None else ()):
+            if getattr(self, name) < 0:
+                raise FaultSpecError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.time is not None and not (math.isfinite(self.time) and self.time >= 0):
+            raise FaultSpecError(f"time must be a finite number of seconds >= 0, got {self.time}")
+        for name in ("seconds", "factor"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise FaultSpecError(f"{name} must be a finite number >= 0, got {value}")
+        if self.kind in ("slow", "slow_collective") and self.seconds <= 0:
+            raise FaultSpecError(f"a {self.kind} fault needs seconds > 0, got {self.seconds}")
+
     @classmethod
     def parse(cls, text: str) -> FaultSpec:
         """Parses one spec; raises FaultSpecError naming the problem and the expected form."""
@@ -96,6 +109,8 @@ class FaultSpec:
             ) from None
         except ValueError as exc:
             raise FaultSpecError(f"bad number in fault spec {text!r}: {exc}") from None
+        except FaultSpecError as exc:
+            raise FaultSpecError(f"fault spec {text!r}: {exc}; form: {_FORM}") from None
         if fields:
             raise FaultSpecError(f"unknown keys {sorted(fields)} in fault spec {text!r}")
         if spec.phase not in PHASES:
@@ -137,9 +152,14 @@ def load_scenario(path: str | os.PathLike[str]) -> list[str]:
         FaultSpecError: the file cannot be read, or a line is not a spec (its number given).
     """
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise FaultSpecError(f"cannot read fault scenario {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise FaultSpecError(
+            f"fault scenario {path} is not UTF-8 text (byte {exc.start}); give a text file "
+            "with one spec per line"
+        ) from None
     specs = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()

@@ -518,16 +518,18 @@ class ReplicaSupervisor(JobSupervisor):
         members = self.quorum.healthy
         if not members:
             return self._outcome(action, OutcomeStatus.FAILED, "no healthy replica to run it")
-        command = self.send_command(kind.value, step, replicas)
+        command = self.send_command(kind.value, step, replicas, action.param("lr_factor", 1.0))
         answers = self.await_answers(command, members)
         return self._command_outcome(action, command, members, answers)
 
-    def send_command(self, kind: str, step: int = -1, replicas: tuple[int, ...] = ()) -> Command:
+    def send_command(
+        self, kind: str, step: int = -1, replicas: tuple[int, ...] = (), lr_factor: float = 1.0
+    ) -> Command:
         """Writes the next command; every member runs it after the step whose exchange
         first carries it."""
         store = self.quorum.store
         assert store is not None, "start() the supervisor first"
-        command = Command(int(store.add(KEY_COMMANDS, 0)) + 1, kind, step, replicas)
+        command = Command(int(store.add(KEY_COMMANDS, 0)) + 1, kind, step, replicas, lr_factor)
         store.set(key_command(command.number), command.to_json())
         store.add(KEY_COMMANDS, 1)
         return command
@@ -578,10 +580,12 @@ class ReplicaSupervisor(JobSupervisor):
             )
         if command.kind == "rollback":
             restored = sorted({int(str(a["restored"])) for a in answers.values()})
+            lowered = f", learning rate x{command.lr_factor:g}" if command.lr_factor != 1 else ""
             return self._outcome(
                 action,
                 OutcomeStatus.DONE,
-                f"replicas {sorted(answers)} rolled back to the checkpoint of step {restored}",
+                f"replicas {sorted(answers)} rolled back to the checkpoint of step {restored}"
+                + lowered,
             )
         skipped = {r: a["skipped"] for r, a in answers.items() if int(str(a["skipped"])) >= 0}
         return self._outcome(action, OutcomeStatus.DONE, f"skipped batches {skipped}")

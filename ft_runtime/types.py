@@ -36,25 +36,39 @@ class OutcomeStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """A command for the runtime. ``key`` makes repeats idempotent: same key twice, one effect."""
+    """A command for the runtime. ``key`` makes repeats idempotent: same key twice, one effect.
+    ``params`` are the policy's numbers for it, as sorted (name, value) pairs (a rollback's
+    ``lr_factor``)."""
 
     kind: ActionKind
     target: str
     reason: str
     key: str
+    params: tuple[tuple[str, float], ...] = ()
+
+    def param(self, name: str, default: float) -> float:
+        return dict(self.params).get(name, default)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind.value,
             "target": self.target,
             "reason": self.reason,
             "key": self.key,
         }
+        if self.params:
+            out["params"] = dict(self.params)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Action:
+        params = tuple(sorted((str(k), float(v)) for k, v in data.get("params", {}).items()))
         return cls(
-            ActionKind(data["kind"]), str(data["target"]), str(data["reason"]), str(data["key"])
+            ActionKind(data["kind"]),
+            str(data["target"]),
+            str(data["reason"]),
+            str(data["key"]),
+            params,
         )
 
 

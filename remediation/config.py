@@ -26,6 +26,7 @@ Each action is ``kind[:scope]`` with scope job (the default), replica, node or s
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -90,6 +91,10 @@ def load_policy(path: str | Path) -> Policy:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyError(f"cannot read policy file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise PolicyError(
+            f"policy file {path} is not UTF-8 text (byte {exc.start}); give a TOML file"
+        ) from None
     return parse_policy(text, source=str(path))
 
 
@@ -155,8 +160,18 @@ def _rung(where: _Where, index: int, raw: Any) -> Rung:
     if not isinstance(actions, list) or not actions:
         raise where.error("do", 'must list actions like ["evict:node"]', index)
     params = raw.get("params", {})
-    if not isinstance(params, dict) or not all(isinstance(v, int | float) for v in params.values()):
-        raise where.error("params", "must be a table of numbers, like {lr_factor = 0.5}", index)
+    if not isinstance(params, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        for v in params.values()
+    ):
+        raise where.error(
+            "params", "must be a table of finite numbers, like {lr_factor = 0.5}", index
+        )
+    factor = params.get("lr_factor", 1.0)
+    if not 0 < factor <= 1:
+        raise where.error(
+            "lr_factor", f"must be in (0, 1] (it lowers the rate), got {factor}", index
+        )
     steps = tuple(_step(where, index, a, params) for a in actions)
     after = _typed(where, raw, "after", int, 1, index)
     after_steps = _typed(where, raw, "after_steps", int, 0, index)
@@ -195,8 +210,16 @@ def _kind(
 def _limits(where: _Where, raw: Mapping[str, Any]) -> tuple[Limit, ...]:
     limits = []
     for name, value in raw.items():
-        if not isinstance(value, dict) or not isinstance(value.get("max"), int):
-            raise where.error(name, "a limit is {max = K, per_s = seconds}")
+        per_s = value.get("per_s", 3600) if isinstance(value, dict) else None
+        if (
+            not isinstance(value, dict)
+            or not isinstance(value.get("max"), int)
+            or isinstance(per_s, bool)
+            or not isinstance(per_s, int | float)
+            or not math.isfinite(per_s)
+            or per_s <= 0
+        ):
+            raise where.error(name, "a limit is {max = K, per_s = seconds}, per_s finite > 0")
         try:
             limits.append(Limit(_kind(where, name, name), value["max"], value.get("per_s", 3600)))
         except PolicyError as exc:
@@ -220,6 +243,8 @@ def _typed(
     rule: int | None = None,
 ) -> Any:
     value = raw.get(key, default)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise where.error(key, f"must be a finite number, got {value!r}", rule)
     # bool is an int in Python; a policy that writes after = true is a mistake.
     if value is not default and (isinstance(value, bool) and kinds is not bool):
         raise where.error(key, f"expected a number, got {value!r}", rule)

@@ -186,7 +186,7 @@ class Remediator:
         if finding.time <= self._last_done.get(target, float("-inf")):
             return None  # the target was recovered after this finding: already answered
         key = f"{step.action.value}/{target}/{finding.key}@{finding.time:.6f}"
-        action = Action(step.action, target, reason, key)
+        action = Action(step.action, target, reason, key, tuple(sorted(step.params.items())))
         now = self.clock()
         item = PendingAction(0, finding, action, reason, step.params, now)
         refusal = self._refusal(index, action, now, capped, rung)

@@ -132,8 +132,8 @@ def is_series_file(path: Path) -> bool:
     """Whether a CSV is NAB-style (``timestamp,value`` header) rather than a trace."""
     if path.suffix != ".csv" or not path.is_file():
         return False
-    with path.open() as f:
-        header = f.readline().strip().split(",")
+    with path.open("rb") as f:  # any bytes: the reader names what is wrong with them
+        header = f.readline(4096).decode("utf-8", "replace").strip().split(",")
     return header[:2] == ["timestamp", "value"]
 
 

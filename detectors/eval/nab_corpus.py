@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from detectors.errors import DetectorError
+from detectors.eval._csvcheck import numbers, read_csv_checked
 
 
 @dataclass(frozen=True)
@@ -29,20 +30,8 @@ def read_series(path: Path) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         DetectorError: the file is missing, lacks the two columns or has non-numeric values.
     """
-    try:
-        frame = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise DetectorError(f"cannot read {path}: {exc}") from None
-    missing = {"timestamp", "value"} - set(frame.columns)
-    if missing:
-        raise DetectorError(
-            f"{path} lacks the column(s) {sorted(missing)}: a NAB-style file has the header "
-            "'timestamp,value'"
-        )
-    values = pd.to_numeric(frame["value"], errors="coerce").to_numpy(dtype=float)
-    if np.isnan(values).any():
-        row = int(np.flatnonzero(np.isnan(values))[0]) + 2
-        raise DetectorError(f"{path} line {row}: value is not a number")
+    frame = read_csv_checked(path, ("timestamp", "value"))
+    values = numbers(frame, "value", str(path))
     return frame["timestamp"].astype(str).to_numpy(), values
 
 

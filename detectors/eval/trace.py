@@ -23,6 +23,7 @@ import pandas as pd
 from collector.types import Subject
 from collector.vocabulary import canonical_name, scale_of
 from detectors.errors import DetectorError
+from detectors.eval._csvcheck import integers, numbers, read_csv_checked
 from detectors.stepbatch import StepBatch
 
 COLUMNS = ("time", "step", "job", "replica", "node", "rank", "metric", "value")
@@ -198,14 +199,48 @@ def read_trace(path: Path, labels: Path | None = None) -> Trace:
     """
     if not path.is_file():
         raise DetectorError(f"trace file {path} not found")
-    try:
-        rows = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-    except ImportError:
-        raise DetectorError("reading Parquet needs pyarrow: pip install 'eagleeye[eval]'") from None
-    except (OSError, ValueError) as exc:
-        raise DetectorError(f"cannot read trace {path}: {exc}") from None
+    if path.suffix == ".parquet":
+        try:
+            rows = pd.read_parquet(path)
+        except ImportError:
+            raise DetectorError(
+                "reading Parquet needs pyarrow: pip install 'eagleeye[eval]'"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise DetectorError(f"cannot read trace {path}: {exc}") from None
+        missing = [c for c in COLUMNS if c not in rows.columns]
+        if missing:
+            raise DetectorError(f"trace lacks column(s) {missing}; expected {list(COLUMNS)}")
+        if rows.empty:
+            raise DetectorError(f"{path} has no rows")
+        rows = rows.astype({c: str for c in COLUMNS})
+    else:
+        rows = read_csv_checked(path, COLUMNS)
+    rows = _typed_rows(rows, str(path))
     label_file = labels or labels_path(path)
     return Trace.from_long(rows, read_labels(label_file) if label_file.is_file() else ())
+
+
+def _typed_rows(rows: pd.DataFrame, where: str) -> pd.DataFrame:
+    """Trace rows with every cell checked: finite times, integer steps, ranks and replicas,
+    numeric values (NaN allowed: a diverged metric is data) and metric names."""
+    metric = rows["metric"].astype(str)
+    empty = (metric.str.strip() == "").to_numpy()
+    if empty.any():
+        line = int(np.flatnonzero(empty)[0]) + 2
+        raise DetectorError(f"{where}: line {line}, column 'metric': the metric name is empty")
+    return pd.DataFrame(
+        {
+            "time": numbers(rows, "time", where),
+            "step": integers(rows, "step", where),
+            "job": rows["job"].astype(str).to_numpy(),
+            "replica": integers(rows, "replica", where),
+            "node": rows["node"].astype(str).to_numpy(),
+            "rank": integers(rows, "rank", where),
+            "metric": metric.to_numpy(),
+            "value": numbers(rows, "value", where, finite=False),
+        }
+    )
 
 
 def read_labels(path: Path) -> tuple[FaultWindow, ...]:

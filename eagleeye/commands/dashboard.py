@@ -53,7 +53,8 @@ def _dashboard(args: argparse.Namespace) -> int:
     from eagleeye.store import RunReader, newest_run
 
     run = Path(args.run) if args.run else newest_run(args.runs_dir)
-    RunReader(run).close()  # a bad folder is a clear error now, not a page error later
+    with RunReader(run) as reader:  # a bad folder or file is a clear error now, not on a page
+        reader.check()
     try:
         import streamlit  # noqa: F401
     except ImportError:

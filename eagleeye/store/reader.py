@@ -17,6 +17,8 @@ from eagleeye.errors import StoreError
 from eagleeye.store.schema import SCHEMA_VERSION
 from eagleeye.store.writer import DB_NAME
 
+_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
+
 
 class RunReader:
     """Read-only view of one run. Each call runs a fresh query, so it sees new rows.
@@ -35,8 +37,18 @@ class RunReader:
                 f"file:{self.path}?mode=ro", uri=True, timeout=30, check_same_thread=False
             )
             (version,) = self._conn.execute("PRAGMA user_version").fetchone()
+            tables = {row[0] for row in self._conn.execute(_TABLES)}
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read run store {self.path}: {exc}") from exc
+            self._conn.close()
+            raise StoreError(
+                f"cannot read run store {self.path}: {exc}; the file is damaged or not a run store"
+            ) from exc
+        if version == 0 or "meta" not in tables:
+            self._conn.close()
+            raise StoreError(
+                f"{self.path} is not a run store (empty or not written by Eagle Eye); "
+                "pass the folder of a run that started"
+            )
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"run store {self.path} has schema version {version}; this "
@@ -45,6 +57,18 @@ class RunReader:
 
     def close(self) -> None:
         self._conn.close()
+
+    def check(self) -> None:
+        """Reads every page of the file; raises StoreError if any is damaged."""
+        try:
+            problems = [row[0] for row in self._conn.execute("PRAGMA quick_check(5)")]
+        except sqlite3.Error as exc:
+            problems = [str(exc)]
+        if problems != ["ok"]:
+            raise StoreError(
+                f"run store {self.path} is damaged ({'; '.join(problems)[:300]}); "
+                "restore it from a copy or read another run"
+            )
 
     def __enter__(self) -> RunReader:
         return self
@@ -59,8 +83,22 @@ class RunReader:
             raise StoreError(f"query on {self.path} failed: {exc}") from exc
 
     def meta(self) -> dict[str, Any]:
-        rows = self._conn.execute("SELECT key, value FROM meta").fetchall()
-        return {key: json.loads(value) for key, value in rows}
+        try:
+            rows = self._conn.execute("SELECT key, value FROM meta").fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"reading the meta of {self.path} failed: {exc}") from exc
+        return {key: self._json(value, "meta") for key, value in rows}
+
+    def _json(self, text: Any, column: str) -> Any:
+        try:
+            return json.loads(text)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise StoreError(
+                f"run store {self.path} holds a damaged {column} value: {exc}"
+            ) from None
+
+    def _parse(self, frame: pd.DataFrame, column: str) -> None:
+        frame[column] = frame[column].map(lambda text: self._json(text, column))
 
     def samples(
         self, names: Sequence[str] | None = None, ranks: Sequence[int] | None = None
@@ -91,7 +129,7 @@ class RunReader:
 
     def findings(self) -> pd.DataFrame:
         frame = self.query("SELECT * FROM findings ORDER BY time")
-        frame["evidence"] = frame["evidence"].map(json.loads)
+        self._parse(frame, "evidence")
         return frame
 
     def actions(self) -> pd.DataFrame:
@@ -104,7 +142,7 @@ class RunReader:
 
     def events(self) -> pd.DataFrame:
         frame = self.query("SELECT * FROM events ORDER BY time, id")
-        frame["detail"] = frame["detail"].map(json.loads)
+        self._parse(frame, "detail")
         return frame
 
     def checkpoints(self) -> pd.DataFrame:
@@ -124,5 +162,5 @@ class RunReader:
         """The quorum coordinator's decisions: time, epoch, members, joining, expected."""
         frame = self.query("SELECT * FROM memberships ORDER BY id")
         for column in ("members", "joining", "expected"):
-            frame[column] = frame[column].map(json.loads)
+            self._parse(frame, column)
         return frame

@@ -14,6 +14,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,8 @@ class RunStore:
         self.flush_interval_s = flush_interval_s
         self.max_batch = max_batch
         self.error: Exception | None = None
+        self.dropped = 0  # rows that could not be written (see _commit)
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="eagleeye-store", daemon=True)
         self._thread.start()
 
@@ -285,58 +288,117 @@ class RunStore:
         self._queue.put((sql, row))
 
     def _run(self) -> None:
+        """The writer thread: it never dies; a failure of its own is logged and the loop
+        goes on with the rows it holds."""
         pending: dict[str, list[Sequence[Any]]] = {}
         waiters: list[threading.Event] = []
-        stop = False
-        while not stop:
+        while not self._closing:
             try:
-                item = self._queue.get(timeout=self.flush_interval_s)
+                pending, waiters = self._round(pending, waiters)
+            except Exception as exc:  # a bug here must not silently stop all recording
+                self.error = exc
+                log.exception("run store writer failed; it goes on")
+                for waiter in waiters:
+                    waiter.set()
+                waiters = []
+
+    def _round(
+        self, pending: dict[str, list[Sequence[Any]]], waiters: list[threading.Event]
+    ) -> tuple[dict[str, list[Sequence[Any]]], list[threading.Event]]:
+        """Collects one batch from the queue and commits it."""
+        try:
+            item = self._queue.get(timeout=self.flush_interval_s)
+        except queue.Empty:
+            item = _TICK
+        count = 0
+        while True:
+            if item is None:
+                self._closing = True
+            elif isinstance(item, threading.Event):
+                waiters.append(item)
+            elif item is not _TICK:
+                pending.setdefault(item[0], []).append(item[1])
+                count += 1
+            if self._closing or count >= self.max_batch:
+                break
+            try:
+                item = self._queue.get_nowait()
             except queue.Empty:
-                item = _TICK
-            count = 0
-            while True:
-                if item is None:
-                    stop = True
-                elif isinstance(item, threading.Event):
-                    waiters.append(item)
-                elif item is not _TICK:
-                    pending.setdefault(item[0], []).append(item[1])
-                    count += 1
-                if stop or count >= self.max_batch:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            if self._commit(pending):
-                pending = {}
-            for waiter in waiters:
-                waiter.set()
-            waiters = []
+                break
+        if self._commit(pending):
+            pending = {}
+        for waiter in waiters:
+            waiter.set()
+        return pending, []
 
     def _commit(self, pending: dict[str, list[Sequence[Any]]]) -> bool:
-        """Commits in table order (findings before the actions that point at them). On
-        failure the rows are kept for the next attempt, so nothing is lost."""
+        """Commits in table order (findings before the actions that point at them).
+
+        A row that cannot be written (a NaN where a value is required, an integer beyond
+        64 bits, a dangling reference) fails the batch; the batch is then written row by
+        row, such rows are dropped and counted (``dropped``, and an ``events`` row of
+        subject ``store``), and the rest committed. On any other failure (the disk, a
+        lock) the rows are kept for the next attempt, so nothing is lost.
+        """
         if not pending:
             return True
         try:
-            self._conn.execute("BEGIN")
-            for sql in sorted(pending, key=_ORDER.index):
-                self._conn.executemany(sql, pending[sql])
-            self._conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            self.error = exc
-            log.error("run store write failed, rows kept for a retry: %s", exc)
+            self._write(pending, isolate=False)
+        except _ROW_ERRORS as exc:
+            self._rollback()
+            log.warning("run store batch has a row that cannot be written (%s); isolating", exc)
             try:
-                self._conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            return False
+                self._write(pending, isolate=True)
+            except sqlite3.Error as again:
+                return self._failed(again)
+        except sqlite3.Error as exc:
+            return self._failed(exc)
         self.error = None
         return True
 
+    def _write(self, pending: dict[str, list[Sequence[Any]]], isolate: bool) -> None:
+        self._conn.execute("BEGIN")
+        bad: list[str] = []
+        for sql in sorted(pending, key=_ORDER.index):
+            if not isolate:
+                self._conn.executemany(sql, pending[sql])
+                continue
+            for row in pending[sql]:
+                try:
+                    self._conn.execute(sql, row)
+                except _ROW_ERRORS as exc:
+                    bad.append(f"{sql.split()[2]}: {type(exc).__name__}: {exc}"[:300])
+        if bad:
+            self.dropped += len(bad)
+            log.error("run store dropped %d row(s) it cannot write; first: %s", len(bad), bad[0])
+            detail = json.dumps({"dropped": len(bad), "total": self.dropped, "first": bad[0]})
+            self._conn.execute(_SQL_EVENT, (time.time(), "store", "running", 0, detail))
+        self._conn.execute("COMMIT")
+
+    def _failed(self, exc: sqlite3.Error) -> bool:
+        self.error = exc
+        log.error("run store write failed, rows kept for a retry: %s", exc)
+        self._rollback()
+        return False
+
+    def _rollback(self) -> None:
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
 
 _TICK: tuple[str, Sequence[Any]] = ("", ())
+# What one row can raise: a constraint it breaks, a value SQLite cannot bind (an integer
+# beyond 64 bits, an unsupported type). OperationalError (disk, lock) is not one of them.
+_ROW_ERRORS = (
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.ProgrammingError,
+    OverflowError,
+    TypeError,
+    ValueError,
+)
 _ORDER = [
     _SQL_META,
     _SQL_SAMPLE,

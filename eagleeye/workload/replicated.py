@@ -34,6 +34,7 @@ from ft_runtime import _dist as dist
 from ft_runtime.catchup import SERVE_NICE
 from ft_runtime.checkpoint import DiskCheckpointer
 from ft_runtime.commands import CHECKPOINT, ROLLBACK, Command
+from ft_runtime.errors import CheckpointsUnusable
 from ft_runtime.ftar import ExchangeResult, ReplicaComm
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE
 from ft_runtime.quorum import ENV_QUORUM
@@ -124,7 +125,8 @@ def train(
         ee.faults.fire(step, "collective")
         flat, result = _exchange(ee, comm, params, step, state.batch)
         with ee.section("optimizer"):
-            lr = learning_rate(step, args) * result.lr_scale  # type: ignore[operator]
+            # the schedule's rate, scaled for missing replicas and by every rollback's factor
+            lr = learning_rate(step, args) * result.lr_scale * state.lr_factor  # type: ignore[operator]
             grad_norm = _apply(params, optimizer, flat, lr)
         comm.after_step(step, flat, lr)
         metrics = {
@@ -174,6 +176,7 @@ class _Replica:
     ) -> None:
         self.ee, self.comm, self.model, self.optimizer = ee, comm, model, optimizer
         self.sampler = sampler
+        self.lr_factor = 1.0  # the product of the rollbacks' lr_factor so far
         self.disk = DiskCheckpointer(
             Path(ee.checkpoints.directory) / "replicas",
             comm.replica_rank,
@@ -255,13 +258,19 @@ class _Replica:
                 if not self.checkpoint(step, saved):
                     self.comm.answer(command, {"saved": -1, "path": ""})
             elif command.kind == ROLLBACK:
-                restored = self.restore(command.step)
+                try:
+                    restored = self.restore(command.step)
+                except CheckpointsUnusable as exc:  # the rollback fails; training goes on
+                    self.comm.answer(command, {"error": str(exc)})
+                    continue
                 if restored == -2:
                     self.comm.answer(
                         command, {"error": f"no checkpoint at or before {command.step}"}
                     )
                     continue
-                self.comm.answer(command, {"restored": restored, "from": step})
+                self.lr_factor *= command.lr_factor
+                answer = {"restored": restored, "from": step, "lr_factor": self.lr_factor}
+                self.comm.answer(command, answer)
                 step = restored
             elif command.applies_to(self.comm.replica):  # skip_batch
                 self.comm.skip_batch(self.batch)

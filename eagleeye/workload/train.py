@@ -215,7 +215,7 @@ def _restore(
     ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimizer, sampler: ShardedSampler
 ) -> int:
     """Loads the newest checkpoint if there is one; returns the first step to train."""
-    restored = ee.load_checkpoint()
+    restored = ee.load_checkpoint(like={"model": model.state_dict()})
     if restored is None:
         return 0
     step, state = restored

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -71,6 +72,20 @@ class Entry:
     @property
     def nbytes(self) -> int:
         return self.shard_len * self.torch_dtype.itemsize
+
+
+def crc32(buf: torch.Tensor) -> int:
+    """The CRC-32 of a uint8 buffer: what a snapshot in memory is verified against."""
+    return zlib.crc32(buf.numpy().data) if buf.numel() else 0
+
+
+def verify_crc32(buf: torch.Tensor, meta: Mapping[str, Any], where: str) -> None:
+    """Raises CheckpointError unless ``buf`` has the CRC-32 that ``meta`` records."""
+    want = meta.get("crc32") if isinstance(meta, Mapping) else None
+    if not isinstance(want, int) or isinstance(want, bool):
+        raise CheckpointError(f"{where}: the snapshot carries no checksum")
+    if crc32(buf) != want:
+        raise CheckpointError(f"{where}: the snapshot's CRC-32 does not match (altered)")
 
 
 def plan(tensors: Sequence[tuple[str, torch.Tensor]], nshards: int) -> tuple[list[Entry], int]:
@@ -247,7 +262,9 @@ def assemble(
 ) -> list[torch.Tensor]:
     """Rebuilds every whole tensor from the ``D`` shard sources, in order.
 
-    A tensor of ``into`` with the entry's name, dtype and shape is filled in place (no new
+    A tensor of ``into`` with the entry's name is refused (CheckpointError) when its dtype
+    or shape differs from the entry's. One with the entry's name, dtype and shape is
+    filled in place (no new
     allocation, as a restarted trainer's model already holds its tensors); any other entry
     gets a new tensor. Each byte goes once, straight from the source into the tensor, by
     the sources' tasks (memory: copies of at most 16 MiB; storage: verified reads of one
@@ -261,6 +278,11 @@ def assemble(
     out: list[torch.Tensor] = []
     for e in entries:
         t = into.get(e.name) if into is not None else None
+        if t is not None and (t.dtype != e.torch_dtype or tuple(t.shape) != e.shape):
+            raise CheckpointError(
+                f"tensor {e.name} is {e.dtype} {list(e.shape)} in the checkpoint, the target "
+                f"is {str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+            )
         fits = (
             t is not None
             and t.dtype == e.torch_dtype

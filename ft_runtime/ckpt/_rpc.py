@@ -30,7 +30,11 @@ def encode(header: dict[str, Any]) -> bytes:
 
 
 def decode(frame: bytes) -> dict[str, Any]:
-    out = json.loads(frame)
+    """The JSON object of a header frame; CheckpointError for anything else."""
+    try:
+        out = json.loads(frame)
+    except (ValueError, RecursionError) as exc:
+        raise CheckpointError(f"a holder message must be JSON: {str(exc)[:100]}") from None
     if not isinstance(out, dict):
         raise CheckpointError("a holder message must be a JSON object")
     return out
@@ -39,8 +43,11 @@ def decode(frame: bytes) -> dict[str, Any]:
 class Rpc:
     """One REQ connection to a holder. Not thread-safe: one per thread."""
 
-    def __init__(self, ctx: zmq.Context[Any], endpoint: str, timeout_s: float) -> None:
+    def __init__(
+        self, ctx: zmq.Context[Any], endpoint: str, timeout_s: float, token: str = ""
+    ) -> None:
         self.ctx, self.endpoint, self.timeout_ms = ctx, endpoint, int(timeout_s * 1000)
+        self._token = token
         self._sock: zmq.Socket[Any] | None = None
 
     def _socket(self) -> zmq.Socket[Any]:
@@ -63,6 +70,8 @@ class Rpc:
             RemoteError: the holder replied with an error.
         """
         sock = self._socket()
+        if self._token:
+            header = {**header, "token": self._token}
         try:
             sock.send_multipart([encode(header), *frames], copy=False)
             reply = sock.recv_multipart()
@@ -72,7 +81,7 @@ class Rpc:
                 f"holder at {self.endpoint} did not answer {header.get('op')!r} within "
                 f"{self.timeout_ms} ms"
             ) from None
-        head = decode(reply[0])
+        head = decode(reply[0]) if reply else {}
         if not head.get("ok", False):
             raise RemoteError(f"holder at {self.endpoint}: {head.get('error', 'unknown error')}")
         return head, list(reply[1:])

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ft_runtime.ckpt import _persist, _shm, _stored
-from ft_runtime.ckpt._layout import BufferSource, Source
+from ft_runtime.ckpt._layout import BufferSource, Source, verify_crc32
 from ft_runtime.ckpt._rpc import Rpc, fetch_into
 from ft_runtime.ckpt.config import ClientConfig
 from ft_runtime.ckpt.types import Tier
@@ -85,6 +85,7 @@ class Catalog:
         head, _ = self.rpcs[self.cfg.node].call({"op": "read", **key})
         m = _shm.open_mapping(Path(head["segment"]), int(head["nbytes"]), populate=True)
         self._open.append((m, key))
+        verify_crc32(m.buf, head["meta"], f"snapshot {key} in memory")
         return head["meta"], BufferSource(m.buf), Tier.MEMORY
 
     def finish(self) -> None:
@@ -105,4 +106,5 @@ class Catalog:
         buf = torch.empty(int(s["nbytes"]), dtype=torch.uint8)
         mv = _shm.as_memoryview(buf)
         meta = fetch_into(self.rpcs[node], s, mv, _CHUNK)
+        verify_crc32(buf, meta, f"snapshot of step {s['step']} on {node}")
         return meta, BufferSource(buf), Tier.PEER

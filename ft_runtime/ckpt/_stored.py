@@ -185,6 +185,8 @@ def open_shard(
     try:
         with fs.open(f"{base}/{MANIFEST}", "rb") as mf:
             manifest = json.load(mf)
+        if not isinstance(manifest, dict):
+            raise CorruptCheckpoint(f"{base}: the manifest is not a JSON object")
         if manifest.get("format") not in FORMATS:
             raise CorruptCheckpoint(f"{base}: unknown format {manifest.get('format')!r}")
         files = {}
@@ -199,11 +201,25 @@ def open_shard(
         else:  # the first format indexes the torch.save items; find the bytes inside them
             data = _locate(manifest["tensors"], files, opener)
         meta: dict[str, Any] = manifest["meta"]
+        entries_of(meta, base)
     except CorruptCheckpoint:
         raise
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise CorruptCheckpoint(f"{base}: unreadable manifest or file ({exc})") from exc
     return meta, StoredSource(base, files, data, opener)
+
+
+def entries_of(meta: Any, where: str) -> list[Entry]:
+    """The tensor entries of a shard's metadata.
+
+    Raises:
+        CorruptCheckpoint: metadata of the wrong shape or type.
+    """
+    try:
+        entries = [Entry.from_json(e) for e in meta["entries"]]
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CorruptCheckpoint(f"{where}: malformed snapshot metadata ({exc!r:.200})") from None
+    return entries
 
 
 def _locate(
@@ -224,7 +240,7 @@ def read(root: str, step: int, shard: int, nshards: int) -> tuple[dict[str, Any]
         CorruptCheckpoint: a missing, truncated or altered file, or a bad manifest.
     """
     meta, src = open_shard(root, step, shard, nshards)
-    entries = [Entry.from_json(e) for e in meta["entries"]]
+    entries = entries_of(meta, f"{root} step {step} shard {shard}")
     buf = torch.zeros(max((e.offset + e.nbytes for e in entries), default=0), dtype=torch.uint8)
     for e in entries:
         src.add(e, buf[e.offset : e.offset + e.nbytes].numpy())

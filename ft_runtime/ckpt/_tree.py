@@ -56,20 +56,35 @@ def _enc(obj: Any, path: str, out: list[tuple[str, torch.Tensor]]) -> Any:
 
 
 def unflatten(tree: Any, tensors: Sequence[torch.Tensor]) -> Any:
-    """Inverse of :func:`flatten`: rebuilds the state around ``tensors``."""
+    """Inverse of :func:`flatten`: rebuilds the state around ``tensors``.
+
+    Raises:
+        CheckpointError: a tree of the wrong shape (it comes from a file or a peer).
+    """
+    try:
+        return _unflatten(tree, tensors)
+    except CheckpointError:
+        raise
+    except (IndexError, KeyError, TypeError, ValueError, RecursionError) as exc:
+        raise CheckpointError(f"malformed checkpoint tree ({exc!r:.200})") from None
+
+
+def _unflatten(tree: Any, tensors: Sequence[torch.Tensor]) -> Any:
     if tree is None or isinstance(tree, bool | int | float | str):
         return tree
     if not isinstance(tree, dict) or len(tree) != 1:
         raise CheckpointError(f"malformed checkpoint tree node: {tree!r:.80}")
     ((tag, val),) = tree.items()
     if tag == "t":
-        return tensors[int(val)]
+        if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val < len(tensors):
+            raise CheckpointError(f"checkpoint tree names tensor {val!r:.40}, not one it holds")
+        return tensors[val]
     if tag == "d":
-        return {k: unflatten(v, tensors) for k, v in val}
+        return {k: _unflatten(v, tensors) for k, v in val}
     if tag == "l":
-        return [unflatten(v, tensors) for v in val]
+        return [_unflatten(v, tensors) for v in val]
     if tag == "u":
-        return tuple(unflatten(v, tensors) for v in val)
+        return tuple(_unflatten(v, tensors) for v in val)
     if tag == "b":
-        return base64.b64decode(val)
+        return base64.b64decode(val, validate=True)
     raise CheckpointError(f"unknown checkpoint tree tag {tag!r}")

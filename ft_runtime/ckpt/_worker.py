@@ -55,7 +55,7 @@ class Worker:
         ctx: zmq.Context[Any] = zmq.Context.instance()
         nxt = self.cfg.ring.next(self.cfg.node)
         if nxt is not None:
-            self._next = Rpc(ctx, nxt[1], _PEER_TIMEOUT_S)
+            self._next = Rpc(ctx, nxt[1], _PEER_TIMEOUT_S, self.cfg.token)
         self._bootstrap(ctx)
         while (item := self._q.get()) is not None:
             key, backup_only = item
@@ -155,7 +155,7 @@ class Worker:
                 log.info("no backups pulled from the next node: %s", exc)
         prev = self.cfg.ring.prev(self.cfg.node)
         if prev is not None:
-            rpc = Rpc(ctx, prev[1], 2.0)
+            rpc = Rpc(ctx, prev[1], 2.0, self.cfg.token)
             try:
                 rpc.call({"op": "rebackup"})
             except CheckpointError as exc:

@@ -32,8 +32,10 @@ class CheckpointRuntime:
         ring: Ring,
         timeout: timedelta = timedelta(seconds=2),
         clock: Callable[[], float] = time.time,
+        token: str = "",
     ) -> None:
         self.ring, self.timeout, self.clock = ring, timeout, clock
+        self.token = token
 
     def execute(self, action: Action) -> Outcome:
         if action.kind != ActionKind.CHECKPOINT:
@@ -43,7 +45,7 @@ class CheckpointRuntime:
         dup: list[str] = []
         failed: list[str] = []
         for node, ep in self.ring.nodes:
-            rpc = Rpc(ctx, ep, self.timeout.total_seconds())
+            rpc = Rpc(ctx, ep, self.timeout.total_seconds(), self.token)
             try:
                 head, _ = rpc.call({"op": "request", "key": action.key})
                 (dup if head["duplicate"] else asked).append(node)
@@ -75,10 +77,12 @@ class StateWatcher:
         ring: Ring,
         callback: Callable[[StateChange], None],
         timeout: timedelta = timedelta(seconds=1),
+        token: str = "",
     ) -> None:
         self.callback = callback
         ctx: zmq.Context[Any] = zmq.Context.instance()
-        self._rpcs = {n: Rpc(ctx, ep, timeout.total_seconds()) for n, ep in ring.nodes}
+        t = timeout.total_seconds()
+        self._rpcs = {n: Rpc(ctx, ep, t, token) for n, ep in ring.nodes}
         self._since = {n: 0 for n, _ in ring.nodes}
         self._pid: dict[str, int] = {}
 

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,12 +28,12 @@ from typing import Any
 import torch
 import zmq
 
-from ft_runtime.ckpt import _layout, _shm, _tree
+from ft_runtime.ckpt import _layout, _shm, _stored, _tree
 from ft_runtime.ckpt._rpc import HolderUnavailable, Rpc
 from ft_runtime.ckpt._sources import Catalog
 from ft_runtime.ckpt.config import ClientConfig
 from ft_runtime.ckpt.types import LoadResult, SaveResult
-from ft_runtime.errors import CheckpointError
+from ft_runtime.errors import CheckpointError, CheckpointsUnusable
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,20 @@ class _Save:
     t0: float
 
 
+_PROBE_S = 0.5  # how long a probe of a holder taken for gone may wait
+_DOWN_S = 1.0  # how long saves fail at once before the holder is probed again
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class CheckpointClient:
     """One rank's checkpoint client. Not thread-safe; one per training process.
 
@@ -72,8 +87,11 @@ class CheckpointClient:
         self.cfg = cfg
         self._ctx: zmq.Context[Any] = zmq.Context.instance()
         t = cfg.timeout.total_seconds()
-        self._rpcs = {n: Rpc(self._ctx, ep, t) for n, ep in cfg.ring.nodes}
-        self._poll = Rpc(self._ctx, cfg.ring.endpoint(cfg.node), t)
+        self._rpcs = {n: Rpc(self._ctx, ep, t, cfg.token) for n, ep in cfg.ring.nodes}
+        self._poll = Rpc(self._ctx, cfg.ring.endpoint(cfg.node), t, cfg.token)
+        self._probe = Rpc(self._ctx, cfg.ring.endpoint(cfg.node), min(t, _PROBE_S), cfg.token)
+        self._holder_pid = 0  # the local holder's, from its replies
+        self._down_until = 0.0  # saves fail at once until then: the local holder is gone
         self._maps: dict[str, _shm.Mapping] = {}
         self._layout: _Plan | None = None
         self._views: dict[str, list[torch.Tensor]] = {}  # segment -> its entries' views
@@ -146,10 +164,36 @@ class CheckpointClient:
             # hand the GIL straight back: otherwise save() waits a whole switch interval
             # (5 ms) for it while this thread runs Python
             time.sleep(0)
+        down = self._holder_down()
+        if down:
+            self._last = self._failed(job.step, job.t0, HolderUnavailable(down))
+            return
         try:
             self._last = self._copy_and_commit(job)
+        except HolderUnavailable as exc:
+            self._mark_down()
+            self._last = self._failed(job.step, job.t0, exc)
         except CheckpointError as exc:
             self._last = self._failed(job.step, job.t0, exc)
+
+    def _holder_down(self) -> str:
+        """Why the local holder is taken for gone ("" when it is not): its process has
+        exited, or it did not answer lately and does not answer a short probe now. Saves
+        then fail at once instead of each waiting for the timeout."""
+        if time.monotonic() < self._down_until:
+            return f"the holder of {self.cfg.node} is gone; saves fail until it is back"
+        if self._down_until or (self._holder_pid and not _alive(self._holder_pid)):
+            try:
+                head, _ = self._probe.call({"op": "ping"})
+                self._holder_pid, self._down_until = int(head.get("pid", 0)), 0.0
+            except CheckpointError:
+                self._mark_down()
+                return f"the holder of {self.cfg.node} does not answer"
+        return ""
+
+    def _mark_down(self) -> None:
+        self._down_until = time.monotonic() + _DOWN_S
+        self._lease = None  # a restarted holder lends segments anew
 
     def _copy_and_commit(self, job: _Save) -> SaveResult:
         """Copies into the segment the holder lent at the last commit (or allocates one)
@@ -167,7 +211,8 @@ class CheckpointClient:
             commit |= {"leased": segment, **self._sizes(plan)}
         try:
             self._copy(plan, job.tensors, segment)
-            head, _ = self._local.call({**commit, "meta": job.meta, "lease": True})
+            meta = {**job.meta, "crc32": _layout.crc32(self._map(segment, plan.nbytes).buf)}
+            head, _ = self._local.call({**commit, "meta": meta, "lease": True})
         except HolderUnavailable:
             raise
         except CheckpointError:  # the lease's segment is gone, or the holder forgot it
@@ -176,6 +221,7 @@ class CheckpointClient:
             return self._copy_and_commit(job)
         if head.get("lease"):
             self._lease = (str(head["lease"]), plan.nbytes)
+        self._holder_pid = int(head.get("pid", 0))
         self._honoured = max(self._honoured, int(head.get("request_seq", 0)))
         return SaveResult(step, True, time.perf_counter() - job.t0, plan.nbytes)
 
@@ -252,7 +298,9 @@ class CheckpointClient:
                 and optimizer's state dicts): its CPU tensors with matching name, dtype and
                 shape are filled in place and returned, which saves allocating them again.
 
-        Returns None when no checkpoint exists anywhere. Never unpickles: tensors come from
+        Returns None when no checkpoint exists anywhere; raises CheckpointsUnusable when
+        some exist but none can be loaded (corrupt, or of another shape or dtype than
+        ``into``). Never unpickles: tensors come from
         raw bytes (storage: at the offsets the manifest records, checksums verified while
         reading), plain data from JSON. The tensors of ``into`` are written while a step is
         read: when every step fails, they may hold partial content.
@@ -273,8 +321,9 @@ class CheckpointClient:
             shards = [g for g in got if g is not None]
             meta = shards[0][0]
             try:
-                entries = [_layout.Entry.from_json(e) for e in meta["entries"]]
+                entries = _stored.entries_of(meta, f"step {step}")
                 tensors = _layout.assemble(entries, [src for _, src, _ in shards], template)
+                state = _tree.unflatten(meta["tree"], tensors)
                 cat.finish()
             except CheckpointError as exc:
                 skipped.append(f"step {step}: {exc}")
@@ -284,18 +333,21 @@ class CheckpointClient:
                     pass
                 continue
             return LoadResult(
-                _tree.unflatten(meta["tree"], tensors),
+                state,
                 step,
                 tuple(t for _, _, t in shards),
                 tuple(skipped),
             )
         if skipped:
             log.warning("no loadable checkpoint: %s", "; ".join(skipped))
+            raise CheckpointsUnusable(
+                f"checkpoints exist but none could be loaded: {'; '.join(skipped)[:500]}"
+            )
         return None
 
     def close(self) -> None:
         self.fence()
-        for r in [*self._rpcs.values(), self._poll]:
+        for r in [*self._rpcs.values(), self._poll, self._probe]:
             r.close()
         self._views.clear()
         self._copies.clear()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from ft_runtime.errors import CheckpointError
@@ -30,6 +30,8 @@ def shm_dir_from(env: Mapping[str, str]) -> str:
     return env.get(ENV_SHM_DIR, DEFAULT_SHM_DIR)
 
 
+ENV_CKPT_TOKEN = "EE_CKPT_TOKEN"
+"""The job's secret: a holder with one answers only requests that carry it (unset: any)."""
 ENV_MEM_CAP_GB = "EE_CKPT_MEM_CAP_GB"
 """Memory cap of one holder in GiB (local snapshots plus backups of the previous node)."""
 
@@ -99,6 +101,7 @@ class HolderConfig:
         mem_cap_bytes: cap on all segments this holder owns; oldest iterations are evicted
             first and a save that still does not fit fails cleanly.
         shm_dir: where segments live (a tmpfs).
+        token: the job's secret; requests without it are refused ("" accepts any).
     """
 
     job: str
@@ -111,6 +114,7 @@ class HolderConfig:
     mem_cap_bytes: int = 16 << 30
     shm_dir: str = DEFAULT_SHM_DIR
     chunk_bytes: int = 64 << 20
+    token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         _check_name("job", self.job)
@@ -136,6 +140,7 @@ class ClientConfig:
             state; it snapshots the ``dp_rank``-th 1/``dp_size`` of every tensor.
         storage: the holders' storage, read as the last tier; None skips it.
         timeout: how long one request to a holder may take before it counts as gone.
+        token: the job's secret, sent with every request to a holder.
     """
 
     node: str
@@ -144,6 +149,7 @@ class ClientConfig:
     dp_size: int = 1
     storage: str | None = None
     timeout: timedelta = timedelta(seconds=5)
+    token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         self.ring.index(self.node)

@@ -11,6 +11,8 @@ Run one per node::
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hmac
 import logging
 import os
 import signal
@@ -26,6 +28,7 @@ from ft_runtime.ckpt._rpc import decode, encode
 from ft_runtime.ckpt._table import Slot, Table
 from ft_runtime.ckpt._worker import Worker
 from ft_runtime.ckpt.config import (
+    ENV_CKPT_TOKEN,
     ENV_MEM_CAP_GB,
     ENV_SHM_DIR,
     HolderConfig,
@@ -67,6 +70,8 @@ class Holder:
         ctx: zmq.Context[Any] = zmq.Context.instance()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        # the largest frame is a backup chunk; anything larger disconnects its sender
+        sock.setsockopt(zmq.MAXMSGSIZE, self.cfg.chunk_bytes + (1 << 20))
         sock.bind(self.cfg.endpoint)
         if not _shm.huge_pages(self.cfg.shm_dir):
             log.info(
@@ -91,43 +96,60 @@ class Holder:
         self._stop.set()
 
     def _serve_one(self, sock: zmq.Socket[Any]) -> None:
-        ident, empty, head, *frames = sock.recv_multipart()
+        """Answers one request. A malformed one (frames, JSON, fields, nesting) gets an
+        error reply; nothing a peer sends stops the holder."""
+        ident, *rest = sock.recv_multipart()
+        if len(rest) < 2 or rest[0] != b"":  # not a REQ envelope: answer as well as we can
+            reply: dict[str, Any] = {"ok": False, "error": "malformed request: no envelope"}
+            sock.send_multipart([ident, b"", encode(reply)], copy=False)
+            return
+        _, head, *frames = rest
         out: list[bytes] = []
         try:
-            req = decode(head)
-            handler = getattr(self, f"_op_{req.get('op')}", None)
-            if handler is None:
-                raise CheckpointError(f"unknown request {req.get('op')!r}")
-            reply, out = handler(req, frames)
-            reply = {"ok": True, "request_seq": self.request_seq, **reply}
-        except (CheckpointError, OSError, ValueError, KeyError, TypeError) as exc:
-            reply, out = {"ok": False, "error": str(exc)}, []
-        sock.send_multipart([ident, empty, encode(reply), *out], copy=False)
+            reply, out = self._handle(decode(head), frames)
+            reply = {"ok": True, "request_seq": self.request_seq, "pid": os.getpid(), **reply}
+        except Exception as exc:  # RecursionError, MemoryError of a forged size, bugs
+            reply, out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}, []
+        sock.send_multipart([ident, b"", encode(reply), *out], copy=False)
+
+    def _handle(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        token = req.pop("token", "")
+        if self.cfg.token and not (
+            isinstance(token, str) and hmac.compare_digest(token.encode(), self.cfg.token.encode())
+        ):
+            raise CheckpointError("request refused: it does not carry this job's token")
+        op = req.get("op")
+        handler = getattr(self, f"_op_{op}", None) if isinstance(op, str) else None
+        if handler is None:
+            raise CheckpointError(f"unknown request {str(op)[:40]!r}")
+        result: Reply = handler(req, frames)
+        return result
 
     def _op_ping(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
         return {"node": self.cfg.node, "pid": os.getpid()}, []
 
     def _op_alloc(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self._check_size(req)
         slot = self.table.allocate(
             self.cfg.node,
-            int(req["step"]),
-            int(req["shard"]),
-            int(req["nshards"]),
-            int(req["nbytes"]),
+            _count(req, "step"),
+            _count(req, "shard"),
+            _count(req, "nshards"),
+            _count(req, "nbytes"),
         )
         return {"segment": str(slot.path), "nbytes": slot.nbytes}, []
 
     def _op_commit(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
         """Commits a copied shard; with ``leased`` (a segment lent by the last commit) the
         slot is made now. With ``lease`` the reply lends the segment for the next save."""
-        step, shard = int(req["step"]), int(req["shard"])
+        step, shard = _count(req, "step"), _count(req, "shard")
         if "leased" in req:
             self.table.allocate(
                 self.cfg.node,
                 step,
                 shard,
-                int(req["nshards"]),
-                int(req["nbytes"]),
+                _count(req, "nshards"),
+                _count(req, "nbytes"),
                 leased=Path(req["leased"]),
             )
         key = (self.cfg.node, step, shard)
@@ -150,7 +172,7 @@ class Holder:
 
     def _op_fetch(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
         slot = self._slot(req)
-        off, n = int(req["offset"]), int(req["length"])
+        off, n = _count(req, "offset"), _count(req, "length")
         m = _shm.open_mapping(slot.path, slot.nbytes)
         try:
             data = m.buf[off : off + n].numpy().tobytes()
@@ -159,13 +181,24 @@ class Holder:
         self._slot(req)  # still the same slot after the copy: the bytes are not torn
         return {"meta": slot.meta}, [data]
 
+    def _check_size(self, req: dict[str, Any]) -> None:
+        """Refuses a shard that cannot be (bad numbers, over the cap) before any eviction."""
+        if not _count(req, "shard") < _count(req, "nshards"):
+            raise CheckpointError("request field 'shard' must be below 'nshards'")
+        if _count(req, "nbytes") > self.cfg.mem_cap_bytes:
+            raise CheckpointError(
+                f"a shard of {req['nbytes']} bytes exceeds the memory cap of "
+                f"{self.cfg.mem_cap_bytes} bytes"
+            )
+
     def _op_backup_begin(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self._check_size(req)
         slot = self.table.allocate(
             str(req["owner"]),
-            int(req["step"]),
-            int(req["shard"]),
-            int(req["nshards"]),
-            int(req["nbytes"]),
+            _count(req, "step"),
+            _count(req, "shard"),
+            _count(req, "nshards"),
+            _count(req, "nbytes"),
         )
         slot.meta = req["meta"]
         return {"segment": slot.path.name}, []
@@ -174,7 +207,7 @@ class Holder:
         slot = self._slot(req, pending=True)
         m = _shm.open_mapping(slot.path, slot.nbytes)
         try:
-            off = int(req["offset"])
+            off = _count(req, "offset")
             m.buf[off : off + len(frames[0])].numpy()[:] = memoryview(frames[0])
         finally:
             m.close()
@@ -191,7 +224,7 @@ class Holder:
         return {}, []
 
     def _op_events(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
-        evs = self.table.events_since(int(req.get("since", 0)))
+        evs = self.table.events_since(_count({"since": 0, **req}, "since"))
         return {"events": [e.to_json() for e in evs if e.node == self.cfg.node]}, []
 
     def _op_request(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
@@ -208,7 +241,7 @@ class Holder:
         return {}, []
 
     def _slot(self, req: dict[str, Any], pending: bool = False) -> Slot:
-        key = (str(req.get("owner", self.cfg.node)), int(req["step"]), int(req["shard"]))
+        key = (str(req.get("owner", self.cfg.node)), _count(req, "step"), _count(req, "shard"))
         slot = self.table.slots.get(key)
         ok = slot is not None and (
             slot.state == CkptState.PENDING if pending else slot.state in LOADABLE
@@ -220,6 +253,15 @@ class Holder:
         ):
             raise CheckpointError(f"snapshot {key} is not held by {self.cfg.node} any more")
         return slot
+
+
+def _count(req: dict[str, Any], name: str) -> int:
+    """A request's integer field: a JSON integer from 0 below 2**63, else CheckpointError
+    (before anything acts on the request)."""
+    value = req.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise CheckpointError(f"request field {name!r} must be an integer >= 0: {value!r:.40}")
+    return value
 
 
 def _parse_ring(text: str) -> Ring:
@@ -256,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         int(a.mem_cap_gb * (1 << 30)),
         a.shm_dir,
     )
+    cfg = dataclasses.replace(cfg, token=os.environ.get(ENV_CKPT_TOKEN, ""))
     holder = Holder(cfg)
     signal.signal(signal.SIGTERM, lambda *_: holder.stop())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -12,7 +12,7 @@ from datetime import timedelta
 import zmq
 
 from ft_runtime.ckpt._rpc import Rpc
-from ft_runtime.ckpt.config import HolderConfig
+from ft_runtime.ckpt.config import ENV_CKPT_TOKEN, HolderConfig
 from ft_runtime.errors import CheckpointError
 
 
@@ -68,6 +68,8 @@ class HolderProcess:
     def launch(self) -> HolderProcess:
         """Starts the process without waiting (start several, then :meth:`wait_ready`)."""
         env = dict(os.environ, OMP_NUM_THREADS="1")
+        if self.cfg.token:  # in the environment, not on the command line that ps shows
+            env[ENV_CKPT_TOKEN] = self.cfg.token
         self.proc = subprocess.Popen(holder_argv(self.cfg), env=env, stdout=subprocess.DEVNULL)
         return self
 
@@ -78,7 +80,7 @@ class HolderProcess:
             CheckpointError: it exited or did not answer within the timeout.
         """
         assert self.proc is not None, "launch() first"
-        rpc = Rpc(zmq.Context.instance(), self.cfg.endpoint, 1.0)
+        rpc = Rpc(zmq.Context.instance(), self.cfg.endpoint, 1.0, self.cfg.token)
         deadline = time.monotonic() + self.timeout.total_seconds()
         try:
             while time.monotonic() < deadline:

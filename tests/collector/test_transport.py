@@ -7,6 +7,8 @@ import zmq
 
 from collector.transport import TelemetryPublisher, TelemetryReceiver, decode, encode
 
+NOW = time.time()
+
 
 def receive_all(receiver: TelemetryReceiver, expected: int, timeout_s: float = 5.0) -> list:
     got = []
@@ -22,7 +24,7 @@ def test_batches_cross_a_real_socket_with_labels() -> None:
     try:
         assert publisher.send(
             {"rank": "2", "node": "node1"},
-            [["loss", 1.25, 10.0, 3], ["collective", 0.5, 11.0, 3, {"op": "x"}]],
+            [["loss", 1.25, NOW, 3], ["collective", 0.5, NOW + 1, 3, {"op": "x"}]],
         )
         samples = receive_all(receiver, 2)
     finally:
@@ -41,7 +43,7 @@ def test_malformed_messages_are_counted_and_skipped() -> None:
     try:
         push.send(b"\xff not json")
         push.send(b'{"v": 1, "labels": {}, "samples": [["loss", "abc", 1.0, 1]]}')
-        push.send(encode({"rank": "0"}, [["loss", 2.0, 1.0, 1]]))
+        push.send(encode({"rank": "0"}, [["loss", 2.0, time.time(), 1]]))
         samples = receive_all(receiver, 1)
         time.sleep(0.1)
         samples += receiver.receive(timeout_s=0.1)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ft_runtime.checkpoint import DiskCheckpointer
-from ft_runtime.errors import CheckpointError
+from ft_runtime.errors import CheckpointError, CheckpointsUnusable
 
 
 def state(seed: int) -> dict:
@@ -56,7 +56,8 @@ def test_a_checkpoint_without_manifest_does_not_count(tmp_path) -> None:
 
 def test_checkpoints_of_another_world_size_are_refused(tmp_path) -> None:
     DiskCheckpointer(tmp_path, world_size=1).save(state(1), step=10)
-    assert DiskCheckpointer(tmp_path, world_size=4).load() is None
+    with pytest.raises(CheckpointsUnusable, match="saved by 1 ranks"):
+        DiskCheckpointer(tmp_path, world_size=4).load()
 
 
 def test_loading_never_unpickles_arbitrary_objects(tmp_path) -> None:
