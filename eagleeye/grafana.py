@@ -23,7 +23,7 @@ except ImportError:  # the grafana extra is not installed
     gdash = None  # type: ignore[assignment]
 
 DASHBOARD_UID = "eagleeye-training"
-_GPU_LEGEND = "{{node}}/{{gpu}}"
+_GPU_LEGEND = "{{Hostname}}/{{gpu}}"
 # (row, [(title, unit, [(PromQL, legend)])]); stat panels are marked with unit "stat:<unit>".
 PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
     (
@@ -55,12 +55,17 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
     (
         "GPUs",
         [
-            ("Temperature", "celsius", [("eagleeye_gpu_temperature_celsius", _GPU_LEGEND)]),
-            ("Utilisation", "percentunit", [("eagleeye_gpu_utilization_ratio", _GPU_LEGEND)]),
+            ("Temperature", "celsius", [("DCGM_FI_DEV_GPU_TEMP", _GPU_LEGEND)]),
+            ("Utilisation", "percent", [("DCGM_FI_DEV_GPU_UTIL", _GPU_LEGEND)]),
             (
                 "XID events (5m)",
                 "none",
-                [("increase(eagleeye_gpu_xid_events_total[5m])", "{{node}}/{{gpu}} xid")],
+                [
+                    (
+                        "increase(eagleeye_gpu_xid_events_total[5m])",
+                        "{{Hostname}}/{{gpu}} xid {{xid}}",
+                    )
+                ],
             ),
         ],
     ),

@@ -16,12 +16,12 @@ from typing import Any
 from collector.transport import TelemetryReceiver
 from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_config
 from detectors.progress import HangLimits, ProgressStall
-from detectors.types import Finding
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY
 from eagleeye.controller import Controller, ControllerReport
 from eagleeye.detection import live_config, live_detectors
 from eagleeye.errors import EagleEyeError
-from eagleeye.exporter import EagleEyeExporter
+from eagleeye.gpus import NvmlFactory
+from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
@@ -30,7 +30,7 @@ from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
-from remediation.remediator import Decision, Remediator
+from remediation.remediator import Remediator
 
 RECOVERIES = ("job", "replica", "none")
 
@@ -61,7 +61,10 @@ class JobConfig:
     joiner_nice: int = 10
     serve_nice: int = 10
     policy: str | None = None
-    metrics_port: int | None = None
+    metrics_port: int | None = None  # serve Prometheus metrics (0: a free port)
+    metrics_address: str = "127.0.0.1"
+    metrics_linger_s: float = 0.0  # the final state stays scrapable this long after the run
+    gpu_metrics: NvmlFactory | None = None  # each node's NVML module, when GPUs are polled
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
 
     def __post_init__(self) -> None:
@@ -131,6 +134,9 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         run_id=args.run_id,
         policy=args.policy,
         metrics_port=args.metrics_port,
+        metrics_address=getattr(args, "metrics_address", "127.0.0.1"),
+        metrics_linger_s=getattr(args, "metrics_linger", 0.0),
+        gpu_metrics=_gpu_metrics(getattr(args, "gpu_metrics", "off")),
         hang=hang_flags(args),
         instrument=getattr(args, "instrument", True),
     )
@@ -188,6 +194,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     command = config.command()
     limits, fused = _detector_config(config)  # a bad config file fails before any launch
     run_id = config.run_id or new_run_id()
+    metrics = _metrics(config, run_id)  # a busy port fails here, before the run folder
     run_dir = create_run_dir(config.runs_dir, run_id)
     store = RunStore(run_dir)
     receiver = TelemetryReceiver()
@@ -240,20 +247,21 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     # --remediate enables actions; without it the policy decides (files default to dry-run).
     remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)
     show = on_update or (lambda item: None)
-    exporter, server = _exporter(config.metrics_port)
+    if metrics is not None:
+        metrics.remediator = remediator
     controller = Controller(
         supervisor,
         receiver,
         store,
         detectors,
         remediator,
-        on_update=show if exporter is None else _also_export(exporter, show),
-        on_samples=(lambda samples: None) if exporter is None else exporter.observe_samples,
+        on_update=show if metrics is None else _also_export(metrics, show),
+        on_samples=(lambda samples: None) if metrics is None else metrics.samples,
         stacks=StackCapture(run_dir),
         progress=next((d for d in detectors if isinstance(d, ProgressStall)), None),
     )
     try:
-        with holders if holders is not None else nullcontext():
+        with holders if holders is not None else nullcontext(), _polling(metrics):
             report = controller.run()
         store.set_meta(
             "result",
@@ -267,8 +275,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     finally:
         receiver.close()
         store.close()
-        if server is not None:
-            server.shutdown()
+        if metrics is not None:
+            metrics.close()  # after lingering, when asked to
     return JobResult(run_dir, report)
 
 
@@ -291,23 +299,36 @@ def _holders(config: JobConfig, run_id: str, run_dir: Path) -> Holders | None:
     return Holders(config.layout, run_id, (run_dir / "snapshots").resolve(), config.master_addr)
 
 
-def _exporter(port: int | None) -> tuple[EagleEyeExporter | None, Any]:
-    """The Prometheus exporter on loopback when a port is asked for (0 picks one)."""
-    if port is None:
-        return None, None
-    exporter = EagleEyeExporter()
-    server, _ = exporter.serve(port)
-    return exporter, server
+def _metrics(config: JobConfig, run_id: str) -> RunMetrics | None:
+    """The run's Prometheus exporter, served when a port is asked for (0 picks one)."""
+    if config.metrics_port is None:
+        return None
+    return RunMetrics.open(
+        run_id,
+        config.layout,
+        config.metrics_port,
+        config.metrics_address,
+        config.gpu_metrics,
+        config.metrics_linger_s,
+    )
 
 
-def _also_export(
-    exporter: EagleEyeExporter, show: Callable[[object], None]
-) -> Callable[[object], None]:
+def _polling(metrics: RunMetrics | None) -> Any:
+    return nullcontext() if metrics is None else metrics.polling()
+
+
+def _gpu_metrics(source: str) -> NvmlFactory | None:
+    """``--gpu-metrics``: off, or NVML (pynvml) on every node."""
+    if source == "off":
+        return None
+    from eagleeye.gpus import pynvml_factory
+
+    return pynvml_factory()
+
+
+def _also_export(metrics: RunMetrics, show: Callable[[object], None]) -> Callable[[object], None]:
     def update(item: object) -> None:
-        if isinstance(item, Finding):
-            exporter.observe_finding(item)
-        elif isinstance(item, Decision):
-            exporter.observe_decision(item)
+        metrics.update(item)
         show(item)
 
     return update

@@ -107,7 +107,30 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="PORT",
-        help="serve Prometheus metrics of the run on 127.0.0.1:PORT while it runs",
+        help="serve Prometheus metrics of the run on --metrics-address:PORT while it runs "
+        "(0 picks a free port); a busy port stops the run before it starts",
+    )
+    g.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics are served on (default: 127.0.0.1, this machine only; "
+        "0.0.0.0 for a Prometheus elsewhere)",
+    )
+    g.add_argument(
+        "--metrics-linger",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="keep serving the run's final metrics for S seconds after it ends, so that "
+        "Prometheus scrapes the last state (default: 0)",
+    )
+    g.add_argument(
+        "--gpu-metrics",
+        choices=("off", "nvml"),
+        default="off",
+        help="poll every node's GPUs through NVML (pynvml) into the metrics, under "
+        "dcgm-exporter's names; leave off where dcgm-exporter runs (default: off)",
     )
     g.add_argument(
         "--policy",

@@ -16,6 +16,7 @@ from ft_runtime.ports import free_port
 from tests.workload_args import tiny_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
+STEP = r'^eagleeye_training_step\{replica="0",run="[^"]+"\} (\S+)$'
 FINDING = r'eagleeye_findings_total\{[^}]*kind="process_exit"[^}]*\} 1\.0'
 
 
@@ -47,10 +48,7 @@ def test_a_running_job_exports_its_training_metrics_and_findings(tmp_path) -> No
         except OSError:
             time.sleep(0.2)
             continue
-        seen_steps.update(
-            int(float(v))
-            for v in re.findall(r'^eagleeye_training_step\{replica="0"\} (\S+)$', text, re.M)
-        )
+        seen_steps.update(int(float(v)) for v in re.findall(STEP, text, re.M))
         # The counter exists from the start (at 0): wait for the finding itself.
         if re.search(FINDING, text) and len(seen_steps) > 3:
             break
@@ -59,5 +57,12 @@ def test_a_running_job_exports_its_training_metrics_and_findings(tmp_path) -> No
     assert results[0].succeeded
     assert len(seen_steps) > 3, "the step gauge did not move while the job trained"
     assert re.search(FINDING, text)
+    # Where each rank runs, and its steps split into compute and waits.
+    assert len(re.findall(r"^eagleeye_rank_info\{", text, re.M)) == 2
+    for series in ("compute", "data_wait", "collective_wait"):
+        assert re.search(rf'^eagleeye_rank_{series}_seconds\{{rank="1",run=', text, re.M)
+    assert re.search(r"^eagleeye_steps_total\{run=\S+ [1-9]", text, re.M)
+    assert re.search(r"^eagleeye_tokens_total\{run=\S+ [1-9]", text, re.M)
+    assert re.search(r'^eagleeye_checkpoints\{run="[^"]+",state="persistent"\} [1-9]', text, re.M)
     with pytest.raises(urllib.error.URLError):
         scrape(port)  # the exporter stops with the run
