@@ -94,23 +94,3 @@ def test_cli_exports_and_push_refuses_without_a_token(tmp_path, capsys, monkeypa
     assert "needs a Grafana URL and an API token" in capsys.readouterr().err
     with pytest.raises(EagleEyeError, match="needs a Grafana URL"):
         grafana.push("", "t", {})
-
-
-def test_cli_writes_rules_and_alertmanager_config(tmp_path, monkeypatch) -> None:
-    assert main(["alerts", "rules", "-o", str(tmp_path / "r.yml")]) == 0
-    assert json.loads((tmp_path / "r.yml").read_text())["groups"][1]["name"] == "eagleeye-gpu"
-    monkeypatch.setenv("EAGLEEYE_TOKEN", "tok")
-    args = [
-        "alerts",
-        "alertmanager",
-        "-o",
-        str(tmp_path / "a.yml"),
-        "--webhook-url",
-        "http://h/alerts",
-    ]
-    assert main(args) == 0
-    config = json.loads((tmp_path / "a.yml").read_text())
-    assert config["receivers"][0]["webhook_configs"][0]["http_config"]["authorization"] == {
-        "type": "Bearer",
-        "credentials": "tok",
-    }
