@@ -268,6 +268,7 @@ class Controller:
             if not samples:
                 break
             frames = ingest_samples(self.store, samples, self.launched.current)
+            self.on_samples(samples)  # the exporter's final state counts the last steps too
             for finding in self._detect(frames + self._aggregate(frames), poll=False):
                 self._answer(finding)
 
