@@ -35,6 +35,8 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from collector.types import Sample
 from collector.vocabulary import METRICS, canonical
@@ -62,6 +64,8 @@ KNOWN_KINDS = (
     "thermal",
 )
 CHECKPOINT_STATES = ("pending", "cached", "backed_up", "persistent", "obsolescent", "broken")
+#: What a rank is doing, as Eagle Eye's progress detector sees it (detectors/progress.py).
+PROGRESS_STATES = ("stepping", "waiting", "paused", "stopped", "blocked", "closing", "unknown")
 #: Finding severity -> the severity label Alertmanager and its ecosystem use.
 SEVERITY_LABEL = {Severity.INFO: "info", Severity.WARN: "warning", Severity.CRITICAL: "critical"}
 #: Step-time histogram buckets, seconds: 5 ms to about 82 s, doubling.
@@ -117,6 +121,7 @@ class EagleEyeExporter:
         self._ranks: dict[str, tuple[str, ...]] = {}  # rank -> its rank_info labels
         self._uuids: dict[tuple[str, str], str] = {}  # (node, gpu) -> UUID
         self._dcgm: dict[str, Gauge] = {}
+        self._progress: Callable[[], Mapping[str, str]] | None = None
         self._define()
         self._zero_series()
 
@@ -393,11 +398,32 @@ class EagleEyeExporter:
             self.ettr.labels(self.run).set(ettr)
             self.lost.labels(self.run).set(lost)
 
+    def track_progress(self, states: Callable[[], Mapping[str, str]]) -> None:
+        """Exports ``eagleeye_rank_progress{rank, state}`` = 1, read from ``states`` (rank
+        -> one of PROGRESS_STATES) at each scrape, so a hang names the rank that stopped."""
+        if self._progress is None:
+            self.registry.register(_ProgressCollector(self))
+        self._progress = states
+
+    def progress_states(self) -> dict[str, str]:
+        """Each rank's progress state now (empty once the run ended or when not tracked)."""
+        states = self._progress
+        if states is None:
+            return {}
+        for _ in range(3):  # the detector's thread may change its ranks as we read them
+            try:
+                return dict(states())
+            except RuntimeError:
+                continue
+        return {}
+
     def finish(self) -> None:
-        """The run ended: ``eagleeye_run_active`` 0 and the final ETTR (what lingers)."""
+        """The run ended: ``eagleeye_run_active`` 0 and the final ETTR (what lingers); the
+        ranks' progress is no longer reported."""
         with self._lock:
             self.active.labels(self.run).set(0)
             self._maybe_ettr(force=True)
+            self._progress = (lambda: {}) if self._progress is not None else None
 
     def text(self) -> bytes:
         """The exposition text (what ``/metrics`` serves)."""
@@ -413,6 +439,28 @@ class EagleEyeExporter:
         """
         server, thread = start_http_server(port, addr=addr, registry=self.registry)
         return server, thread
+
+
+class _ProgressCollector(Collector):
+    def __init__(self, exporter: EagleEyeExporter) -> None:
+        self.exporter = exporter
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [self._family()]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = self._family()
+        for rank, state in sorted(self.exporter.progress_states().items()):
+            family.add_metric([self.exporter.run, rank, state], 1.0)
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "eagleeye_rank_progress",
+            "What a rank is doing (= 1 for its state): " + ", ".join(PROGRESS_STATES),
+            labels=["run", "rank", "state"],
+        )
 
 
 def _attempt(labels: Mapping[str, str]) -> int:

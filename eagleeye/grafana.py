@@ -100,6 +100,16 @@ PANELS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                 ],
             ),
             (
+                "Ranks by state",
+                "short",
+                [
+                    (
+                        f"count by (run, state) (eagleeye_rank_progress{{{RANK}}})",
+                        "{{run}} {{state}}",
+                    )
+                ],
+            ),
+            (
                 "Seconds since the rank's last step",
                 "s",
                 [

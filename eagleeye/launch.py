@@ -249,6 +249,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     show = on_update or (lambda item: None)
     if metrics is not None:
         metrics.remediator = remediator
+        metrics.watch(detectors)
     controller = Controller(
         supervisor,
         receiver,

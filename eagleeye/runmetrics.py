@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from collector.types import Sample
+from detectors.progress import ProgressStall
 from detectors.types import Finding
 from eagleeye.errors import EagleEyeError
 from eagleeye.exporter import EagleEyeExporter
@@ -93,6 +94,18 @@ class RunMetrics:
             return nullcontext()
         nodes = sorted({spec.node for spec in self.layout.ranks()})
         return GpuPolling(nodes, self.gpus, self.exporter.observe_samples)
+
+    def watch(self, detectors: list[Any]) -> None:
+        """Exports each rank's progress as the job's progress detector sees it (if any)."""
+        progress = next((d for d in detectors if isinstance(d, ProgressStall)), None)
+        if progress is None:
+            return
+
+        def states() -> dict[str, str]:
+            now = time.time()
+            return {str(s.rank): v for s, v in progress.progress(now).items() if s.rank is not None}
+
+        self.exporter.track_progress(states)
 
     def samples(self, samples: list[Sample]) -> None:
         self.exporter.observe_samples(samples)

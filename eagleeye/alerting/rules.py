@@ -124,6 +124,17 @@ def training_rules(w: Windows, runbooks: str = RUNBOOKS) -> list[dict[str, Any]]
             runbooks=runbooks,
         ),
         _rule(
+            "EagleEyeRankStopped",
+            hostname.format(f'eagleeye_rank_progress{{state=~"stopped|blocked"}} * {info}'),
+            "hang",
+            "critical",
+            f"{_RANK} of job {{{{ $labels.job }}}} run {{{{ $labels.run }}}} is "
+            "{{ $labels.state }}: its process does not run (the culprit of a hang)",
+            for_=w.stall,
+            value=False,
+            runbooks=runbooks,
+        ),
+        _rule(
             "EagleEyeRankSlow",
             hostname.format(f"({compute} / {median} > 1.5) * {info}"),
             "slow_rank",

@@ -50,6 +50,7 @@ def busy_exporter() -> EagleEyeExporter:
     ex.observe_samples(samples)
     ex.observe_samples(NvmlPoller(node="node1", nvml=FakeNVML(gpus=2)).collect())
     ex.observe_rank(3, "node1", 1, gpu="1")
+    ex.track_progress(lambda: {"3": "stepping"})
     finding = Finding("process_exit", Subject(rank=3), 1.0, Severity.CRITICAL, 1.0, 12)
     ex.observe_finding(finding)
     ex.observe_finding(Finding("slow_rank", Subject(rank=3), 1.0, Severity.WARN, 1.0, 12))
@@ -232,3 +233,19 @@ def test_serve_binds_loopback_and_answers() -> None:
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+def test_rank_progress_is_read_at_each_scrape_and_stops_with_the_run() -> None:
+    ex = EagleEyeExporter(run=RUN)
+    states = {"0": "waiting", "1": "stopped"}
+    ex.track_progress(lambda: states)
+    got = values(ex.text())
+    assert one(got, "eagleeye_rank_progress", rank="1") == 1
+    assert [dict(p)["state"] for n, p in got if n == "eagleeye_rank_progress"] == [
+        "waiting",
+        "stopped",
+    ]
+    states["1"] = "stepping"
+    assert one(values(ex.text()), "eagleeye_rank_progress", rank="1", state="stepping") == 1
+    ex.finish()
+    assert not [n for n, _ in values(ex.text()) if n == "eagleeye_rank_progress"]

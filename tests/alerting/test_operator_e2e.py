@@ -249,6 +249,17 @@ def test_an_operator_sees_hangs_an_xid_and_every_panel(stack) -> None:
     }
     assert compute["1"] > compute["0"] + 0.1
 
+    # The culprit is named: each job's stopped rank, with its host.
+    until(
+        "the culprits named",
+        lambda: set(firing(prom_url, "EagleEyeRankStopped")) == {"run-a", "run-b"},
+        30,
+    )
+    for labels in firing(prom_url, "EagleEyeRankStopped").values():
+        assert labels["rank"] == "1"
+        assert labels["state"] == "stopped"
+        assert labels["hostname"] == labels["Hostname"] != ""
+
     # Still stuck twice the old pulse after the alert began: still firing, and never stopped.
     while time.monotonic() < began + 2 * CHANGE_S + 1:
         assert set(firing(prom_url, stalled)) == {"run-a", "run-b"}
