@@ -69,6 +69,8 @@ class Controller:
         (``progress``: rank → stepping, waiting, paused, stopped, blocked, closing or
         unknown) and whose ranks of unknown progress are announced once per attempt.
     unknown_after_s: when, into an attempt, ranks without a step are announced.
+    inbox: findings from outside (Alertmanager's webhook), taken every tick and answered
+        like the detectors' own.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class Controller:
         stacks: StackCapture | None = None,
         progress: ProgressStall | None = None,
         unknown_after_s: float = 60.0,
+        inbox: Callable[[], list[Finding]] | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.receiver = receiver
@@ -103,6 +106,7 @@ class Controller:
         self.stacks = stacks
         self.progress = progress
         self.unknown_after_s = unknown_after_s
+        self.inbox = inbox
         self._progress_seen: dict[str, str] = {}
         self._progress_at = 0.0
         self._attempt_started = (0, 0.0)  # attempt, when; the unknown ranks announced once
@@ -133,6 +137,8 @@ class Controller:
         self.store.add_samples(self.procs.stopped_samples(looks, self._step_in))
         self._report_progress()
         for finding in self._detect(frames, poll=True):
+            self._answer(finding)
+        for finding in self.inbox() if self.inbox is not None else ():
             self._answer(finding)
         # A restart launched ranks just now, or the job failed: detectors must know at once.
         later = self._lifecycle(self.supervisor.poll() + self.supervisor.settle())

@@ -21,6 +21,7 @@ from eagleeye.controller import Controller, ControllerReport
 from eagleeye.detection import live_config, live_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.gpus import NvmlFactory
+from eagleeye.runalerts import RunAlerts
 from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
@@ -65,6 +66,9 @@ class JobConfig:
     metrics_address: str = "127.0.0.1"
     metrics_linger_s: float = 0.0  # the final state stays scrapable this long after the run
     gpu_metrics: NvmlFactory | None = None  # each node's NVML module, when GPUs are polled
+    alerts_port: int | None = None  # Alertmanager's webhook into this run (0: a free port)
+    alerts_address: str = "127.0.0.1"
+    alerts_token_file: str | None = None  # the bearer token Alertmanager sends
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
 
     def __post_init__(self) -> None:
@@ -137,6 +141,9 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         metrics_address=getattr(args, "metrics_address", "127.0.0.1"),
         metrics_linger_s=getattr(args, "metrics_linger", 0.0),
         gpu_metrics=_gpu_metrics(getattr(args, "gpu_metrics", "off")),
+        alerts_port=getattr(args, "alerts_port", None),
+        alerts_address=getattr(args, "alerts_address", "127.0.0.1"),
+        alerts_token_file=getattr(args, "alerts_token_file", None),
         hang=hang_flags(args),
         instrument=getattr(args, "instrument", True),
     )
@@ -195,6 +202,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     limits, fused = _detector_config(config)  # a bad config file fails before any launch
     run_id = config.run_id or new_run_id()
     metrics = _metrics(config, run_id)  # a busy port fails here, before the run folder
+    alerts = _alerts(config, metrics)
     run_dir = create_run_dir(config.runs_dir, run_id)
     store = RunStore(run_dir)
     receiver = TelemetryReceiver()
@@ -260,6 +268,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         on_samples=(lambda samples: None) if metrics is None else metrics.samples,
         stacks=StackCapture(run_dir),
         progress=next((d for d in detectors if isinstance(d, ProgressStall)), None),
+        inbox=None if alerts is None else alerts.take,
     )
     try:
         with holders if holders is not None else nullcontext(), _polling(metrics):
@@ -276,6 +285,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     finally:
         receiver.close()
         store.close()
+        if alerts is not None:
+            alerts.close()
         if metrics is not None:
             metrics.close()  # after lingering, when asked to
     return JobResult(run_dir, report)
@@ -312,6 +323,26 @@ def _metrics(config: JobConfig, run_id: str) -> RunMetrics | None:
         config.gpu_metrics,
         config.metrics_linger_s,
     )
+
+
+def _alerts(config: JobConfig, metrics: RunMetrics | None) -> RunAlerts | None:
+    """Alertmanager's webhook into the run, when a port is asked for; a bad token file or
+    a busy port fails here (and stops the metrics server already started)."""
+    if config.alerts_port is None:
+        return None
+    try:
+        if not config.alerts_token_file:
+            raise EagleEyeError(
+                "--alerts-port needs --alerts-token-file, the file with the token "
+                "Alertmanager sends (eagleeye alerts alertmanager --token-file)"
+            )
+        alerts = RunAlerts(config.alerts_token_file, config.alerts_port, config.alerts_address)
+    except EagleEyeError:
+        if metrics is not None:
+            metrics.linger_s = 0.0
+            metrics.close()
+        raise
+    return alerts.start()
 
 
 def _polling(metrics: RunMetrics | None) -> Any:

@@ -133,6 +133,27 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "dcgm-exporter's names; leave off where dcgm-exporter runs (default: off)",
     )
     g.add_argument(
+        "--alerts-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Alertmanager's webhook (POST /alerts) for this run on "
+        "--alerts-address:PORT: routed alerts become the run's findings, remediated by its "
+        "policy (0 picks a free port)",
+    )
+    g.add_argument(
+        "--alerts-address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address of the alert webhook (default: 127.0.0.1)",
+    )
+    g.add_argument(
+        "--alerts-token-file",
+        default=None,
+        metavar="FILE",
+        help="file with the bearer token Alertmanager sends (the config's credentials_file)",
+    )
+    g.add_argument(
         "--policy",
         default=None,
         metavar="FILE",

@@ -3,11 +3,13 @@ scraped by a real Prometheus evaluating the shipped rules, alerting through a re
 Alertmanager into Eagle Eye's webhook.
 
 Job A hangs (a rank SIGSTOPped, not remediated); job B has a slow rank, polls its GPUs
-through the shipped fake NVML, gets a fatal XID, then hangs too. The test checks that
-every panel query of the exported Grafana dashboard returns data, that each hang is one
-stalled-training alert per job (two jobs: two alerts) that stays firing for twice the
-window after which the old finding alert resolved, and resolves once the rank continues,
-and that the XID alert reaches the webhook, whose remediation evicts the node.
+through the shipped fake NVML and hangs too, then gets a fatal XID. The test checks that
+each hang is one stalled-training alert per job (two jobs: two alerts), with the stopped
+rank named, that stays firing for twice the window after which the old finding alert
+resolved; that the XID alert reaches job B's own webhook (`--alerts-port`) and its policy
+restarts the job; that every panel query of the exported Grafana dashboard returns data;
+and that each hang alert resolves once its job steps again (A: the rank continues; B:
+the restart).
 """
 
 from __future__ import annotations
@@ -28,15 +30,14 @@ import pytest
 from collector.prometheus_api import PrometheusClient
 from collector.testing import FakeNVML
 from eagleeye import grafana
-from eagleeye.alerting import AlertWebhook, Windows, write_alertmanager_config, write_rules
+from eagleeye.alerting import Windows, write_alertmanager_config, write_rules
 from eagleeye.launch import JobConfig, JobResult, run_job
+from eagleeye.store import RunReader
 from ft_runtime.layout import JobLayout
 from ft_runtime.ports import free_port
-from ft_runtime.testing import FakeRuntime
-from ft_runtime.types import ActionKind, LifecycleEvent, Phase
-from remediation import Hooks, Remediator, load_policy
+from ft_runtime.types import LifecycleEvent, Phase
 from tests.alerting.conftest import ALERTMANAGER, PROMETHEUS, need
-from tests.alerting.test_end_to_end import DEFAULT_POLICY, http_ok, start, stop, wait
+from tests.alerting.test_end_to_end import http_ok, start, stop, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 # Short windows, so that the test takes a minute: the old finding alert was a pulse as long
@@ -44,6 +45,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 WINDOWS = Windows(stall="4s", change="8s", sustain="8s", down="5s", absent="1m")
 CHANGE_S = 8.0
 STOP_AT = 25
+# Job B's policy: a fatal XID restarts the job; hangs are left alone (as in job A).
+XID_POLICY = """
+[policy]
+name = "xid restarts"
+dry_run = false
+
+[[rule]]
+kind = "xid"
+min_severity = "critical"
+do = ["restart:job"]
+"""
 
 
 def get_json(url: str) -> Any:
@@ -54,9 +66,14 @@ def get_json(url: str) -> Any:
 class Job:
     """One `eagleeye run` on a thread; remembers its ranks' pids."""
 
-    def __init__(self, name: str, tmp: Path, inject: tuple[str, ...], gpus: bool) -> None:
+    def __init__(
+        self, name: str, tmp: Path, inject: tuple[str, ...], gpus: bool, alerts: bool
+    ) -> None:
         self.name = name
         self.port = free_port()
+        self.alerts_port = free_port()
+        policy = tmp / f"policy-{name}.toml"
+        policy.write_text(XID_POLICY)
         self.pids: dict[str, int] = {}
         self.nvml = {"node0": FakeNVML(gpus=2)}
         self.result: list[JobResult] = []
@@ -74,6 +91,9 @@ class Job:
             run_id=f"run-{name}",
             metrics_port=self.port,
             gpu_metrics=(lambda node: self.nvml[node]) if gpus else None,
+            policy=str(policy) if alerts else None,
+            alerts_port=self.alerts_port if alerts else None,
+            alerts_token_file=str(tmp / "alert.token") if alerts else None,
         )
         self.thread = threading.Thread(target=self._run, name=f"job-{name}", daemon=True)
 
@@ -92,20 +112,16 @@ class Job:
 def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     prometheus = need(PROMETHEUS, "prometheus")
     alertmanager = need(ALERTMANAGER, "prometheus-alertmanager")
-    runtime = FakeRuntime()
-    remediator = Remediator(load_policy(DEFAULT_POLICY), runtime, dry_run=False, hooks=Hooks())
     (tmp_path / "alert.token").write_text("alert-token\n")
-    webhook = AlertWebhook(remediator.handle, token="alert-token").start()
+    slow = "slow:rank=1@step=3,seconds=0.15"
     jobs = [
-        Job("a", tmp_path, (f"stop:rank=1@step={STOP_AT}",), gpus=False),
-        Job(
-            "b", tmp_path, ("slow:rank=1@step=3,seconds=0.15", f"stop:rank=1@step={STOP_AT}"), True
-        ),
+        Job("a", tmp_path, (f"stop:rank=1@step={STOP_AT}",), gpus=False, alerts=False),
+        Job("b", tmp_path, (slow, f"stop:rank=1@step={STOP_AT}"), gpus=True, alerts=True),
     ]
     am_port, prom_port = free_port(), free_port()
-    write_alertmanager_config(
+    write_alertmanager_config(  # remediate="true" alerts go to job B's own webhook
         tmp_path / "am.yml",
-        webhook_url=webhook.url,
+        webhook_url=f"http://127.0.0.1:{jobs[1].alerts_port}/alerts",
         credentials_file=tmp_path / "alert.token",
         group_wait="0s",
         group_interval="1s",
@@ -156,8 +172,6 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             job.thread.start()
         yield {
             "jobs": jobs,
-            "runtime": runtime,
-            "webhook": webhook,
             "prom": PrometheusClient(prom_url, timeout=5),
             "prom_url": prom_url,
             "am_url": am_url,
@@ -174,7 +188,6 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             job.thread.join(120)
         for proc, _ in procs:
             stop(proc)
-        webhook.stop()
 
 
 def until(what: str, check: Callable[[], bool], limit: float = 90.0) -> float:
@@ -215,18 +228,40 @@ def test_an_operator_sees_hangs_an_xid_and_every_panel(stack) -> None:
     assert sorted(x["run"] for x in am_alerts) == ["run-a", "run-b"]
     assert all(x["job"] == "eagleeye" and x["severity"] == "critical" for x in am_alerts)
 
-    # A fatal XID on job B's GPU 0, through the fake NVML its run polls.
+    # The culprit is named: each job's stopped rank, with its host.
+    until(
+        "the culprits named",
+        lambda: set(firing(prom_url, "EagleEyeRankStopped")) == {"run-a", "run-b"},
+        30,
+    )
+    for labels in firing(prom_url, "EagleEyeRankStopped").values():
+        assert labels["rank"] == "1"
+        assert labels["state"] == "stopped"
+        assert labels["hostname"] == labels["Hostname"] != ""
+
+    # The straggler is visible: job B's slowed rank computes longer than its peer.
+    compute = {
+        s.labels["rank"]: s.value for s in prom.query('eagleeye_rank_compute_seconds{run="run-b"}')
+    }
+    assert compute["1"] > compute["0"] + 0.1
+
+    # Still stuck twice the old pulse after the alert began: still firing, and never stopped.
+    while time.monotonic() < began + 2 * CHANGE_S + 1:
+        assert set(firing(prom_url, stalled)) == {"run-a", "run-b"}
+        time.sleep(0.5)
+
+    # A fatal XID on job B's GPU 0, through the fake NVML its run polls: Prometheus,
+    # Alertmanager, job B's webhook, and job B's policy restarts the job.
     injected = time.monotonic()
     b.nvml["node0"].inject_xid(0, 79)
-    runtime = stack["runtime"]
-    evicted = until(
-        "the XID's eviction", lambda: any(x.kind is ActionKind.EVICT for x in runtime.actions)
+    restarted = until(
+        "job B's restart for the XID",
+        lambda: any(
+            s.value >= 1
+            for s in prom.query('eagleeye_actions_total{run="run-b",kind="restart",status="done"}')
+        ),
     )
-    print(f"\nXID in the fake NVML to eviction by the webhook: {evicted - injected:.2f} s")
-    xid = [f for f in stack["webhook"].received if f.kind == "xid"]
-    assert xid[0].evidence["value"] == 79.0
-    assert xid[0].subject.node == "node0"
-    assert [x.target for x in runtime.actions if x.kind is ActionKind.EVICT] == ["node:node0"]
+    print(f"\nXID in the fake NVML to job B's restart: {restarted - injected:.2f} s")
 
     # Every panel of the exported dashboard has data (variables at All); the XID counter's
     # increase needs a second scrape after the XID, so this may take a moment.
@@ -243,37 +278,27 @@ def test_an_operator_sees_hangs_an_xid_and_every_panel(stack) -> None:
     while empty_panels() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert empty_panels() == []
-    # The straggler is visible: job B's slowed rank computes longer than its peer.
-    compute = {
-        s.labels["rank"]: s.value for s in prom.query('eagleeye_rank_compute_seconds{run="run-b"}')
-    }
-    assert compute["1"] > compute["0"] + 0.1
 
-    # The culprit is named: each job's stopped rank, with its host.
-    until(
-        "the culprits named",
-        lambda: set(firing(prom_url, "EagleEyeRankStopped")) == {"run-a", "run-b"},
-        30,
-    )
-    for labels in firing(prom_url, "EagleEyeRankStopped").values():
-        assert labels["rank"] == "1"
-        assert labels["state"] == "stopped"
-        assert labels["hostname"] == labels["Hostname"] != ""
-
-    # Still stuck twice the old pulse after the alert began: still firing, and never stopped.
-    while time.monotonic() < began + 2 * CHANGE_S + 1:
-        assert set(firing(prom_url, stalled)) == {"run-a", "run-b"}
-        time.sleep(0.5)
-
-    # Recovery: the stopped ranks continue, steps move, the alerts resolve.
+    # Recovery: job B steps again after its restart, job A once its rank continues.
+    until("job B's hang resolved", lambda: "run-b" not in firing(prom_url, stalled), 60)
+    assert "run-a" in firing(prom_url, stalled)  # the other job is still stuck
     resumed = time.monotonic()
     a.resume()
-    resolved = until("job A's hang resolved", lambda: "run-a" not in firing(prom_url, stalled), 30)
+    resolved = until("job A's hang resolved", lambda: not firing(prom_url, stalled), 30)
     print(f"rank resumed to the stalled-training alert resolved: {resolved - resumed:.2f} s")
-    assert "run-b" in firing(prom_url, stalled)  # the other job is still stuck
-    b.resume()
-    until("job B's hang resolved", lambda: not firing(prom_url, stalled), 30)
     for job in jobs:
         job.thread.join(120)
         assert job.result, f"job {job.name} did not end"
         assert job.result[0].succeeded
+
+    # Job B's store holds the alert as a finding and the restart that answered it.
+    reader = RunReader(b.result[0].run_dir)
+    try:
+        findings, actions = reader.findings(), reader.actions()
+    finally:
+        reader.close()
+    xid = findings[findings["kind"] == "xid"]
+    assert list(xid["detector"]) == ["alertmanager:GpuXidFatal"]  # once, though re-sent
+    assert xid.iloc[0]["evidence"]["value"] == 79.0
+    answered = actions[actions["finding_id"] == xid.iloc[0]["id"]]
+    assert list(zip(answered["kind"], answered["status"], strict=True)) == [("restart", "done")]

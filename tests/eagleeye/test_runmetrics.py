@@ -3,6 +3,7 @@ exists, and the final state stays scrapable for the linger."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -14,8 +15,10 @@ import pytest
 from eagleeye.cli import main
 from eagleeye.errors import EagleEyeError
 from eagleeye.launch import JobConfig, run_job
+from eagleeye.runalerts import RunAlerts
 from eagleeye.runmetrics import RunMetrics
 from ft_runtime.layout import JobLayout
+from ft_runtime.ports import free_port
 from ft_runtime.types import LifecycleEvent, Phase
 
 
@@ -80,3 +83,65 @@ def test_the_final_state_lingers_then_the_server_stops() -> None:
     assert metrics.url in said[0]
     with pytest.raises(urllib.error.URLError, match="refused"):
         scrape(metrics.url)
+
+
+def post_alert(url: str, token: str, alert: dict) -> int:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps({"alerts": [alert]}).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return int(reply.status)
+
+
+def test_alerts_reach_the_run_once_however_often_they_are_sent(tmp_path) -> None:
+    (tmp_path / "token").write_text("t0k\n")
+    alerts = RunAlerts(str(tmp_path / "token")).start()
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GpuXidFatal", "kind": "xid", "severity": "critical"},
+        "annotations": {"value": "79"},
+        "startsAt": "2026-11-22T00:10:00.123Z",
+    }
+    alert["labels"] |= {"node": "node0", "gpu": "0"}
+    try:
+        assert post_alert(alerts.url, "t0k", alert) == 200
+        assert post_alert(alerts.url, "t0k", alert) == 200  # Alertmanager re-sends it
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            post_alert(alerts.url, "wrong", alert)
+        (finding,) = alerts.take()
+        assert finding.kind == "xid"
+        assert finding.subject.node == "node0"
+        assert alerts.take() == []
+    finally:
+        alerts.close()
+
+
+def test_an_alert_webhook_without_its_token_file_fails_before_the_run(tmp_path, busy_port) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    runs = tmp_path / "runs"
+    metrics_port = free_port()
+    config = JobConfig(
+        script=str(script),
+        runs_dir=str(runs),
+        metrics_port=metrics_port,
+        alerts_port=0,
+        alerts_token_file=str(tmp_path / "missing"),
+    )
+    with pytest.raises(EagleEyeError, match="cannot read token file"):
+        run_job(config)
+    (tmp_path / "token").write_text("t0k\n")
+    busy = JobConfig(
+        script=str(script),
+        runs_dir=str(runs),
+        alerts_port=busy_port,
+        alerts_token_file=str(tmp_path / "token"),
+    )
+    with pytest.raises(EagleEyeError, match="--alerts-port"):
+        run_job(busy)
+    assert not runs.exists() or not any(runs.iterdir())
+    with socket.socket() as sock:  # the metrics server started first was stopped again
+        sock.bind(("127.0.0.1", metrics_port))
