@@ -86,6 +86,8 @@ class Controller:
     unknown_after_s: when, into an attempt, ranks without a step are announced.
     injector: fires the job's kill, stop and slow faults from outside the ranks.
     run_dir: the run folder (the checkpoint request of a graceful stop goes there).
+    inbox: findings from outside (Alertmanager's webhook), taken every tick and answered
+        like the detectors' own.
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class Controller:
         unknown_after_s: float = 60.0,
         injector: OutsideInjector | None = None,
         run_dir: Path | None = None,
+        inbox: Callable[[], list[Finding]] | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.receiver = receiver
@@ -122,6 +125,7 @@ class Controller:
         self.stacks = stacks
         self.progress = progress
         self.unknown_after_s = unknown_after_s
+        self.inbox = inbox
         self._progress_seen: dict[str, str] = {}
         self._progress_at = 0.0
         self._attempt_started = (0, 0.0)  # attempt, when; the unknown ranks announced once
@@ -232,6 +236,8 @@ class Controller:
         self.store.add_samples(self.procs.stopped_samples(looks, self._step_in))
         self._report_progress()
         for finding in self._detect(frames, poll=True):
+            self._answer(finding)
+        for finding in self.inbox() if self.inbox is not None else ():
             self._answer(finding)
         # A restart launched ranks just now, or the job failed: detectors must know at once.
         # (Exits that came in meanwhile wait for the next tick: the job must not fail on
@@ -415,6 +421,7 @@ class Controller:
             if not samples:
                 break
             frames = ingest_samples(self.store, samples, self.launched.current)
+            self.on_samples(samples)  # the exporter's final state counts the last steps too
             for finding in self._detect(frames + self._aggregate(frames), poll=False):
                 self._answer(finding)
 

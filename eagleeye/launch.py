@@ -13,7 +13,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -22,14 +22,15 @@ from typing import Any
 from collector.transport import TelemetryReceiver
 from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_config
 from detectors.progress import HangLimits, ProgressStall
-from detectors.types import Finding
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from eagleeye.controller import Controller, ControllerReport, StopRequest
 from eagleeye.detection import live_config, live_detectors
 from eagleeye.errors import EagleEyeError
-from eagleeye.exporter import EagleEyeExporter
+from eagleeye.gpus import NvmlFactory
 from eagleeye.injector import FaultFired, OutsideInjector
 from eagleeye.rank_output import RankOutput
+from eagleeye.runalerts import RunAlerts
+from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
@@ -38,7 +39,7 @@ from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
-from remediation.remediator import Decision, Remediator
+from remediation.remediator import Remediator
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,13 @@ class JobConfig:
     joiner_nice: int = 10
     serve_nice: int = 10
     policy: str | None = None
-    metrics_port: int | None = None
+    metrics_port: int | None = None  # serve Prometheus metrics (0: a free port)
+    metrics_address: str = "127.0.0.1"
+    metrics_linger_s: float = 0.0  # the final state stays scrapable this long after the run
+    gpu_metrics: NvmlFactory | None = None  # each node's NVML module, when GPUs are polled
+    alerts_port: int | None = None  # Alertmanager's webhook into this run (0: a free port)
+    alerts_address: str = "127.0.0.1"
+    alerts_token_file: str | None = None  # the bearer token Alertmanager sends
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
     resume_args: Sequence[str] = ()  # the script's own resume flags, added on restarts
     grace_period_s: float = 0.0  # on SIGTERM/SIGINT: checkpoint, then this long to exit
@@ -159,6 +166,12 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         run_id=args.run_id,
         policy=args.policy,
         metrics_port=args.metrics_port,
+        metrics_address=getattr(args, "metrics_address", "127.0.0.1"),
+        metrics_linger_s=getattr(args, "metrics_linger", 0.0),
+        gpu_metrics=_gpu_metrics(getattr(args, "gpu_metrics", "off")),
+        alerts_port=getattr(args, "alerts_port", None),
+        alerts_address=getattr(args, "alerts_address", "127.0.0.1"),
+        alerts_token_file=getattr(args, "alerts_token_file", None),
         hang=hang_flags(args),
         instrument=getattr(args, "instrument", True),
         resume_args=_split_args(getattr(args, "resume_args", "")),
@@ -245,21 +258,23 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     refuse_replica_without_api(config)
     limits, fused = _detector_config(config)  # a bad config file fails before any launch
     policy = policy_for(config)
-    exporter, server = _exporter(config.metrics_port)  # a busy port fails here
-    try:
-        run_id = config.run_id or new_run_id()
+    run_id = config.run_id or new_run_id()
+    with ExitStack() as cleanup:
+        metrics = _metrics(config, run_id)  # a busy port fails here, before the run folder
+        if metrics is not None:
+            cleanup.callback(metrics.close)  # after lingering, when asked to
+        alerts = _alerts(config, metrics)
+        if alerts is not None:
+            cleanup.callback(alerts.close)
         run_dir = create_run_dir(config.runs_dir, run_id)
         try:
             return _run_in(
-                run_dir, run_id, config, command, limits, fused, policy, on_update, exporter
+                run_dir, run_id, config, command, limits, fused, policy, on_update, metrics, alerts
             )
         except BaseException:
             if not any((run_dir / "logs").iterdir()):  # nothing launched: leave no run
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-    finally:
-        if server is not None:
-            server.shutdown()
 
 
 def _run_in(
@@ -271,7 +286,8 @@ def _run_in(
     fused: DetectorsConfig | None,
     policy: Policy,
     on_update: Callable[[object], None] | None,
-    exporter: EagleEyeExporter | None,
+    metrics: RunMetrics | None,
+    alerts: RunAlerts | None,
 ) -> JobResult:
     store = RunStore(run_dir)
     telemetry_key = secrets.token_hex(32)  # ranks sign telemetry; unsigned is dropped
@@ -328,20 +344,24 @@ def _run_in(
     # --remediate enables actions; without it the policy decides (files default to dry-run).
     remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)
     show = on_update or (lambda item: None)
+    if metrics is not None:
+        metrics.remediator = remediator
+        metrics.watch(detectors)
     controller = Controller(
         supervisor,
         receiver,
         store,
         detectors,
         remediator,
-        on_update=show if exporter is None else _also_export(exporter, show),
-        on_samples=(lambda samples: None) if exporter is None else exporter.observe_samples,
+        on_update=show if metrics is None else _also_export(metrics, show),
+        on_samples=(lambda samples: None) if metrics is None else metrics.samples,
         stacks=StackCapture(run_dir),
         progress=next((d for d in detectors if isinstance(d, ProgressStall)), None),
         injector=OutsideInjector(
             parse_specs(config.inject), supervisor.pids, _record_fault(store, show)
         ),
         run_dir=run_dir,
+        inbox=None if alerts is None else alerts.take,
     )
     supervisor.attempt_env = _resume_env(controller)
     output = RankOutput(run_dir / "logs", config.stream_ranks)
@@ -351,6 +371,7 @@ def _run_in(
             _stop_on_signals(controller, config.grace_period_s),
             output,
             holders if holders is not None else nullcontext(),
+            _polling(metrics),
         ):
             report = controller.run()
         unfired = tuple(controller.injector.unfired()) if controller.injector else ()
@@ -466,29 +487,56 @@ def _holders(config: JobConfig, run_id: str, run_dir: Path) -> Holders | None:
     return Holders(config.layout, run_id, (run_dir / "snapshots").resolve(), config.master_addr)
 
 
-def _exporter(port: int | None) -> tuple[EagleEyeExporter | None, Any]:
-    """The Prometheus exporter on loopback when a port is asked for (0 picks one)."""
-    if port is None:
-        return None, None
-    exporter = EagleEyeExporter()
+def _metrics(config: JobConfig, run_id: str) -> RunMetrics | None:
+    """The run's Prometheus exporter, served when a port is asked for (0 picks one)."""
+    if config.metrics_port is None:
+        return None
+    return RunMetrics.open(
+        run_id,
+        config.layout,
+        config.metrics_port,
+        config.metrics_address,
+        config.gpu_metrics,
+        config.metrics_linger_s,
+    )
+
+
+def _alerts(config: JobConfig, metrics: RunMetrics | None) -> RunAlerts | None:
+    """Alertmanager's webhook into the run, when a port is asked for; a bad token file or
+    a busy port fails here (and stops the metrics server already started)."""
+    if config.alerts_port is None:
+        return None
     try:
-        server, _ = exporter.serve(port)
-    except OSError as exc:
-        raise EagleEyeError(
-            f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} ({exc.strerror or exc}); "
-            "choose a free port, or 0 for any"
-        ) from None
-    return exporter, server
+        if not config.alerts_token_file:
+            raise EagleEyeError(
+                "--alerts-port needs --alerts-token-file, the file with the token "
+                "Alertmanager sends (eagleeye alerts alertmanager --token-file)"
+            )
+        alerts = RunAlerts(config.alerts_token_file, config.alerts_port, config.alerts_address)
+    except EagleEyeError:
+        if metrics is not None:
+            metrics.linger_s = 0.0
+            metrics.close()
+        raise
+    return alerts.start()
 
 
-def _also_export(
-    exporter: EagleEyeExporter, show: Callable[[object], None]
-) -> Callable[[object], None]:
+def _polling(metrics: RunMetrics | None) -> Any:
+    return nullcontext() if metrics is None else metrics.polling()
+
+
+def _gpu_metrics(source: str) -> NvmlFactory | None:
+    """``--gpu-metrics``: off, or NVML (pynvml) on every node."""
+    if source == "off":
+        return None
+    from eagleeye.gpus import pynvml_factory
+
+    return pynvml_factory()
+
+
+def _also_export(metrics: RunMetrics, show: Callable[[object], None]) -> Callable[[object], None]:
     def update(item: object) -> None:
-        if isinstance(item, Finding):
-            exporter.observe_finding(item)
-        elif isinstance(item, Decision):
-            exporter.observe_decision(item)
+        metrics.update(item)
         show(item)
 
     return update

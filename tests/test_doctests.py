@@ -13,6 +13,8 @@ MODULES = [
     "collector.xid",
     "collector.kmsg",
     "collector.exporter",
+    "eagleeye.exporter",
+    "eagleeye.goodput",
     "collector.nvml",
     "collector.host",
     "collector.aggregate",

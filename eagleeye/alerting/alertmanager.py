@@ -1,15 +1,22 @@
 """Alertmanager configuration, generated: alerts labelled ``remediate="true"`` go to Eagle
-Eye's webhook (with its bearer token); the rest go to an optional notification webhook
-for people, or nowhere.
+Eye's webhook (with its bearer token, read by Alertmanager from a file); the rest go to an
+optional notification webhook for people, or nowhere.
+
+The config holds no secret: ``credentials_file`` names the file with the alert token. That
+token lets Alertmanager send alerts and nothing else; approving pending actions takes a
+second token (``AlertWebhook(approval_token=...)``) that Alertmanager never sees.
 
 Short ``group_wait`` and ``group_interval`` make remediation prompt; Alertmanager's
-defaults (30 s and 5 min) suit paging people, not fixing a job.
+defaults (30 s and 5 min) suit paging people, not fixing a job. Alerts are grouped per
+job, run, host, GPU and rank, so two jobs' alerts never merge; a fatal XID inhibits the
+warnings of its own host only (``Hostname``, dcgm-exporter's label).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +24,14 @@ from eagleeye.errors import EagleEyeError
 
 REMEDIATION = "eagleeye-remediation"
 NOTIFY = "eagleeye-notify"
-GROUP_BY = ["alertname", "kind", "node", "gpu", "rank", "replica"]
+GROUP_BY = ["alertname", "job", "run", "kind", "Hostname", "node", "gpu", "rank", "replica"]
+#: The label dcgm-exporter puts the host in; inhibition compares it.
+HOST_LABEL = "Hostname"
 
 
 def alertmanager_config(
     webhook_url: str,
-    token: str,
+    credentials_file: str | Path,
     notify_url: str | None = None,
     group_wait: str = "1s",
     group_interval: str = "5s",
@@ -32,18 +41,24 @@ def alertmanager_config(
 
     Args:
         webhook_url: Eagle Eye's webhook (``AlertWebhook.url``).
-        token: the webhook's bearer token.
+        credentials_file: the file holding the webhook's alert token (absolute in the
+            config: Alertmanager resolves it against its own working directory otherwise).
         notify_url: a webhook for people (chat, pager bridge); alerts are dropped without it.
 
     Raises:
-        EagleEyeError: an empty token or a URL that is not http(s).
+        EagleEyeError: no credentials file or a URL that is not http(s).
     """
-    if not token:
-        raise EagleEyeError("the webhook needs a token: pass --token or set EAGLEEYE_TOKEN")
+    if not str(credentials_file):
+        raise EagleEyeError("the webhook needs a token file: pass --token-file")
     for url in (webhook_url, notify_url or "http://x"):
         if not url.startswith(("http://", "https://")):
             raise EagleEyeError(f"webhook URL {url!r} must start with http:// or https://")
-    bearer = {"authorization": {"type": "Bearer", "credentials": token}}
+    bearer = {
+        "authorization": {
+            "type": "Bearer",
+            "credentials_file": str(Path(credentials_file).resolve()),
+        }
+    }
     notify: dict[str, Any] = {"name": NOTIFY}
     if notify_url:
         notify["webhook_configs"] = [{"url": notify_url, "send_resolved": True}]
@@ -72,23 +87,53 @@ def alertmanager_config(
             },
             notify,
         ],
-        # A fatal XID makes the node's other alerts noise until it is evicted.
+        # A fatal XID makes the host's other alerts noise until it is evicted.
         "inhibit_rules": [
             {
                 "source_matchers": ['kind="xid"', 'severity="critical"'],
-                "target_matchers": ['severity=~"warn|info"'],
-                "equal": ["node"],
+                "target_matchers": ['severity=~"warning|info"'],
+                "equal": [HOST_LABEL],
             }
         ],
     }
 
 
-def write_alertmanager_config(path: str | Path, **kwargs: Any) -> Path:
-    """Writes the configuration (JSON, which Alertmanager reads as YAML), readable only by
-    its owner since it holds the token."""
+def write_token_file(path: str | Path) -> Path:
+    """A new random token in ``path``, readable only by its owner (the file must not exist).
+
+    Raises:
+        EagleEyeError: the file exists already.
+    """
     path = Path(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise EagleEyeError(
+            f"token file {path} exists; keep it, or remove it for a new one"
+        ) from None
     with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump(alertmanager_config(**kwargs), out, indent=2)
-        out.write("\n")
+        out.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def read_token_file(path: str | Path) -> str:
+    """The token in ``path`` (surrounding whitespace stripped), as Alertmanager reads it.
+
+    Raises:
+        EagleEyeError: the file is missing or empty.
+    """
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise EagleEyeError(f"cannot read token file {path}: {exc.strerror}") from None
+    if not token:
+        raise EagleEyeError(f"token file {path} is empty; write a token into it")
+    return token
+
+
+def write_alertmanager_config(path: str | Path, **kwargs: Any) -> Path:
+    """Writes the configuration (JSON, which Alertmanager reads as YAML); it names the
+    token file and holds no secret."""
+    path = Path(path)
+    path.write_text(json.dumps(alertmanager_config(**kwargs), indent=2) + "\n", encoding="utf-8")
     return path

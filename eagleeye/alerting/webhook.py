@@ -1,9 +1,12 @@
 """Alertmanager's webhook receiver: firing alerts become Findings handed to remediation.
 
-It binds to loopback unless told otherwise and requires ``Authorization: Bearer <token>``.
-Given a Remediator, it also serves manual approval: ``GET /pending`` lists the actions
-waiting, ``POST /pending/<id>/approve`` and ``POST /pending/<id>/reject`` decide them.
-Each firing alert becomes one Finding: ``kind`` and ``severity`` from its labels, the
+It binds to loopback unless told otherwise. ``POST /alerts`` requires
+``Authorization: Bearer <token>``, the token Alertmanager holds. Given a Remediator and an
+approval token (a different one: whoever can send alerts must not approve actions), it
+also serves manual approval: ``GET /pending`` lists the actions waiting,
+``POST /pending/<id>/approve`` and ``POST /pending/<id>/reject`` decide them.
+Each firing alert becomes one Finding: ``kind`` and ``severity`` from its labels
+(Alertmanager's ``warning`` and ``critical``, and ``info``; ``warn`` too), the
 subject from ``rank``, ``node`` (or dcgm-exporter's ``Hostname``) and ``replica``, the time
 from ``startsAt`` (so a re-sent alert is the same finding and deduplicates), and the
 alert's value as evidence. Resolved alerts are acknowledged and ignored.
@@ -58,12 +61,39 @@ def alert_to_finding(alert: Mapping[str, Any]) -> Finding | None:
         kind=kind,
         subject=subject,
         score=1.0,
-        severity=Severity(labels.get("severity", "warn")),
+        severity=severity_of(labels.get("severity")),
         time=_time(alert.get("startsAt")),
         step=None,
         evidence=evidence,
         detector=f"alertmanager:{labels.get('alertname', kind)}",
     )
+
+
+#: Severity labels of the ecosystem (and our own older ``warn``) -> a finding's severity.
+SEVERITIES = {
+    "critical": Severity.CRITICAL,
+    "error": Severity.CRITICAL,
+    "page": Severity.CRITICAL,
+    "warning": Severity.WARN,
+    "warn": Severity.WARN,
+    "info": Severity.INFO,
+    "none": Severity.INFO,
+}
+
+
+def severity_of(label: str | None) -> Severity:
+    """A finding's severity for an alert's ``severity`` label.
+
+    Raises:
+        ValueError: a label that names no severity.
+    """
+    if label is None:
+        return Severity.WARN
+    severity = SEVERITIES.get(label.lower())
+    if severity is None:
+        known = ", ".join(sorted(SEVERITIES))
+        raise ValueError(f"unknown severity {label!r}; use one of {known}")
+    return severity
 
 
 def _int(text: str | None) -> int | None:
@@ -87,11 +117,16 @@ class AlertWebhook:
 
     Args:
         handle: called with each finding (``Remediator.handle``); returns decisions.
-        token: the bearer token Alertmanager sends; required.
+        token: the bearer token Alertmanager sends with alerts; required.
         host: loopback by default.
         port: 0 picks a free port.
         on_decision: called with every decision (the controller stores them).
         approvals: the Remediator whose pending actions ``/pending`` lists and decides.
+        approval_token: the bearer token of ``/pending``; required with ``approvals`` and
+            different from ``token``.
+
+    Raises:
+        EagleEyeError: a missing token, or an approval token missing or equal to ``token``.
     """
 
     def __init__(
@@ -102,11 +137,23 @@ class AlertWebhook:
         port: int = 0,
         on_decision: Callable[[Decision], None] = lambda d: None,
         approvals: Remediator | None = None,
+        approval_token: str | None = None,
     ) -> None:
         if not token:
             raise EagleEyeError("the alert webhook needs a token (EAGLEEYE_TOKEN)")
+        if approvals is not None and not approval_token:
+            raise EagleEyeError(
+                "approving actions needs its own token (EAGLEEYE_APPROVAL_TOKEN), "
+                "not the one Alertmanager sends alerts with"
+            )
+        if approval_token is not None and hmac.compare_digest(approval_token, token):
+            raise EagleEyeError(
+                "the approval token equals the alert token: whoever sends alerts could "
+                "approve actions; give two different tokens"
+            )
         self.handle = handle
         self.token = token
+        self.approval_token = approval_token
         self.on_decision = on_decision
         self.host = host
         self.approvals = approvals
@@ -127,8 +174,12 @@ class AlertWebhook:
         self._server.server_close()
         self._thread.join(timeout=5)
 
-    def authorised(self, header: str | None) -> bool:
-        expected = f"Bearer {self.token}".encode()
+    def authorised(self, header: str | None, approving: bool = False) -> bool:
+        """Whether ``header`` carries the alert token (or, ``approving``, the approval one)."""
+        token = self.approval_token if approving else self.token
+        if not token:
+            return False
+        expected = f"Bearer {token}".encode()
         return hmac.compare_digest((header or "").encode(), expected)
 
     def pending(self) -> list[dict[str, Any]]:
@@ -182,16 +233,17 @@ class AlertWebhook:
 def _handler(hook: AlertWebhook) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if not hook.authorised(self.headers.get("Authorization")):
+            if not hook.authorised(self.headers.get("Authorization"), approving=True):
                 return self._reply(401, {"error": "missing or wrong bearer token"})
             if self.path != "/pending":
                 return self._reply(404, {"error": f"no such path {self.path}; use /pending"})
             return self._reply(200, {"pending": hook.pending()})
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-            if not hook.authorised(self.headers.get("Authorization")):
+            approving = self.path.startswith("/pending/")
+            if not hook.authorised(self.headers.get("Authorization"), approving):
                 return self._reply(401, {"error": "missing or wrong bearer token"})
-            if self.path.startswith("/pending/"):
+            if approving:
                 try:
                     decision = hook.decide(self.path)
                 except RemediationError as exc:

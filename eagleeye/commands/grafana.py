@@ -33,7 +33,8 @@ def add_parser(sub: Any) -> None:
         q.add_argument(
             "--datasource",
             default="prometheus",
-            help="Prometheus data source uid (default: prometheus)",
+            help="default of the dashboard's $datasource variable, a Prometheus data source "
+            "uid; panels use the variable (default: prometheus)",
         )
     p.set_defaults(func=_grafana)
 

@@ -16,8 +16,9 @@ def add_parser(sub: Any) -> None:
         description=(
             "Launches SCRIPT on this machine with torchrun-compatible environment variables "
             "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...), records per-step "
-            "telemetry from the in-loop hook into the run store, detects faults and, with "
-            "--remediate, acts on them (by default actions are only recorded: dry-run)."
+            "telemetry (zero-code, or the in-loop hook) into the run store, streams the "
+            "ranks' output, detects faults and, with --remediate, acts on them (by default "
+            "actions are only recorded: dry-run). SIGTERM or SIGINT ends every rank."
         ),
     )
     add_job_arguments(p)
@@ -108,7 +109,51 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         type=port,
         default=None,
         metavar="PORT",
-        help="serve Prometheus metrics of the run on 127.0.0.1:PORT while it runs",
+        help="serve Prometheus metrics of the run on --metrics-address:PORT while it runs "
+        "(0 picks a free port); a busy port stops the run before it starts",
+    )
+    g.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics are served on (default: 127.0.0.1, this machine only; "
+        "0.0.0.0 for a Prometheus elsewhere)",
+    )
+    g.add_argument(
+        "--metrics-linger",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="keep serving the run's final metrics for S seconds after it ends, so that "
+        "Prometheus scrapes the last state (default: 0)",
+    )
+    g.add_argument(
+        "--gpu-metrics",
+        choices=("off", "nvml"),
+        default="off",
+        help="poll every node's GPUs through NVML (pynvml) into the metrics, under "
+        "dcgm-exporter's names; leave off where dcgm-exporter runs (default: off)",
+    )
+    g.add_argument(
+        "--alerts-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Alertmanager's webhook (POST /alerts) for this run on "
+        "--alerts-address:PORT: routed alerts become the run's findings, remediated by its "
+        "policy (0 picks a free port)",
+    )
+    g.add_argument(
+        "--alerts-address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address of the alert webhook (default: 127.0.0.1)",
+    )
+    g.add_argument(
+        "--alerts-token-file",
+        default=None,
+        metavar="FILE",
+        help="file with the bearer token Alertmanager sends (the config's credentials_file)",
     )
     g.add_argument(
         "--policy",

@@ -17,7 +17,7 @@ import pytest
 
 from collector._http import HTTPSourceError
 from collector.prometheus_api import PrometheusClient, PrometheusQueryError
-from eagleeye.alerting import AlertWebhook, write_alertmanager_config, write_rules
+from eagleeye.alerting import AlertWebhook, Windows, write_alertmanager_config, write_rules
 from eagleeye.exporter import EagleEyeExporter
 from ft_runtime.testing import FakeRuntime
 from ft_runtime.types import ActionKind
@@ -69,15 +69,19 @@ def stack(tmp_path: Path) -> Iterator[tuple[EagleEyeExporter, FakeRuntime, str]]
     runtime = FakeRuntime()
     policy = load_policy(DEFAULT_POLICY)
     remediator = Remediator(policy, runtime, dry_run=False, hooks=Hooks())
+    (tmp_path / "token").write_text("e2e-token\n")
     webhook = AlertWebhook(remediator.handle, token="e2e-token").start()
-    exporter = EagleEyeExporter()
+    exporter = EagleEyeExporter(run="e2e")
     exporter.observe_xid("n1", "0", 0)  # the gauge exists before the fault: changes() sees it
     server, thread = exporter.serve(0)
     am_port, prom_port = free_port(), free_port()
     write_alertmanager_config(
-        tmp_path / "am.yml", webhook_url=webhook.url, token="e2e-token", group_wait="0s"
+        tmp_path / "am.yml",
+        webhook_url=webhook.url,
+        credentials_file=tmp_path / "token",
+        group_wait="0s",
     )
-    write_rules(tmp_path / "rules.yml", window="30s")
+    write_rules(tmp_path / "rules.yml", Windows(change="30s"))
     (tmp_path / "prom.yml").write_text(
         json.dumps(
             {
@@ -119,7 +123,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[EagleEyeExporter, FakeRuntime, str]]
     try:
         wait("alertmanager", lambda: http_ok(f"http://127.0.0.1:{am_port}/-/ready"), procs)
         # Two scrapes of the healthy gauge, so the change to the XID is a change.
-        wait("prometheus", lambda: len(client.query("eagleeye_gpu_xid_last[1s]")) >= 2, procs)
+        wait("prometheus", lambda: len(client.query("DCGM_FI_DEV_XID_ERRORS[1s]")) >= 2, procs)
         yield exporter, runtime, f"http://127.0.0.1:{am_port}"
     finally:
         for proc, _ in procs:

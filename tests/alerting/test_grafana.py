@@ -26,6 +26,14 @@ def panels() -> list[dict]:
     return [p for p in grafana.build_dashboard("ds1")["panels"] if p["type"] != "row"]
 
 
+def queries() -> list[str]:
+    """Every PromQL of the board (panels and annotations), variables expanded to All."""
+    board = grafana.build_dashboard("ds1")
+    exprs = [e for _, e in grafana.panel_queries(board)]
+    exprs += [a["expr"] for a in board["annotations"]["list"] if "expr" in a]
+    return [grafana.expand(e) for e in exprs]
+
+
 def test_the_dashboard_json_is_well_formed() -> None:
     board = grafana.build_dashboard("ds1")
     assert board["uid"] == grafana.DASHBOARD_UID
@@ -35,7 +43,7 @@ def test_the_dashboard_json_is_well_formed() -> None:
     assert [p["title"] for p in board["panels"] if p["type"] == "row"] == [
         "Training",
         "Ranks",
-        "GPUs",
+        "GPUs (DCGM)",
         "Eagle Eye",
     ]
     cells = set()
@@ -47,20 +55,59 @@ def test_the_dashboard_json_is_well_formed() -> None:
         }
         assert not cells & cell, f"panel {p['title']} overlaps another"
         cells |= cell
-    for p in panels():
-        assert p["datasource"] == {"type": "prometheus", "uid": "ds1"}
-        assert p["targets"]
-        assert all(t["datasource"]["uid"] == "ds1" for t in p["targets"])
     assert json.loads(grafana.dashboard_json()) == grafana.build_dashboard()
 
 
+def test_the_datasource_is_a_variable_never_a_uid_in_a_panel() -> None:
+    board = grafana.build_dashboard("ds1")
+    for p in panels():
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert p["targets"]
+        assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["current"]["value"] == "ds1"  # only the default
+    assert json.dumps(board).count('"ds1"') == 2  # the default's text and value
+
+
+def test_variables_for_job_run_host_and_rank_chain() -> None:
+    board = grafana.build_dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert list(variables) == ["datasource", "job", "run", "host", "rank"]
+    assert "$job" in variables["run"]["definition"]
+    assert "$run" in variables["host"]["definition"]
+    assert "$host" in variables["rank"]["definition"]
+    for name in ("job", "run", "host", "rank"):
+        assert variables[name]["includeAll"]
+        assert variables[name]["datasource"]["uid"] == "${datasource}"
+    exprs = [e for _, e in grafana.panel_queries(board)]
+    assert all("$job" in e and "$run" in e for e in exprs if "eagleeye_rank_" in e)
+    assert all("$rank" in e for e in exprs if "eagleeye_rank_step_time" in e)
+    assert all("$host" in e for e in exprs if e.startswith(("DCGM_", "increase(DCGM")))
+
+
+def test_findings_and_actions_are_annotations() -> None:
+    ours = [a for a in grafana.build_dashboard()["annotations"]["list"] if "expr" in a]
+    assert [a["name"] for a in ours] == ["Findings", "Actions"]
+    assert "eagleeye_findings_total" in ours[0]["expr"]
+    assert "eagleeye_actions_total" in ours[1]["expr"]
+    assert all(a["datasource"]["uid"] == "${datasource}" for a in ours)
+
+
+def test_gpu_panels_use_dcgm_names() -> None:
+    gpu = [e for t, e in grafana.panel_queries(grafana.build_dashboard()) if "DCGM_" in e]
+    names = {m for e in gpu for m in re.findall(r"DCGM_FI_DEV_\w+", e)}
+    assert {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_XID_ERRORS"} <= names
+
+
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:
-    exprs = [t["expr"] for p in panels() for t in p["targets"]]
     rules = {
         "groups": [
             {
                 "name": "g",
-                "rules": [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)],
+                "rules": [
+                    {"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(queries())
+                ],
             }
         ]
     }
@@ -77,40 +124,19 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
 def test_every_metric_on_the_dashboard_is_exported() -> None:
     text = busy_exporter().text().decode()
     # Names from TYPE lines too: a labelled gauge with no series yet still exists.
-    exported = set(re.findall(r"^(eagleeye_\w+?)(?:\{| )", text, re.M))
-    exported |= set(re.findall(r"^# TYPE (eagleeye_\w+) ", text, re.M))
-    used = {
-        m for p in panels() for t in p["targets"] for m in re.findall(r"eagleeye_\w+", t["expr"])
-    }
+    exported = set(re.findall(r"^((?:eagleeye|DCGM)_\w+?)(?:\{| )", text, re.M))
+    exported |= set(re.findall(r"^# TYPE ((?:eagleeye|DCGM)_\w+) ", text, re.M))
+    used = {m for e in queries() for m in re.findall(r"(?:eagleeye|DCGM)_\w+", e)}
     assert used <= exported, used - exported
 
 
 def test_cli_exports_and_push_refuses_without_a_token(tmp_path, capsys, monkeypatch) -> None:
     out = tmp_path / "board.json"
     assert main(["grafana", "export", "-o", str(out), "--datasource", "ds9"]) == 0
-    assert json.loads(out.read_text())["panels"][1]["datasource"]["uid"] == "ds9"
+    board = json.loads(out.read_text())
+    assert board["templating"]["list"][0]["current"]["value"] == "ds9"
     monkeypatch.delenv("EAGLEEYE_GRAFANA_TOKEN", raising=False)
     assert main(["grafana", "push", "--url", "http://127.0.0.1:9"]) == 2
     assert "needs a Grafana URL and an API token" in capsys.readouterr().err
     with pytest.raises(EagleEyeError, match="needs a Grafana URL"):
         grafana.push("", "t", {})
-
-
-def test_cli_writes_rules_and_alertmanager_config(tmp_path, monkeypatch) -> None:
-    assert main(["alerts", "rules", "-o", str(tmp_path / "r.yml")]) == 0
-    assert json.loads((tmp_path / "r.yml").read_text())["groups"][1]["name"] == "eagleeye-gpu"
-    monkeypatch.setenv("EAGLEEYE_TOKEN", "tok")
-    args = [
-        "alerts",
-        "alertmanager",
-        "-o",
-        str(tmp_path / "a.yml"),
-        "--webhook-url",
-        "http://h/alerts",
-    ]
-    assert main(args) == 0
-    config = json.loads((tmp_path / "a.yml").read_text())
-    assert config["receivers"][0]["webhook_configs"][0]["http_config"]["authorization"] == {
-        "type": "Bearer",
-        "credentials": "tok",
-    }

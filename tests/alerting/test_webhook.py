@@ -126,23 +126,60 @@ def test_manual_approval_over_http() -> None:
     remediator = Remediator(policy, runtime, hooks=Hooks())
     stored: list = []
     webhook = AlertWebhook(
-        remediator.handle, token="s3cret", on_decision=stored.append, approvals=remediator
+        remediator.handle,
+        token="s3cret",
+        on_decision=stored.append,
+        approvals=remediator,
+        approval_token="approver",
     ).start()
     base = webhook.url.removesuffix("/alerts")
     try:
         post(webhook.url, {"alerts": [alert(node="n3")]})
         assert [a.kind for a in runtime.actions] == [ActionKind.CHECKPOINT, ActionKind.RESTART]
         assert get(f"{base}/pending", token="bad")[0] == 401
-        status, body = get(f"{base}/pending")
+        # The token that sends alerts approves nothing; the approval token sends no alert.
+        assert get(f"{base}/pending", token="s3cret")[0] == 401
+        assert post(webhook.url, {"alerts": [alert(node="n4")]}, token="approver")[0] == 401
+        status, body = get(f"{base}/pending", token="approver")
         assert status == 200
         (item,) = body["pending"]
         assert item["action"]["target"] == "node:n3"
-        status, body = post(f"{base}/pending/{item['id']}/approve", {})
+        approve = f"{base}/pending/{item['id']}/approve"
+        assert post(approve, {}, token="s3cret")[0] == 401
+        status, body = post(approve, {}, token="approver")
         assert status == 200
         assert body["outcome"]["status"] == "done"
         assert runtime.actions[-1].target == "node:n3"
         assert stored[-1].outcome.status.value == "done"
-        assert post(f"{base}/pending/{item['id']}/approve", {})[0] == 404  # already decided
-        assert get(f"{base}/pending")[1] == {"pending": []}
+        assert post(approve, {}, token="approver")[0] == 404  # already decided
+        assert get(f"{base}/pending", token="approver")[1] == {"pending": []}
     finally:
         webhook.stop()
+
+
+def test_approvals_need_their_own_token() -> None:
+    remediator = Remediator(parse_policy(POLICY), FakeRuntime(), hooks=Hooks())
+    with pytest.raises(EagleEyeError, match="its own token"):
+        AlertWebhook(remediator.handle, token="s3cret", approvals=remediator)
+    with pytest.raises(EagleEyeError, match="two different tokens"):
+        AlertWebhook(
+            remediator.handle, token="s3cret", approvals=remediator, approval_token="s3cret"
+        )
+
+
+@pytest.mark.parametrize(
+    ("label", "severity"),
+    [("warning", "warn"), ("critical", "critical"), ("info", "info"), ("warn", "warn")],
+)
+def test_the_severities_alertmanager_sends_are_accepted(hook, label, severity) -> None:
+    webhook, _ = hook
+    status, _ = post(webhook.url, {"alerts": [alert(severity=label, node="n9")]})
+    assert status == 200
+    assert webhook.received[-1].severity.value == severity
+
+
+def test_an_unknown_severity_is_a_400_naming_it(hook) -> None:
+    webhook, _ = hook
+    status, body = post(webhook.url, {"alerts": [alert(severity="bogus")]})
+    assert status == 400
+    assert "bogus" in body["error"]

@@ -95,7 +95,7 @@ def test_a_busy_metrics_port_is_one_line_and_leaves_no_run_folder(tmp_path) -> N
         port = busy.getsockname()[1]
         result = eagleeye("run", "--metrics-port", str(port), "x.py", cwd=tmp_path)
     assert result.returncode == 2
-    assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
