@@ -77,6 +77,11 @@ def key_start(epoch: int) -> str:
     return f"q/{epoch}/start"
 
 
+LOOK_GAP_S = 1.0
+"""Looks at the heartbeats this far apart mean the coordinator stood still (it looks at
+every tick of the controller, 0.05 s)."""
+
+
 class QuorumService:
     """Membership epochs for ``replicas`` replicas of ``replica_size`` ranks.
 
@@ -126,6 +131,8 @@ class QuorumService:
         self._arrivals: dict[int, dict[int, float]] = {}  # step -> rank -> when it entered
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)
         self.waited_s = 0.0  # how long the first rank in the newest exchange has waited
+        self._looked_at = 0.0  # the coordinator's last look at the heartbeats
+        self._grace_until = 0.0  # no stall is judged before (after a gap in its looks)
         self.late_ranks: list[int] = []  # the ranks that the last stall found missing
         self._incarnation: dict[int, int] = {}
         self.log = log
@@ -255,10 +262,11 @@ class QuorumService:
         """Members that never entered an exchange the others have waited in too long."""
         if self.store is None or len(self.current.members) < 2:
             return []
+        looked = self.clock()
         beats = self._heartbeats()
-        if not beats:
-            return []
         now = self.clock()
+        if self._after_gap(looked, now) or not beats:
+            return []
         front = max(step for step, _ in beats.values())
         waiting = [t for step, t in beats.values() if step == front]
         limit = self.stall_limit()
@@ -268,6 +276,17 @@ class QuorumService:
         self.late_ranks = sorted(rank for rank, (step, _) in beats.items() if step < front)
         late = {rank // self.replica_size for rank in self.late_ranks}
         return sorted(r for r in late if r in self.current.members)
+
+    def _after_gap(self, looked: float, now: float) -> bool:
+        """Whether the coordinator itself stood still: its looks were ``LOOK_GAP_S`` or more
+        apart (its process paused, its host swapping) or a look blocked that long (the
+        store paused). The ranks then get a grace period before any stall is judged: what
+        the coordinator missed meanwhile is no evidence."""
+        gap = max(looked - self._looked_at, now - looked) if self._looked_at else 0.0
+        self._looked_at = now
+        if gap >= LOOK_GAP_S:
+            self._grace_until = now + max(gap, self.stall_limit() or 0.0)
+        return now < self._grace_until
 
     def stall_limit(self) -> float | None:
         """Seconds of waiting that mark a stall; None before any step time is known."""

@@ -154,3 +154,24 @@ def test_membership_round_trips_through_json() -> None:
     assert Membership.from_json(4, m.to_json()) == m
     assert m.source == 0
     assert Membership(1, (2,), (2,)).source == -1
+
+
+def test_after_a_gap_in_its_own_looks_the_coordinator_gives_a_grace_period(quorum, clock) -> None:
+    store = quorum.store
+
+    def beat(step: int, ranks: range) -> None:
+        for rank in ranks:
+            store.set(f"hb/{rank}", f"{step} {clock()}")
+
+    for step in range(5):
+        beat(step, range(6))
+        assert quorum.stalled() == []
+        clock.advance(0.1)
+    beat(5, range(4))  # replica 2 is late at step 5 ...
+    clock.advance(6.0)  # ... while the coordinator was paused for 6 s
+    assert quorum.stalled() == []  # what it missed is no evidence: a grace period
+    for _ in range(11):  # looking steadily again, within the grace (as long as the gap)
+        clock.advance(0.5)
+        assert quorum.stalled() == []
+    clock.advance(0.6)
+    assert quorum.stalled() == [2]  # seen stuck after the grace: a stall

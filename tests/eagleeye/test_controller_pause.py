@@ -1,0 +1,69 @@
+"""A paused controller (SIGSTOP, a swap storm, a slow disk) judges nothing on what it
+missed: after it runs again, a healthy job is not declared hung, in job and replica mode."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from eagleeye.store import RunReader, newest_run
+from tests.eagleeye.test_clients_e2e import CLIENTS, REPO
+from tests.eagleeye.test_clients_faults_e2e import _rank_pids
+from tests.workload_args import tiny_workload
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def _paused_run(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "eagleeye", "run", "--remediate", "--stream", "none"]
+        + ["--runs-dir", str(tmp_path / "runs"), *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _rank_pids(tmp_path, wait_for_step=5)
+    job.send_signal(signal.SIGSTOP)
+    time.sleep(6.0)
+    job.send_signal(signal.SIGCONT)
+    out, err = job.communicate(timeout=240)
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+
+
+def _quiet(tmp_path) -> None:
+    with RunReader(newest_run(tmp_path / "runs")) as reader:
+        findings, actions = reader.findings(), reader.actions()
+        assert reader.meta()["result"]["attempts"] == 1
+    hangs = findings[findings["kind"] == "hang"]
+    assert hangs.empty, hangs
+    assert actions.empty, actions
+
+
+@pytest.mark.timeout(300)
+def test_a_controller_paused_6_s_restarts_nothing_in_job_mode(tmp_path) -> None:
+    result = _paused_run(
+        tmp_path,
+        *("--nproc-per-node", "2", str(CLIENTS / "ddp_train.py")),
+        *("--max_iters", "300", "--eval_interval", "1000", "--out_dir", "out"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _quiet(tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_a_controller_paused_6_s_isolates_no_replica(tmp_path) -> None:
+    result = _paused_run(
+        tmp_path,
+        *("--nnodes", "2", "--nproc-per-node", "1", "--replicas", "2", "--recovery", "replica"),
+        *("-m", "eagleeye.workload.replicated", *tiny_workload(400, 100)),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _quiet(tmp_path)
