@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dashboard.grid import MAX_CELLS, MAX_ROWS, heat, layout, step_width
+from dashboard.units import human_bytes, human_seconds, to_datetime
+
+
+def cells(ranks: int, steps: int, slow: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rng = np.random.default_rng(0)
+    rank, step = np.meshgrid(np.arange(ranks), np.arange(steps), indexing="ij")
+    value = 1.0 + 0.01 * rng.random(rank.shape)
+    value[slow] *= 3
+    frame = pd.DataFrame({"rank": rank.ravel(), "step": step.ravel(), "value": value.ravel()})
+    nodes = pd.DataFrame(
+        {"rank": np.arange(ranks), "node": [f"node{r // 8}" for r in range(ranks)]}
+    )
+    return frame, nodes
+
+
+def test_the_slow_rank_and_its_host_come_first_with_one_row_per_rank() -> None:
+    frame, nodes = cells(64, 10, slow=42)
+    order = layout(frame, nodes)
+    assert len(order) == 64
+    assert order["row"].is_unique
+    assert order["rank"].iloc[0] == 42
+    assert set(order["rank"][:8]) == set(range(40, 48))  # its host's ranks follow it
+    assert order["label"].iloc[0] == "node5 · rank 42"
+    assert order["label"].is_unique
+
+
+def test_at_10k_ranks_rows_are_aggregated_and_the_straggler_still_shows() -> None:
+    frame, nodes = cells(10_000, 4, slow=7_777)
+    order = layout(frame, nodes)
+    assert order["row"].nunique() <= MAX_ROWS
+    top = order[order["row"] == 0]
+    assert 7_777 in set(top["rank"])
+    shown = heat(frame, order)
+    assert shown["row"].nunique() <= MAX_ROWS
+    assert shown.loc[shown["row"] == 0, "value"].min() > 2.9  # the largest value per row
+    assert shown.loc[shown["row"] == 1, "value"].max() < 1.1
+
+
+def test_step_buckets_keep_the_heatmap_under_its_cell_budget() -> None:
+    for ranks, steps in ((4, 30), (512, 1000), (10_000, 1000)):
+        width = step_width(steps, ranks)
+        assert min(ranks, MAX_ROWS) * -(-steps // width) <= max(MAX_CELLS, 20 * MAX_ROWS)
+    assert step_width(30, 4) == 1
+
+
+def test_sizes_durations_and_times_read_as_people_write_them() -> None:
+    assert [human_bytes(v) for v in (512, 1536, 3 << 30, float("nan"))] == [
+        "512 B", "1.5 KiB", "3.0 GiB", ""
+    ]  # fmt: skip
+    assert [human_seconds(v) for v in (0.0123, 2.5, 75.0)] == ["12.3 ms", "2.50 s", "1 min 15 s"]
+    stamp = to_datetime(pd.Series([1_700_000_000.25]))
+    assert str(stamp.iloc[0]) == "2023-11-14 22:13:20.250000+00:00"
