@@ -20,12 +20,15 @@ HEIGHT_PX = 640
 #: Cells a heatmap holds at most; steps are bucketed to stay under it.
 MAX_CELLS = 120_000
 MAX_STEPS = 300
+#: (rank, column) values read from the store at most, before ranks are aggregated to rows.
+MAX_READ = 400_000
 
 
 def step_width(steps: int, ranks: int) -> int:
-    """Steps per column so that rows × columns stays under MAX_CELLS."""
+    """Steps per column so that rows × columns stays under MAX_CELLS and ranks × columns
+    under MAX_READ (at least 20 columns)."""
     rows = max(1, min(ranks, MAX_ROWS))
-    columns = max(20, min(MAX_STEPS, MAX_CELLS // rows))
+    columns = max(20, min(MAX_STEPS, MAX_CELLS // rows, MAX_READ // max(1, ranks)))
     return max(1, math.ceil(steps / columns))
 
 
@@ -85,4 +88,13 @@ def heat(cells: pd.DataFrame, order: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-__all__ = ["HEIGHT_PX", "MAX_CELLS", "MAX_ROWS", "heat", "layout", "outlier_scores", "step_width"]
+__all__ = [
+    "HEIGHT_PX",
+    "MAX_CELLS",
+    "MAX_READ",
+    "MAX_ROWS",
+    "heat",
+    "layout",
+    "outlier_scores",
+    "step_width",
+]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dashboard.grid import MAX_CELLS, MAX_ROWS, heat, layout, step_width
+from dashboard.grid import MAX_CELLS, MAX_READ, MAX_ROWS, heat, layout, step_width
 from dashboard.units import human_bytes, human_seconds, to_datetime
 
 
@@ -44,8 +44,10 @@ def test_at_10k_ranks_rows_are_aggregated_and_the_straggler_still_shows() -> Non
 
 def test_step_buckets_keep_the_heatmap_under_its_cell_budget() -> None:
     for ranks, steps in ((4, 30), (512, 1000), (10_000, 1000)):
-        width = step_width(steps, ranks)
-        assert min(ranks, MAX_ROWS) * -(-steps // width) <= max(MAX_CELLS, 20 * MAX_ROWS)
+        columns = -(-steps // step_width(steps, ranks))
+        assert min(ranks, MAX_ROWS) * columns <= MAX_CELLS
+        assert ranks * columns <= max(MAX_READ, 20 * ranks)
+        assert columns >= 20
     assert step_width(30, 4) == 1
 
 
