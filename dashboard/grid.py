@@ -57,9 +57,7 @@ def layout(cells: pd.DataFrame, ranks: pd.DataFrame, max_rows: int = MAX_ROWS) -
     first = frame.groupby("row").agg(
         node=("node", "first"),
         last_node=("node", "last"),
-        lo=("rank", "min"),
-        hi=("rank", "max"),
-        count=("rank", "size"),
+        ranks=("rank", lambda r: sorted(int(x) for x in r)),
     )
     frame["label"] = frame["row"].map(_labels(first))
     return frame.drop(columns="node_score")
@@ -70,7 +68,13 @@ def _labels(rows: pd.DataFrame) -> pd.Series:
     seen: set[str] = set()
     for row, r in zip(rows.index, rows.to_dict("records"), strict=True):
         host = r["node"] if r["node"] == r["last_node"] else f"{r['node']}…{r['last_node']}"
-        who = f"rank {r['lo']}" if r["count"] == 1 else f"{r['count']} ranks {r['lo']}–{r['hi']}"
+        ranks = r["ranks"]
+        if len(ranks) == 1:
+            who = f"rank {ranks[0]}"
+        elif len(ranks) <= 3:
+            who = "ranks " + ", ".join(str(x) for x in ranks)
+        else:
+            who = f"{len(ranks)} ranks {ranks[0]}–{ranks[-1]}"
         label = f"{host} · {who}"
         labels[int(row)] = label if label not in seen else f"{label} (row {row})"
         seen.add(label)

@@ -118,9 +118,9 @@ def ongoing_hang(
     """The newest hang finding of the current attempt while no step has ended after it.
 
     Culprits are the finding's own rank and its ``culprit_rank_*`` evidence, with the ranks
-    whose progress (the store's meta) is stopped or blocked; waiting ranks are those the
-    evidence or the progress names as waiting, or, when the evidence lists fewer than it
-    counts, every other rank.
+    whose progress (the store's meta) is stopped or blocked. Every other rank waits: no
+    step has ended since the finding, so none moves (the evidence lists only the ranks
+    already waiting when it fired, and at most eight).
     """
     if findings.empty or events.empty:
         return None
@@ -139,9 +139,7 @@ def ongoing_hang(
     progress = {int(r): str(s) for r, s in (meta.get("progress") or {}).items()}
     culprits |= {r for r, s in progress.items() if s in CULPRIT_STATES}
     waiting = {int(v) for k, v in evidence.items() if k.startswith("waiting_rank_")}
-    waiting |= {r for r, s in progress.items() if s == "waiting"}
-    if evidence.get("ranks_waiting", 0.0) > len(waiting) or not culprits:
-        waiting |= set(ranks_of(events)["rank"].astype(int))
+    waiting |= set(ranks_of(events)["rank"].astype(int))
     reason = next((k for k, v in evidence.items() if v == 1.0 and not k[-1].isdigit()), "")
     return Hang(
         float(newest["time"]),

@@ -24,13 +24,14 @@ def overview() -> None:
     meta = data.meta(run)
     now = time.time()
     status = health.job_status(events, steps, meta, findings, now)
-    cols = st.columns(6)
+    cols = st.columns(3)
     cols[0].metric("job", status.phase, f"attempt {status.attempt}", delta_color="off")
     cols[1].metric("current step", status.current_step)
-    cols[2].metric("steps/s", f"{status.steps_per_s:.2f}", help="over the run's wall time")
-    cols[3].metric("steps/s, last 30 s", f"{status.recent_steps_per_s:.2f}")
-    cols[4].metric("tokens/s", f"{status.tokens_per_s:,.0f}")
-    cols[5].metric("ETTR", units.percent(status.ettr), help="as the run summary computes it")
+    cols[2].metric("ETTR", units.percent(status.ettr), help="as the run summary computes it")
+    cols = st.columns(3)
+    cols[0].metric("steps/s", f"{status.steps_per_s:.2f}", help="over the run's wall time")
+    cols[1].metric("steps/s, last 30 s", f"{status.recent_steps_per_s:.2f}")
+    cols[2].metric("tokens/s", f"{status.tokens_per_s:,.0f}")
     if status.hang is not None:
         show_hang(status.hang, now)
     ranks = health.rank_health(
@@ -78,7 +79,8 @@ def rank_grid(ranks: pd.DataFrame) -> alt.LayerChart | alt.Chart:
         tag=ranks["rank"].astype(str) + ranks["health"].map({"hung": " culprit"}).fillna(""),
     )
     hosts = shown["node"].nunique()
-    height = min(640, max(80, (24 if len(shown) <= GRID_LABELS else 8) * hosts + 40))
+    # room for the legend (7 entries) however few the hosts; 8 px a host at scale
+    height = min(640, max(200, (36 if len(shown) <= GRID_LABELS else 8) * hosts))
     base = alt.Chart(shown).encode(
         x=alt.X("local:O", title="rank on host"),
         y=alt.Y("node:N", title="host", sort=None, axis=alt.Axis(labelOverlap=True)),

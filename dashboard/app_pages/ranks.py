@@ -61,6 +61,11 @@ st.caption(
     + (f", {per_row} ranks per row (the largest value shown)" if per_row > 1 else "")
     + (f"; {width} steps per column" if width > 1 else "")
 )
+worst = order.iloc[0]
+st.markdown(
+    f"Worst outlier: **rank {worst['rank']}** on **{worst['node']}** "
+    f"(robust z-score {worst['score']:.1f}), the top row."
+)
 st.subheader("Outliers")
 top = order.nlargest(min(10, len(order)), "score")[["rank", "node", "score"]]
 st.dataframe(top.assign(score=top["score"].round(2)), hide_index=True)

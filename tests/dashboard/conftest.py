@@ -73,7 +73,9 @@ def _wait_for_hang(run: Path, process: subprocess.Popen[bytes], timeout_s: float
         if (run / "run.db").exists():
             with RunReader(run) as reader:
                 found = reader.query("SELECT count(*) AS n FROM findings WHERE kind = 'hang'")
-            if int(found["n"].iloc[0]):
+                progress = reader.meta().get("progress") or {}
+            # the controller writes the ranks' progress each second, the finding at once
+            if int(found["n"].iloc[0]) and "stopped" in progress.values():
                 return
         time.sleep(0.5)
     raise AssertionError(f"no hang finding in {run} within {timeout_s} s")
