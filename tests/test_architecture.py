@@ -38,6 +38,7 @@ RECORD_MODULES = {
         "eagleeye.store.runs",
         "eagleeye.errors",
         "ft_runtime.planner.plan",  # the planner's public API, for the what-if page
+        "eagleeye.summary",  # its ETTR and throughput: the dashboard shows the same figures
     },
     "detectors": {"collector.types", "collector.vocabulary"},
 }
