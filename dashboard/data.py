@@ -162,7 +162,15 @@ def per_step(run: str, name: str) -> pd.DataFrame:
         (name,),
     )
     newest = frame.sort_values(["step", "attempt"]).drop_duplicates("step", keep="last")
-    return newest.drop(columns="attempt").dropna(subset=["mean"]).reset_index(drop=True)
+    return _finite(newest.drop(columns="attempt"), ["mean", "min", "max"])
+
+
+def _finite(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Rows whose ``columns`` are all finite: a chart of an infinite or missing value has
+    no extent (Vega warns and draws nothing)."""
+    values = frame[columns].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
+    kept: pd.DataFrame = frame.loc[np.isfinite(values).all(axis=1)]
+    return kept.reset_index(drop=True)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -193,13 +201,14 @@ def rank_cells(run: str, name: str, ranks: int) -> pd.DataFrame:
     else:
         source = "SELECT rank, step, value FROM samples WHERE name = ?"
         params = (name,)
-    return _query(
+    cells = _query(
         run,
         f"""
         SELECT rank, (step / {width}) * {width} AS step, max(value) AS value
         FROM ({source}) WHERE step IS NOT NULL AND rank IS NOT NULL GROUP BY rank, 2""",
         params,
     )
+    return _finite(cells, ["value"])
 
 
 def current_run() -> str:

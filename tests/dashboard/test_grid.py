@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import math
+import sqlite3
+
 import numpy as np
 import pandas as pd
 
@@ -58,3 +61,20 @@ def test_sizes_durations_and_times_read_as_people_write_them() -> None:
     assert [human_seconds(v) for v in (0.0123, 2.5, 75.0)] == ["12.3 ms", "2.50 s", "1 min 15 s"]
     stamp = to_datetime(pd.Series([1_700_000_000.25]))
     assert str(stamp.iloc[0]) == "2023-11-14 22:13:20.250000+00:00"
+
+
+def test_charts_get_only_finite_values(tmp_path) -> None:
+    from dashboard import data
+    from eagleeye.store import RunStore
+
+    RunStore(tmp_path).close()
+    with sqlite3.connect(tmp_path / "run.db") as conn:
+        rows = [(float(s), s, 0, r, 0, "n0", name, v) for s, r, v in (
+            (0, 0, 1.0), (0, 1, 2.0), (1, 0, math.inf), (1, 1, math.inf),
+            (2, 0, None), (2, 1, None), (3, 0, 0.5), (3, 1, 0.7),
+        ) for name in ("loss", "step_time")]  # fmt: skip
+        conn.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    curve = data.per_step.__wrapped__(str(tmp_path), "loss")
+    assert list(curve["step"]) == [0, 3]
+    cells = data.rank_cells.__wrapped__(str(tmp_path), "step_time", 2)
+    assert sorted(cells["step"].unique()) == [0, 3]
