@@ -25,7 +25,9 @@ def overview() -> None:
     now = time.time()
     status = health.job_status(events, steps, meta, findings, now)
     cols = st.columns(3)
-    cols[0].metric("job", status.phase, f"attempt {status.attempt}", delta_color="off")
+    cols[0].metric(
+        "job", status.phase, f"attempt {status.attempt}", delta_color="off", delta_arrow="off"
+    )
     cols[1].metric("current step", status.current_step)
     cols[2].metric("ETTR", units.percent(status.ettr), help="as the run summary computes it")
     cols = st.columns(3)

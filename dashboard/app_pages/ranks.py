@@ -79,9 +79,25 @@ rank = st.selectbox(
 peers = cells.groupby("step")["value"].median().rename("peer median")
 mine = cells[cells["rank"] == rank].set_index("step")["value"].rename(f"rank {rank}")
 lines = mine.to_frame().join(peers, how="outer").reset_index().melt("step", var_name="who")
-st.altair_chart(
+chart = (
     alt.Chart(lines.dropna(subset=["value"]))
     .mark_line()
-    .encode(x=alt.X("step:Q", title="step"), y=alt.Y("value:Q", title=metric), color="who:N"),
-    width="stretch",
+    .encode(x=alt.X("step:Q", title="step"), y=alt.Y("value:Q", title=metric), color="who:N")
 )
+findings = data.findings(run)
+if not findings.empty:
+    about = findings[(findings["rank"] == rank) | (findings["scope"] == "job")].dropna(
+        subset=["step"]
+    )
+    if not about.empty:
+        marks = about.assign(what="finding: " + about["kind"])[["step", "what"]]
+        rule = alt.Chart(marks).mark_rule(color="#c62828", strokeDash=[4, 3])
+        text = alt.Chart(marks).mark_text(
+            align="left", angle=270, dx=4, dy=-4, baseline="top", fontSize=10, color="#c62828"
+        )
+        chart = (
+            chart
+            + rule.encode(x="step:Q", tooltip=["what"])
+            + text.encode(x="step:Q", y=alt.value(4), text="what:N")
+        )
+st.altair_chart(chart, width="stretch")
