@@ -79,15 +79,6 @@ def summarize(run_dir: str) -> RunSummary:
     )
 
 
-def final_loss(steps: pd.DataFrame) -> float:
-    """Mean over ranks of the loss at the last step (each rank's newest attempt)."""
-    loss = steps[steps["name"] == "loss"]
-    if loss.empty:
-        return math.nan
-    last = loss[loss["step"] == loss["step"].max()].sort_values(["attempt", "time"])
-    return float(last.drop_duplicates("rank", keep="last")["value"].mean())
-
-
 def throughput(steps: pd.DataFrame, wall_s: float) -> tuple[float, float]:
     """Steps and tokens per second over ``wall_s``: each (attempt, step) of ``step_time``
     counts once, and every ``tokens`` sample is summed. NaN when no time has passed."""
@@ -97,6 +88,15 @@ def throughput(steps: pd.DataFrame, wall_s: float) -> tuple[float, float]:
     distinct_steps = step_times.drop_duplicates(["attempt", "step"]).shape[0]
     tokens = float(steps.loc[steps["name"] == "tokens", "value"].sum())
     return distinct_steps / wall_s, tokens / wall_s
+
+
+def final_loss(steps: pd.DataFrame) -> float:
+    """Mean over ranks of the loss at the last step (each rank's newest attempt)."""
+    loss = steps[steps["name"] == "loss"]
+    if loss.empty:
+        return math.nan
+    last = loss[loss["step"] == loss["step"].max()].sort_values(["attempt", "time"])
+    return float(last.drop_duplicates("rank", keep="last")["value"].mean())
 
 
 def effective_training(steps: pd.DataFrame, replicas: int) -> tuple[float, float]:
