@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from eagleeye.summary import effective_training, throughput
+from eagleeye.goodput import effective_training
+from eagleeye.summary import throughput
 
 #: Rank health, from the best to the worst; the colour of each in the same order.
 HEALTH_ORDER = ("ok", "recovered", "stale", "finding", "waiting", "hung", "exited")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from eagleeye.goodput import effective_training
 from eagleeye.store import RunReader
 
 
@@ -97,27 +98,6 @@ def final_loss(steps: pd.DataFrame) -> float:
         return math.nan
     last = loss[loss["step"] == loss["step"].max()].sort_values(["attempt", "time"])
     return float(last.drop_duplicates("rank", keep="last")["value"].mean())
-
-
-def effective_training(steps: pd.DataFrame, replicas: int) -> tuple[float, float]:
-    """Effective training time ratio (ETTR) and the seconds lost, over the training window.
-
-    Each distinct step is worth the median step time, scaled by the share of replicas that
-    contributed a gradient to it (all of them unless ``replicas`` samples say otherwise). A
-    step redone after a restart counts once. The window runs from the end of the first step
-    to the end of the last, so start-up is not counted against either recovery.
-    """
-    times = steps[steps["name"] == "step_time"]
-    if times["step"].nunique() < 2:
-        return math.nan, math.nan
-    first = times.loc[times["step"] == times["step"].min(), "time"].min()
-    window = float(times["time"].max() - first)
-    share = pd.Series(1.0, index=sorted(times["step"].unique()))
-    counts = steps[steps["name"] == "replicas"]
-    if not counts.empty and replicas > 0:
-        share.update(counts.groupby("step")["value"].max() / replicas)
-    useful = float(share.iloc[1:].sum()) * float(times["value"].median())
-    return (useful / window if window > 0 else math.nan), window - useful
 
 
 def _match(

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from dashboard.health import job_status, ongoing_hang, rank_health, ranks_of
-from eagleeye.summary import effective_training, throughput
+from eagleeye.goodput import effective_training
+from eagleeye.summary import throughput
 
 
 def events() -> pd.DataFrame:
