@@ -1,11 +1,14 @@
-"""Render time of every dashboard page on a run with over a million samples.
+"""Cold render time of every dashboard page at 512 ranks, and of the Ranks page at 10k.
 
-Builds a run store (64 ranks on 16 nodes, 1,310 steps, 12 metrics per rank and step, a
-collective per rank and step, findings and actions), then renders each page with
-Streamlit's AppTest from a cold cache, several times, and reports the median. The
-baseline in the same process is the naive page: reading every sample into pandas.
+Builds two run stores with dashboard.synthetic (512 ranks on 64 hosts for 1000 steps, ten
+metrics per rank and step: 5.1 million samples; and 10,000 ranks on 1,250 hosts for 100
+steps, four metrics: 4 million samples), then renders each page with Streamlit's AppTest
+from a cold cache (st.cache_data cleared, a new AppTest, the page opened directly),
+several times, and reports the median. The baseline in the same process is the naive
+page: every sample of the run into pandas, as a page that aggregated in pandas would
+start.
 
-Run: python benchmarks/bench_dashboard.py [--ranks 64] [--steps 1310]
+Run: python benchmarks/bench_dashboard.py [--ranks 512] [--steps 1000] [--big-ranks 10000]
 """
 
 from __future__ import annotations
@@ -17,104 +20,28 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import dashboard
-from collector.types import Sample, Subject
-from detectors.types import Finding, Severity
-from eagleeye.store import RunReader, RunStore
-from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
+from dashboard import synthetic
+from eagleeye.store import RunReader
 
-METRICS = (
-    "step_time",
-    "loss",
-    "grad_norm",
-    "lr",
-    "tokens",
-    "skipped_step",
-    "section.data",
-    "section.forward",
-    "section.backward",
-    "section.allreduce",
-    "section.optimizer",
-    "section.checkpoint",
-)
 APP = str(Path(dashboard.__file__).parent / "streamlit_app.py")
-PAGES = ("overview", "ranks", "training", "findings", "actions", "checkpoints")
-
-
-def build(run: Path, ranks: int, steps: int) -> int:
-    store = RunStore(run, flush_interval_s=1.0, max_batch=200_000)
-    rng = np.random.default_rng(0)
-    store.add_event(LifecycleEvent("job", Phase.LAUNCH, 0.0, 0, {}))
-    for rank in range(ranks):
-        store.add_event(
-            LifecycleEvent(
-                f"rank:{rank}",
-                Phase.LAUNCH,
-                0.0,
-                0,
-                {"replica": rank // 8, "node": f"node{rank // 4}"},
-            )
-        )
-    count = 0
-    for step in range(steps):
-        t = 1.0 + step * 0.5
-        for rank in range(ranks):
-            labels = {
-                "rank": str(rank),
-                "replica": str(rank // 8),
-                "node": f"node{rank // 4}",
-                "attempt": "0",
-            }
-            values = rng.random(len(METRICS))
-            store.add_samples(
-                Sample(m, float(v), t, labels, step) for m, v in zip(METRICS, values, strict=True)
-            )
-            store.add_collective(
-                Sample(
-                    "collective", 0.01, t, {**labels, "op": "all_reduce", "seq": str(step)}, step
-                )
-            )
-            count += len(METRICS)
-        if step % 100 == 50:
-            fid = store.add_finding(
-                Finding(
-                    "slow_rank",
-                    Subject(rank=step % ranks),
-                    3.0,
-                    Severity.WARN,
-                    t,
-                    step,
-                    {"step_time": 2.0},
-                    "peer",
-                )
-            )
-            store.add_outcome(
-                Outcome(
-                    Action(ActionKind.NOTIFY, "job", "slow", f"k{step}"), OutcomeStatus.DONE, "", t
-                ),
-                fid,
-                False,
-                t,
-            )
-            store.add_checkpoint(t, step, "PERSISTENT", "disk", rank=0, nbytes=1 << 20)
-    store.close()
-    return count
+PAGES = ("overview", "ranks", "training", "findings", "actions", "checkpoints", "compare")
 
 
 def render(run: Path, page: str) -> float:
+    """Seconds to render one page of ``run`` from a cold cache."""
     st.cache_data.clear()
     os.environ["EAGLEEYE_DASHBOARD_RUN"] = str(run)
+    os.environ["EAGLEEYE_RUNS_DIR"] = str(run.parent)
     started = time.perf_counter()
     at = AppTest.from_file(APP, default_timeout=120)
     at.session_state["live"] = False
-    at.run()
     if page != "overview":
         at.switch_page(f"app_pages/{page}.py")
-        at.run()
+    at.run()
     elapsed = time.perf_counter() - started
     if at.exception:
         raise RuntimeError(f"{page}: {at.exception[0].value}")
@@ -123,31 +50,42 @@ def render(run: Path, page: str) -> float:
 
 def naive(run: Path) -> float:
     started = time.perf_counter()
-    reader = RunReader(run)
-    reader.samples()
-    reader.close()
+    with RunReader(run) as reader:
+        reader.samples()
     return time.perf_counter() - started
+
+
+def measure(run: Path, pages: tuple[str, ...], repeat: int, limit_s: float) -> None:
+    baseline = statistics.median(naive(run) for _ in range(repeat))
+    print(f"  baseline, every sample into pandas: {baseline:.2f} s")
+    for page in pages:
+        median = statistics.median(render(run, page) for _ in range(repeat))
+        verdict = "ok" if median <= limit_s else f"OVER {limit_s:.0f} s"
+        print(
+            f"  {page:12s} {median:5.2f} s (cold, median of {repeat}); "
+            f"{median / baseline:.2f} × the baseline; {verdict}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=1310)
+    parser.add_argument("--ranks", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--big-ranks", type=int, default=10_000)
+    parser.add_argument("--big-steps", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp)
-        count = build(run, args.ranks, args.steps)
-        print(f"run store: {count:,} samples, {args.ranks} ranks, {args.steps} steps")
-        baseline = statistics.median(naive(run) for _ in range(args.repeat))
-        print(f"baseline, every sample into pandas: {baseline:.2f} s")
-        for page in PAGES:
-            times = [render(run, page) for _ in range(args.repeat)]
-            median = statistics.median(times)
-            print(
-                f"{page:12s} {median:5.2f} s (cold cache, median of {args.repeat}); "
-                f"{median / baseline:.2f} × the baseline"
-            )
+        run = Path(tmp) / "runs" / "r512"
+        count = synthetic.build(run, args.ranks, args.steps)
+        other = Path(tmp) / "runs" / "small"
+        synthetic.build(other, 8, args.steps // 10)  # the second run of the comparison
+        print(f"{run.name}: {count:,} samples, {args.ranks} ranks, {args.steps} steps")
+        measure(run, PAGES, args.repeat, 2.0)
+        big = Path(tmp) / "big" / "r10k"
+        count = synthetic.build(big, args.big_ranks, args.big_steps, synthetic.SMALL)
+        print(f"{big.name}: {count:,} samples, {args.big_ranks} ranks, {args.big_steps} steps")
+        measure(big, ("ranks",), args.repeat, 3.0)
 
 
 if __name__ == "__main__":

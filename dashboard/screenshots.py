@@ -7,6 +7,7 @@ Used by the browser test and to refresh the README's pictures:
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 PAGES = {
@@ -23,6 +25,7 @@ PAGES = {
     "findings": "findings",
     "actions": "actions",
     "checkpoints": "checkpoints",
+    "compare": "compare",
     "planner": "planner",
 }
 FLAGS = [
@@ -73,29 +76,53 @@ def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) 
     raise RuntimeError(f"dashboard did not answer at {url} within {timeout_s} s")
 
 
-def capture(url: str, out_dir: Path, browser_path: str) -> dict[str, str]:
-    """Visits every page, saves ``<page>.png``; returns each page's title.
+@dataclass(frozen=True, slots=True)
+class PageView:
+    """What a person reads on a page: its title, its text (metrics, banners, captions) and
+    the texts of its charts (axis titles and tick labels, legends, mark labels), and the
+    browser console's warnings while it drew."""
+
+    title: str
+    text: str
+    chart_texts: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+def capture(
+    url: str, out_dir: Path, browser_path: str, pages: dict[str, str] | None = None
+) -> dict[str, PageView]:
+    """Visits every page, saves ``<page>.png``; returns what each page shows.
 
     Raises AssertionError naming the page if Streamlit shows an exception on it.
     """
     from playwright.sync_api import sync_playwright
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    titles = {}
+    views = {}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=browser_path, args=FLAGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        for name, path in PAGES.items():
+        console: list[str] = []
+        page.on("console", lambda m: console.append(m.text) if m.type == "warning" else None)
+        for name, path in (pages or PAGES).items():
+            console.clear()
             page.goto(f"{url}/{path}")
             page.wait_for_selector("h1", timeout=30_000)
             page.wait_for_load_state("networkidle")
-            time.sleep(1.0)  # Vega draws its charts after the page settles
+            time.sleep(1.5)  # Vega draws its charts after the page settles
             if page.locator('[data-testid="stException"]').count():
                 raise AssertionError(f"Streamlit shows an exception on the {name} page")
-            titles[name] = page.locator("h1").first.inner_text()
+            main = page.locator('[data-testid="stMain"]')
+            texts = page.locator(".vega-embed svg text").all_text_contents()
+            views[name] = PageView(
+                page.locator("h1").first.inner_text(),
+                re.sub(r"\s+", " ", main.inner_text()),
+                tuple(t.strip() for t in texts if t.strip()),
+                tuple(console),
+            )
             page.screenshot(path=str(out_dir / f"{name}.png"), full_page=True)
         browser.close()
-    return titles
+    return views
 
 
 def main() -> None:
@@ -108,8 +135,8 @@ def main() -> None:
     if browser is None:
         sys.exit("chromium is not installed (Debian package chromium)")
     with serve(args.run, args.port) as url:
-        for name, title in capture(url, args.out_dir, browser).items():
-            print(f"{name}: {title}")
+        for name, view in capture(url, args.out_dir, browser).items():
+            print(f"{name}: {view.title}")
 
 
 if __name__ == "__main__":

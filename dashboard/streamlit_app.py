@@ -1,4 +1,4 @@
-"""Eagle Eye's dashboard: the router. Run it with `eagleeye dashboard`."""
+"""Eagle Eye's dashboard: the router and the run picker. Run it with `eagleeye dashboard`."""
 
 from __future__ import annotations
 
@@ -22,16 +22,27 @@ PAGES = [
     st.Page("app_pages/findings.py", title="Findings"),
     st.Page("app_pages/actions.py", title="Actions"),
     st.Page("app_pages/checkpoints.py", title="Checkpoints"),
+    st.Page("app_pages/compare.py", title="Compare"),
     st.Page("app_pages/planner.py", title="Planner"),
 ]
 
 page = st.navigation(PAGES)
+first: str | None
 try:
-    st.session_state["run"] = data.selected_run()
+    first = data.selected_run()
 except EagleEyeError as exc:
-    st.session_state["run"] = None
+    first = None
     st.sidebar.warning(str(exc))
-if st.session_state["run"]:
-    st.sidebar.caption(f"run: **{data.run_label(st.session_state['run'])}**")
+runs = data.available_runs()
+if first is not None and str(Path(first).resolve()) not in runs:
+    runs.insert(0, first)
+if runs:
+    default = str(Path(first).resolve()) if first else runs[0]
+    if st.session_state.get("run_choice") not in runs:
+        st.session_state["run_choice"] = default if default in runs else runs[0]
+    st.sidebar.selectbox("run", runs, format_func=data.run_label, key="run_choice")
+    st.session_state["run"] = st.session_state["run_choice"]
+else:
+    st.session_state["run"] = None
 st.sidebar.toggle("live refresh", value=True, key="live")
 page.run()

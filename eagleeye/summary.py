@@ -60,19 +60,17 @@ def summarize(run_dir: str) -> RunSummary:
         reader.close()
     wall = float(result.get("ended", 0.0)) - float(result.get("started", 0.0))
     last_step = int(steps["step"].max()) if not steps.empty else -1
-    tokens = steps.loc[steps["name"] == "tokens", "value"].sum()
-    step_times = steps[steps["name"] == "step_time"]
     replicas = int(meta.get("config", {}).get("replicas", 1))
     ettr, lost = effective_training(steps, replicas)
-    distinct_steps = step_times.drop_duplicates(["attempt", "step"]).shape[0]
+    steps_per_s, tokens_per_s = throughput(steps, wall)
     return RunSummary(
         run_dir=run_dir,
         succeeded=bool(result.get("succeeded", False)),
         attempts=int(result.get("attempts", 1)),
         last_step=last_step,
         wall_s=wall,
-        steps_per_s=distinct_steps / wall if wall > 0 else math.nan,
-        tokens_per_s=tokens / wall if wall > 0 else math.nan,
+        steps_per_s=steps_per_s,
+        tokens_per_s=tokens_per_s,
         final_loss=final_loss(steps),
         ettr=ettr,
         lost_s=lost,
@@ -80,6 +78,17 @@ def summarize(run_dir: str) -> RunSummary:
         actions=actions,
         findings=findings,
     )
+
+
+def throughput(steps: pd.DataFrame, wall_s: float) -> tuple[float, float]:
+    """Steps and tokens per second over ``wall_s``: each (attempt, step) of ``step_time``
+    counts once, and every ``tokens`` sample is summed. NaN when no time has passed."""
+    if wall_s <= 0:
+        return math.nan, math.nan
+    step_times = steps[steps["name"] == "step_time"]
+    distinct_steps = step_times.drop_duplicates(["attempt", "step"]).shape[0]
+    tokens = float(steps.loc[steps["name"] == "tokens", "value"].sum())
+    return distinct_steps / wall_s, tokens / wall_s
 
 
 def final_loss(steps: pd.DataFrame) -> float:

@@ -38,6 +38,8 @@ RECORD_MODULES = {
         "eagleeye.store.runs",
         "eagleeye.errors",
         "ft_runtime.planner.plan",  # the planner's public API, for the what-if page
+        "eagleeye.goodput",  # the summary's ETTR: the dashboard shows the same figure
+        "eagleeye.summary",  # the summary's throughput, likewise
     },
     "detectors": {"collector.types", "collector.vocabulary"},
 }

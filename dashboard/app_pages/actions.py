@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, units
 
 st.title("Actions")
 run = data.current_run()
@@ -13,16 +13,18 @@ actions = data.actions(run)
 if actions.empty:
     st.success("No actions in this run.")
     st.stop()
-trail = actions.assign(
+trail = units.readable(actions).assign(
     finding=actions["finding_kind"]
     + " on "
     + actions["finding_scope"]
     + " "
-    + actions["finding_rank"].astype("string").fillna(""),
+    + actions["finding_rank"].astype("Int64").astype("string").fillna(""),
     mode=actions["dry_run"].map({0: "executed", 1: "dry-run"}),
 )
 st.dataframe(
-    trail[["time", "finding", "kind", "target", "mode", "status", "detail", "reason", "key"]],
+    trail[
+        ["time", "finding", "kind", "target", "mode", "status", "detail", "reason", "key"]
+    ].rename(columns={"time": "time (UTC)"}),
     hide_index=True,
 )
 counts = trail.groupby(["kind", "status"]).size().rename("count").reset_index()

@@ -1,4 +1,5 @@
-"""Findings: what Eagle Eye found, filterable, with its evidence; a link to the rank."""
+"""Findings: what Eagle Eye found, filterable, each finding's evidence shown whole, a link to
+the rank."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, units
 
 st.title("Findings")
 run = data.current_run()
@@ -22,26 +23,25 @@ if kinds:
     shown = shown[shown["kind"].isin(kinds)]
 if severities:
     shown = shown[shown["severity"].isin(severities)]
-table = shown.assign(evidence=shown["evidence"].map(json.dumps))
-st.dataframe(
-    table[
-        [
-            "id",
-            "time",
-            "step",
-            "kind",
-            "severity",
-            "scope",
-            "rank",
-            "replica",
-            "node",
-            "score",
-            "detector",
-            "evidence",
-        ]
-    ],
-    hide_index=True,
+table = units.readable(shown).assign(
+    evidence=shown["evidence"].map(lambda e: json.dumps(e, sort_keys=False))
 )
+columns = ["id", "time", "step", "kind", "severity", "scope", "rank", "replica", "node"]
+st.dataframe(
+    table[[*columns, "score", "detector", "evidence"]].rename(columns={"time": "time (UTC)"}),
+    hide_index=True,
+    column_config={"evidence": st.column_config.TextColumn("evidence", width="large")},
+)
+
+st.subheader("Evidence")
+ids = [int(i) for i in shown["id"]]
+labels = {
+    int(r["id"]): f"#{int(r['id'])} {r['kind']} on {r['scope']} "
+    + ("" if r["rank"] != r["rank"] else str(int(r["rank"])))
+    for r in shown.to_dict("records")
+}
+chosen = st.selectbox("finding", ids, format_func=labels.__getitem__)
+st.json(shown.loc[shown["id"] == chosen, "evidence"].iloc[0], expanded=True)
 
 ranks = sorted(int(r) for r in shown["rank"].dropna().unique())
 if ranks:

@@ -82,6 +82,13 @@ class RunReader:
         except (sqlite3.Error, pd.errors.DatabaseError) as exc:
             raise StoreError(f"query on {self.path} failed: {exc}") from exc
 
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of a query as tuples (no DataFrame: for bulk numeric reads)."""
+        try:
+            return self._conn.execute(sql, list(params)).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"query on {self.path} failed: {exc}") from exc
+
     def meta(self) -> dict[str, Any]:
         try:
             rows = self._conn.execute("SELECT key, value FROM meta").fetchall()

@@ -72,6 +72,11 @@ MIGRATIONS: tuple[str, ...] = (
         text TEXT NOT NULL
     );
     """,
+    # version 4: per-metric reads (the ETTR's step times, per-step curves, heatmaps)
+    # answered from the index alone, in step order
+    """
+    CREATE INDEX samples_cover ON samples (name, step, attempt, rank, time, value);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -163,3 +163,23 @@ def test_run_folders_are_validated(tmp_path) -> None:
 def test_reading_a_missing_store_says_where_it_looked(tmp_path) -> None:
     with pytest.raises(StoreError, match="no run store at"):
         RunReader(tmp_path)
+
+
+def test_a_version_3_store_is_migrated_to_the_covering_index(tmp_path) -> None:
+    from eagleeye.store.schema import MIGRATIONS
+
+    conn = sqlite3.connect(tmp_path / "run.db", isolation_level=None)
+    migrate(conn, MIGRATIONS[:3])
+    conn.execute("INSERT INTO samples VALUES (1.0, 0, 0, 0, 0, 'n0', 'step_time', 0.5)")
+    conn.close()
+    store = RunStore(tmp_path)  # opening it for writing migrates it
+    store.close()
+    with RunReader(tmp_path) as reader:
+        plan = reader.query(
+            "EXPLAIN QUERY PLAN SELECT rank, step, value FROM samples WHERE name = 'step_time'"
+        )
+        assert "COVERING INDEX samples_cover" in " ".join(plan["detail"])
+        assert list(reader.metric("step_time").loc[0]) == [0.5]
+    conn = sqlite3.connect(tmp_path / "run.db")
+    assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+    conn.close()
