@@ -1,5 +1,6 @@
-"""A paused controller (SIGSTOP, a swap storm, a slow disk) judges nothing on what it
-missed: after it runs again, a healthy job is not declared hung, in job and replica mode."""
+"""A paused controller or quorum store (SIGSTOP, a swap storm, a slow disk) judges nothing
+on what it missed: after it runs again, a healthy job is not declared hung, in job and
+replica mode."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from eagleeye.store import RunReader, newest_run
@@ -19,7 +21,9 @@ from tests.workload_args import tiny_workload
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def _paused_run(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
+def _paused_run(
+    tmp_path, *args: str, pause: str = "controller"
+) -> subprocess.CompletedProcess[str]:
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     job = subprocess.Popen(
         [sys.executable, "-m", "eagleeye", "run", "--remediate", "--stream", "none"]
@@ -31,9 +35,12 @@ def _paused_run(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
     )
     _rank_pids(tmp_path, wait_for_step=5)
-    job.send_signal(signal.SIGSTOP)
+    paused = psutil.Process(job.pid)
+    if pause == "store":
+        (paused,) = [p for p in paused.children() if "ft_runtime.storehost" in p.cmdline()]
+    paused.send_signal(signal.SIGSTOP)
     time.sleep(6.0)
-    job.send_signal(signal.SIGCONT)
+    paused.send_signal(signal.SIGCONT)
     out, err = job.communicate(timeout=240)
     return subprocess.CompletedProcess(job.args, job.returncode, out, err)
 
@@ -59,11 +66,13 @@ def test_a_controller_paused_6_s_restarts_nothing_in_job_mode(tmp_path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_controller_paused_6_s_isolates_no_replica(tmp_path) -> None:
+@pytest.mark.parametrize("pause", ["controller", "store"])
+def test_a_controller_or_store_paused_6_s_isolates_no_replica(tmp_path, pause) -> None:
     result = _paused_run(
         tmp_path,
         *("--nnodes", "2", "--nproc-per-node", "1", "--replicas", "2", "--recovery", "replica"),
-        *("-m", "eagleeye.workload.replicated", *tiny_workload(400, 100)),
+        *("-m", "eagleeye.workload.train", *tiny_workload(300, 100), "--step-floor-s", "0.05"),
+        pause=pause,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     _quiet(tmp_path)
