@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from collector.types import Frame
+from collector.xid import lookup
 from detectors.nonfinite import NonFiniteLoss
 from detectors.types import Finding, Severity
 
@@ -57,28 +58,18 @@ class ProcessExit:
         return ()
 
 
-#: XID code -> severity, after NVIDIA's XID catalogue: the codes that take the GPU out
-#: are critical; degradations and application-triggered ones warn or inform.
-XID_SEVERITY: dict[int, Severity] = {
-    48: Severity.CRITICAL,  # double-bit ECC error
-    74: Severity.CRITICAL,  # NVLink error
-    79: Severity.CRITICAL,  # GPU has fallen off the bus
-    94: Severity.CRITICAL,  # contained ECC error
-    95: Severity.CRITICAL,  # uncontained ECC error
-    119: Severity.CRITICAL,  # GSP RPC timeout
-    120: Severity.CRITICAL,  # GSP error
-    154: Severity.CRITICAL,  # GPU recovery action required
-    63: Severity.WARN,  # ECC page retirement / row remap recorded
-    64: Severity.WARN,  # ECC page retirement / row remap failed to record
-    92: Severity.WARN,  # high single-bit ECC error rate
-    13: Severity.INFO,  # graphics engine exception (usually the application)
-    31: Severity.INFO,  # GPU memory page fault (usually the application)
-    43: Severity.INFO,  # GPU stopped processing (usually the application)
-}
+#: The collector's XID catalogue (collector/xid.py), the one the alerting rules use too,
+#: in the detectors' severities.
+_XID_SEVERITY = {"fatal": Severity.CRITICAL, "warn": Severity.WARN, "info": Severity.INFO}
+
+
+def xid_severity(code: int) -> Severity:
+    """The severity of an XID code after the shared catalogue (unknown codes warn)."""
+    return _XID_SEVERITY[lookup(code).severity]
 
 
 class XidError:
-    """A GPU reported an XID; the catalogue gives its severity (unknown codes warn).
+    """A GPU reported an XID; the shared catalogue gives its severity (unknown codes warn).
 
     Reads the ``xid`` feature. The exporter's XID gauge is sticky and cannot show the same
     code twice in a row, so only a *change* of the value per subject is an event.
@@ -105,7 +96,7 @@ class XidError:
         if self._last.get(frame.subject) == code:
             return ()
         self._last[frame.subject] = code
-        severity = XID_SEVERITY.get(int(code), Severity.WARN)
+        severity = xid_severity(int(code))
         if _RANK[severity] < _RANK[self.min_severity]:
             return ()
         return (

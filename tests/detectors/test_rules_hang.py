@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from collector.types import Frame, Subject
+from collector.xid import XID_CATALOGUE
 from detectors.hang import CollectiveHang
 from detectors.rules import CollectiveTimeout, MemoryFatal, NonFiniteLoss, XidError
 from detectors.stepbatch import StepBatch
@@ -21,8 +22,15 @@ def test_xid_severity_follows_the_catalogue_and_repeats_are_ignored() -> None:
     assert det.process(_frame({"xid": 79}))[0].severity == Severity.CRITICAL
     assert det.process(_frame({"xid": 79})) == ()
     assert det.process(_frame({"xid": 92}))[0].severity == Severity.WARN
-    assert det.process(_frame({"xid": 13})) == ()  # info is below the default minimum
-    assert XidError("info").process(_frame({"xid": 13}))[0].severity == Severity.INFO
+    assert det.process(_frame({"xid": 45})) == ()  # info is below the default minimum
+    assert XidError("info").process(_frame({"xid": 45}))[0].severity == Severity.INFO
+
+
+def test_the_detector_and_the_alert_rules_share_one_xid_catalogue() -> None:
+    named = {"fatal": Severity.CRITICAL, "warn": Severity.WARN, "info": Severity.INFO}
+    for code, info in XID_CATALOGUE.items():
+        found = XidError("info").process(_frame({"xid": float(code)}))
+        assert found[0].severity == named[info.severity], code
 
 
 def test_double_bit_ecc_rising_and_row_remap_failure_are_fatal() -> None:
