@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ft_runtime._children import die_with_parent
 from ft_runtime.errors import LaunchError
 from ft_runtime.layout import ENV_RESUME_FROM, JobLayout, RankSpec
 from ft_runtime.ports import free_port
@@ -154,7 +155,7 @@ class JobSupervisor:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent(signal.SIGKILL),
                 )
         except OSError as exc:
             raise LaunchError(f"cannot start rank {spec.rank}: {exc}") from exc
@@ -327,21 +328,6 @@ class JobSupervisor:
 
     def _outcome(self, action: Action, status: OutcomeStatus, detail: str) -> Outcome:
         return Outcome(action, status, detail, self.clock())
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the supervising process dies, however it dies
-    (Linux; elsewhere the supervisor's own signal handling stops the ranks)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 def _signal(process: subprocess.Popen[bytes], sig: int) -> None:

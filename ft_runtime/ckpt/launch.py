@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import zmq
 
+from ft_runtime._children import die_with_parent
 from ft_runtime.ckpt._rpc import Rpc
 from ft_runtime.ckpt.config import ENV_CKPT_TOKEN, HolderConfig
 from ft_runtime.errors import CheckpointError
@@ -70,7 +71,13 @@ class HolderProcess:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         if self.cfg.token:  # in the environment, not on the command line that ps shows
             env[ENV_CKPT_TOKEN] = self.cfg.token
-        self.proc = subprocess.Popen(holder_argv(self.cfg), env=env, stdout=subprocess.DEVNULL)
+        # SIGTERM when the job's supervisor dies: a clean stop that deletes the segments
+        self.proc = subprocess.Popen(
+            holder_argv(self.cfg),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(signal.SIGTERM),
+        )
         return self
 
     def wait_ready(self) -> HolderProcess:

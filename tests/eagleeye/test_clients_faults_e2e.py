@@ -216,3 +216,27 @@ def test_sigterm_to_the_demo_leaves_no_process_of_it(tmp_path) -> None:
     assert "eagleeye demo: stopped by signal 15" in err
     gone, alive = psutil.wait_procs(family, timeout=10)
     assert not alive, alive
+
+
+@pytest.mark.timeout(180)
+def test_a_sigkilled_demo_leaves_no_rank_holder_or_segment(tmp_path) -> None:
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "eagleeye", "demo", "--no-reference", "--steps", "400"]
+        + ["--recovery", "job"],  # synchronous restarts checkpoint into snapshot holders
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _rank_pids(tmp_path, wait_for_step=25)  # past the first snapshot (every 20 steps)
+    family = psutil.Process(demo.pid).children(recursive=True)
+    holders = [p for p in family if "ft_runtime.ckpt" in " ".join(p.cmdline())]
+    assert len(holders) == 2
+    job = newest_run(tmp_path / "runs").name
+    assert list(Path("/dev/shm").glob(f"eeckpt.{job}*"))  # the snapshots live there
+    demo.kill()
+    demo.wait()
+    _, alive = psutil.wait_procs(family, timeout=20)
+    assert not alive, alive
+    assert not list(Path("/dev/shm").glob(f"eeckpt.{job}*")), "segments left in /dev/shm"
