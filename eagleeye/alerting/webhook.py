@@ -33,6 +33,8 @@ from remediation.remediator import Decision, Remediator
 log = logging.getLogger(__name__)
 Handle = Callable[[Finding], Sequence[Decision]]
 MAX_BODY = 1 << 20
+MAX_CONNECTIONS = 16
+REQUEST_TIMEOUT_S = 5.0
 
 
 def alert_to_finding(alert: Mapping[str, Any]) -> Finding | None:
@@ -158,7 +160,7 @@ class AlertWebhook:
         self.host = host
         self.approvals = approvals
         self.received: list[Finding] = []
-        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._server = _BoundedServer((host, port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -230,8 +232,37 @@ class AlertWebhook:
         return decisions
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """At most ``MAX_CONNECTIONS`` requests are served at once, each by a thread of its own;
+    a connection over the bound is closed at once (Alertmanager retries)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def _handler(hook: AlertWebhook) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_S  # a half-open or slow connection gives its thread back
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if not hook.authorised(self.headers.get("Authorization"), approving=True):
                 return self._reply(401, {"error": "missing or wrong bearer token"})
@@ -251,7 +282,12 @@ def _handler(hook: AlertWebhook) -> type[BaseHTTPRequestHandler]:
                 return self._reply(200, {"outcome": decision.outcome.to_json()})
             if self.path != "/alerts":
                 return self._reply(404, {"error": f"no such path {self.path}; use /alerts"})
-            length = int(self.headers.get("Content-Length") or 0)
+            declared = (self.headers.get("Content-Length") or "").strip()
+            if not declared:
+                return self._reply(411, {"error": "Content-Length is required"})
+            if not declared.isdigit():
+                return self._reply(400, {"error": f"bad Content-Length {declared[:40]!r}"})
+            length = int(declared)
             if length > MAX_BODY:
                 return self._reply(413, {"error": f"body over {MAX_BODY} bytes"})
             try:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -11,6 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from eagleeye.alerting import AlertWebhook, alert_to_finding
+from eagleeye.alerting.webhook import MAX_CONNECTIONS
 from eagleeye.errors import EagleEyeError
 from ft_runtime.testing import FakeRuntime
 from ft_runtime.types import ActionKind
@@ -183,3 +187,45 @@ def test_an_unknown_severity_is_a_400_naming_it(hook) -> None:
     status, body = post(webhook.url, {"alerts": [alert(severity="bogus")]})
     assert status == 400
     assert "bogus" in body["error"]
+
+
+def _raw(webhook: AlertWebhook, head: bytes) -> bytes:
+    """Sends raw request bytes; returns the status line."""
+    host, port = webhook.host, int(webhook.url.split(":")[2].split("/")[0])
+    with socket.create_connection((host, port), timeout=5) as conn:
+        conn.sendall(head)
+        return conn.recv(4096).split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("length", "status"), [(b"abc", b"400"), (b"-1", b"400"), (None, b"411"), (b"9999999", b"413")]
+)
+def test_content_length_is_checked_strictly(hook, length, status) -> None:
+    webhook, runtime = hook
+    header = b"" if length is None else b"Content-Length: " + length + b"\r\n"
+    line = _raw(
+        webhook,
+        b"POST /alerts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n"
+        + header
+        + b"\r\n{}",
+    )
+    assert line.split()[1] == status
+    assert post(webhook.url, {"alerts": [alert()]})[0] == 200  # still serving
+    assert runtime.actions
+
+
+def test_half_open_connections_hold_a_bounded_number_of_threads(hook) -> None:
+    webhook, _ = hook
+    host, port = webhook.host, int(webhook.url.split(":")[2].split("/")[0])
+    before = threading.active_count()
+    idle = [socket.create_connection((host, port), timeout=5) for _ in range(64)]
+    try:
+        time.sleep(0.5)
+        assert threading.active_count() - before <= MAX_CONNECTIONS
+    finally:
+        for conn in idle:
+            conn.close()
+    deadline = time.monotonic() + 10
+    while post(webhook.url, {"alerts": []})[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the slots come back as the idle connections close
+    assert post(webhook.url, {"alerts": []})[0] == 200
