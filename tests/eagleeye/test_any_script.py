@@ -27,6 +27,14 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+def _until(condition, timeout_s: float = 10.0) -> bool:
+    """Waits for ``condition()`` (threads and signals take their time on a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(condition())
+
+
 def _frame(rank: int, step: int, when: float = 0.0) -> Frame:
     return Frame(Subject(rank=rank), step, when, {"step_time": 0.1})
 
@@ -76,8 +84,7 @@ def test_a_stop_at_a_time_fires_once_its_attempt_has_run_that_long(sleeper) -> N
     injector.poll(102.9)
     assert _state(sleeper.pid) != "T"
     injector.poll(103.0)
-    time.sleep(0.1)
-    assert _state(sleeper.pid) == "T"
+    assert _until(lambda: _state(sleeper.pid) == "T")
     assert [f.step for f in fired] == [None]
     injector.poll(104.0)
     assert len(fired) == 1
@@ -100,7 +107,8 @@ def test_a_slow_fault_holds_the_rank_for_its_seconds_at_each_step_it_spans(sleep
     for step in range(1, 8):
         injector.observe([], [_frame(1, step)])
         held.append(injector.held())
-        time.sleep(0.2)  # a held rank reports its next step only once it runs again
+        # a held rank reports its next step only once it runs again
+        assert _until(lambda: not injector.held())
     assert sent == [(42, signal.SIGSTOP), (42, signal.SIGCONT)] * 2
     assert held == [frozenset()] * 2 + [frozenset({1})] * 2 + [frozenset()] * 3
     assert injector.held() == frozenset()
@@ -158,7 +166,8 @@ def test_rank_output_is_streamed_with_prefixes_for_the_chosen_ranks(tmp_path) ->
     with RankOutput(logs, ranks={0}, out=out):
         (logs / "attempt-0" / "rank-0.log").write_text("hello\nhalf")
         (logs / "attempt-0" / "rank-1.log").write_text("not shown\n")
-        time.sleep(0.4)
+        assert _until(lambda: out.getvalue() == "[rank0]: hello\n")
+        time.sleep(0.3)  # rank 1's line is not coming: it is filtered out
         assert out.getvalue() == "[rank0]: hello\n"
         (logs / "attempt-1").mkdir()
         (logs / "attempt-1" / "rank-0.log").write_text("again\n")
