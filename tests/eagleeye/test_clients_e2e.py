@@ -24,6 +24,20 @@ REPO = Path(__file__).resolve().parents[2]
 CLIENTS = REPO / "tests" / "clients"
 
 
+def spawn_eagleeye(root: Path, *args: str) -> subprocess.Popen[str]:
+    """`eagleeye ARGS` started from ``root`` (this checkout first on PYTHONPATH, which the
+    ranks inherit), its output captured."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(
+        [sys.executable, "-m", "eagleeye", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def eagleeye_run(root: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """`eagleeye run --remediate` on two ranks, from a folder of its own (this checkout
     first on PYTHONPATH, which the ranks inherit)."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import psutil
 import pytest
 
 from eagleeye.store import RunReader, newest_run
-from tests.eagleeye.test_clients_e2e import CLIENTS, REPO, eagleeye_run
+from tests.eagleeye.test_clients_e2e import CLIENTS, eagleeye_run, spawn_eagleeye
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -109,16 +108,8 @@ def test_kill_and_stop_at_a_time_fire_on_a_script_without_steps(tmp_path) -> Non
 
 
 def _start(root: Path, *args: str) -> subprocess.Popen[str]:
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "eagleeye", "run", "--nproc-per-node", "2", "--remediate"]
-    return subprocess.Popen(
-        [*command, "--runs-dir", str(root / "runs"), *args],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": path},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command = ["run", "--nproc-per-node", "2", "--remediate", "--runs-dir", str(root / "runs")]
+    return spawn_eagleeye(root, *command, *args)
 
 
 def _rank_pids(root: Path, wait_for_step: int | None, timeout_s: float = 120) -> list[int]:
@@ -198,15 +189,7 @@ def test_sigint_ends_every_rank_even_a_stopped_one(tmp_path) -> None:
 
 @pytest.mark.timeout(180)
 def test_sigterm_to_the_demo_leaves_no_process_of_it(tmp_path) -> None:
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "eagleeye", "demo", "--no-reference", "--steps", "400"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": path},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    demo = spawn_eagleeye(tmp_path, "demo", "--no-reference", "--steps", "400")
     _rank_pids(tmp_path, wait_for_step=5)
     family = psutil.Process(demo.pid).children(recursive=True)  # ranks, the quorum's store
     assert len(family) >= 5
@@ -220,15 +203,8 @@ def test_sigterm_to_the_demo_leaves_no_process_of_it(tmp_path) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_sigkilled_demo_leaves_no_rank_holder_or_segment(tmp_path) -> None:
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "eagleeye", "demo", "--no-reference", "--steps", "400"]
-        + ["--recovery", "job"],  # synchronous restarts checkpoint into snapshot holders
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": path},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # synchronous restarts checkpoint into snapshot holders
+    demo = spawn_eagleeye(tmp_path, "demo", "--no-reference", "--steps", "400", "--recovery", "job")
     _rank_pids(tmp_path, wait_for_step=25)  # past the first snapshot (every 20 steps)
     family = psutil.Process(demo.pid).children(recursive=True)
     holders = [p for p in family if "ft_runtime.ckpt" in " ".join(p.cmdline())]
@@ -236,7 +212,7 @@ def test_a_sigkilled_demo_leaves_no_rank_holder_or_segment(tmp_path) -> None:
     job = newest_run(tmp_path / "runs").name
     assert list(Path("/dev/shm").glob(f"eeckpt.{job}*"))  # the snapshots live there
     demo.kill()
-    demo.wait()
+    demo.communicate()
     _, alive = psutil.wait_procs(family, timeout=20)
     assert not alive, alive
     assert not list(Path("/dev/shm").glob(f"eeckpt.{job}*")), "segments left in /dev/shm"

@@ -4,17 +4,15 @@ replica mode."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from eagleeye.store import RunReader, newest_run
-from tests.eagleeye.test_clients_e2e import CLIENTS, REPO
+from tests.eagleeye.test_clients_e2e import CLIENTS, spawn_eagleeye
 from tests.eagleeye.test_clients_faults_e2e import _rank_pids
 from tests.workload_args import tiny_workload
 
@@ -24,15 +22,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 def _paused_run(
     tmp_path, *args: str, pause: str = "controller"
 ) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    job = subprocess.Popen(
-        [sys.executable, "-m", "eagleeye", "run", "--remediate", "--stream", "none"]
-        + ["--runs-dir", str(tmp_path / "runs"), *args],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": path},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    runs = str(tmp_path / "runs")
+    job = spawn_eagleeye(
+        tmp_path, "run", "--remediate", "--stream", "none", "--runs-dir", runs, *args
     )
     _rank_pids(tmp_path, wait_for_step=5)
     paused = psutil.Process(job.pid)
