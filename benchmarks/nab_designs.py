@@ -5,8 +5,9 @@ the record a candidate must beat). Without arguments, every variant is run on th
 corpus at the shipped setting and its standard-profile score is printed per category (a
 screen, not a held-out figure). With ``--loco VARIANT``, the leave-one-category-out
 protocol of detectors/eval/nab_loco.py is run with the variant as one more grid axis
-(off or on, chosen on the other five categories like every other constant), so a design
-is judged by held-out figures.
+(off or on, chosen on the other five categories like every other constant; the grid's
+predictor axis held at 0), so a design is judged by held-out figures. The predictor
+variants are the design RecordDetector's ``predictor`` now ships (chosen by the grid).
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
 """
@@ -30,8 +31,9 @@ from detectors.univariate import RecordDetector, SeriesResult, _robust_z, _seaso
 
 #: nab_loco's own detector_for (``loco`` replaces the module's with a variant's).
 SHIPPED_DETECTOR_FOR = nab_loco.detector_for
-#: The shipped setting of nab_loco.GRID (record, sustain_z, relaxed, quiet, season, warm-up).
-SHIPPED = (4.0, 3.0, 0.5, 4.0, 0.8, 0.25)
+#: The shipped setting of nab_loco.GRID (record, sustain_z, relaxed, quiet, season, warm-up,
+#: predictor): the variants are measured against the detector without a predictor.
+SHIPPED = (4.0, 3.0, 0.5, 4.0, 0.8, 0.25, 0.0)
 
 
 class Designed(RecordDetector):
@@ -184,8 +186,8 @@ CATEGORIES = (
 
 def factory(options: Mapping[str, Any]) -> Callable[[tuple[float, ...], int], RecordDetector]:
     def make(setting: tuple[float, ...], probation: int) -> RecordDetector:
-        base = SHIPPED_DETECTOR_FOR(setting[:6], probation)
-        on = len(setting) < 7 or setting[6] > 0
+        base = SHIPPED_DETECTOR_FOR(setting[:7], probation)
+        on = len(setting) < 8 or setting[7] > 0
         return Designed(base, **options) if on else Designed(base)
 
     return make
@@ -193,7 +195,8 @@ def factory(options: Mapping[str, Any]) -> Callable[[tuple[float, ...], int], Re
 
 def screen(root: Path) -> None:
     files = list(load_corpus(root))
-    print(f"{'variant':<18}" + "".join(f"{c[4:14]:>11}" for c in CATEGORIES) + "    all   FP")
+    short = [c.replace("artificial", "art").replace("real", "")[:10] for c in CATEGORIES]
+    print(f"{'variant':<18}" + "".join(f"{c:>11}" for c in short) + "    all   FP")
     for name, options in VARIANTS.items():
         make = factory(options)
         per: dict[str, list[FileScore]] = {c: [] for c in CATEGORIES}
@@ -208,12 +211,12 @@ def screen(root: Path) -> None:
 
 
 def loco(root: Path, name: str) -> None:
-    nab_loco.GRID = dict(nab_loco.GRID, variant=(0.0, 1.0))
+    nab_loco.GRID = dict(nab_loco.GRID, predictor=(0.0,), variant=(0.0, 1.0))
     nab_loco.detector_for = factory(VARIANTS[name])  # type: ignore[assignment]
     start = time.perf_counter()
     result = nab_loco.leave_one_out(root)
     for h in result.held:
-        on = "on" if h.setting[6] else "off"
+        on = "on" if h.setting[7] else "off"
         fp = h.false_positives
         print(f"{h.profile:<20}{h.category:<24}{h.score:8.2f}{h.htm:8.2f}{fp:5d} {on}")
     for p in PROFILES:
