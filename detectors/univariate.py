@@ -7,6 +7,9 @@ Scores each point causally (only past points) with the largest of three surprise
     not itself a surprise, and the median keeps one odd day from echoing a season later);
   * the same for the mean of the last ``smooth`` points (level shifts that no single
     point shows), damped by 0.7;
+  * with ``predictor`` k > 0, the same for a short-term predictor's error: the value less
+    the median of its last k values (a change against the recent level, which the
+    trailing baseline of ``window`` points takes long to follow);
   * novelty: how far the value leaves the range of everything seen so far.
 Scores are capped at ``ceiling`` (a robust z of 100 is as sure as any; without the cap a
 value leaving a still-narrow early range stands as a record no later event can beat). The
@@ -39,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from detectors._season import season_length
+from detectors.errors import DetectorError
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class RecordDetector:
         season_corr: the autocorrelation over the probation that makes a lag a season;
             above 1 never finds one.
         ceiling: the largest score.
+        predictor: points whose median predicts the next value; the robust z of the
+            prediction error joins the score. 0 (the default): no predictor.
 
     >>> x = np.sin(np.arange(600) / 5.0)
     >>> x[450] = 6.0
@@ -106,12 +112,16 @@ class RecordDetector:
         warmup: int | None = None,
         season_corr: float = 0.8,
         ceiling: float = 100.0,
+        predictor: int = 0,
     ) -> None:
         self.window, self.smooth, self.floor = window, smooth, floor
         self.record_window, self.suppress = record_window, suppress
         self.sustain, self.sustain_z = sustain, sustain_z
         self.quiet, self.relaxed, self.warmup = quiet, relaxed, warmup
         self.season_corr, self.ceiling = season_corr, ceiling
+        if predictor < 0:
+            raise DetectorError(f"predictor must be 0 (off) or a number of points, got {predictor}")
+        self.predictor = predictor
 
     def _history(self, probation: int) -> int:
         return self.record_window or 4 * max(probation, 50)
@@ -123,6 +133,9 @@ class RecordDetector:
         season = season_length(s.to_numpy()[:probation], self.season_corr)
         base = _seasonal_residual(s, season) if season else s
         point = _robust_z(base, window)
+        if self.predictor:
+            error = base - base.rolling(self.predictor, min_periods=1).median().shift(1)
+            point = pd.Series(np.maximum(point, _robust_z(error.fillna(0.0), window)))
         level = _robust_z(base.rolling(self.smooth, min_periods=1).mean(), window) * 0.7
         high, low = s.cummax().shift(1), s.cummin().shift(1)
         span = (high - low).replace(0.0, np.nan)

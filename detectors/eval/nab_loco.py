@@ -32,7 +32,8 @@ from detectors.univariate import RecordDetector
 
 #: The constants the protocol chooses, with the values tried (the shipped ones among
 #: them): record span and quiet spell in probations, sustained-trigger z, relaxed bar,
-#: season correlation (2.0: never a season), warm-up in probations.
+#: season correlation (2.0: never a season), warm-up in probations, short-term predictor
+#: length in points (0: none).
 GRID: Mapping[str, tuple[float, ...]] = {
     "record": (1.0, 2.0, 4.0),
     "sustain_z": (3.0, 4.5),
@@ -40,6 +41,7 @@ GRID: Mapping[str, tuple[float, ...]] = {
     "quiet": (2.0, 4.0),
     "season_corr": (0.6, 0.8, 2.0),
     "warmup": (0.0, 0.25),
+    "predictor": (0.0, 8.0, 32.0),
 }
 Setting = tuple[float, ...]
 
@@ -78,7 +80,7 @@ HTM: Mapping[str, Mapping[str, float]] = {
 
 def detector_for(setting: Setting, probation: int) -> RecordDetector:
     """The detector of a grid setting for a file of the given probation."""
-    record, sustain_z, relaxed, quiet, season_corr, warmup = setting
+    record, sustain_z, relaxed, quiet, season_corr, warmup, predictor = setting
     span = max(probation, 50)
     return RecordDetector(
         record_window=int(record * span),
@@ -87,6 +89,7 @@ def detector_for(setting: Setting, probation: int) -> RecordDetector:
         quiet=int(quiet * span),
         season_corr=season_corr,
         warmup=int(warmup * probation),
+        predictor=int(predictor),
     )
 
 

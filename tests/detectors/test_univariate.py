@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from detectors.errors import DetectorError
 from detectors.univariate import RecordDetector
 
 
@@ -61,3 +63,22 @@ def test_the_ceiling_keeps_an_early_excursion_from_masking_later_events() -> Non
     uncapped = RecordDetector(ceiling=np.inf).detect(x, probation=100)
     assert capped.flags[300]
     assert not uncapped.flags[300]
+
+
+def test_a_short_term_predictor_finds_a_step_the_long_baseline_hides() -> None:
+    # A slow swing of +-10 with little noise: the trailing baseline's spread is the swing,
+    # so a step of 3 is ordinary against it, but not against the last 8 points.
+    t = np.arange(3000)
+    x = 10.0 * np.sin(2 * np.pi * t / 700) + np.random.default_rng(21).normal(0.0, 0.1, len(t))
+    x[1800:] += 3.0
+    plain = RecordDetector(season_corr=2.0).detect(x, probation=300)
+    predicted = RecordDetector(season_corr=2.0, predictor=8).detect(x, probation=300)
+    assert not plain.flags.any()
+    assert np.flatnonzero(predicted.flags).tolist() == [1800]
+    part = RecordDetector(season_corr=2.0, predictor=8).detect(x[:1801], probation=300)
+    assert np.array_equal(part.flags, predicted.flags[:1801])
+
+
+def test_a_negative_predictor_length_is_refused() -> None:
+    with pytest.raises(DetectorError, match="predictor"):
+        RecordDetector(predictor=-1)

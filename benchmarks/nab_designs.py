@@ -1,0 +1,239 @@
+"""Design changes to the univariate NAB detector that were tried and rejected, measured.
+
+Each variant changes one part of ``RecordDetector`` (the score, the sustained trigger or
+the record a candidate must beat). Without arguments, every variant is run on the whole
+corpus at the shipped setting and its standard-profile score is printed per category (a
+screen, not a held-out figure). With ``--loco VARIANT``, the leave-one-category-out
+protocol of detectors/eval/nab_loco.py is run with the variant as one more grid axis
+(off or on, chosen on the other five categories like every other constant; the grid's
+predictor axis held at 0), so a design is judged by held-out figures. The predictor
+variants are the design RecordDetector's ``predictor`` now ships (chosen by the grid).
+
+Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from detectors._season import season_length
+from detectors.eval import nab_loco
+from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
+from detectors.eval.nab_corpus import load_corpus
+from detectors.univariate import RecordDetector, SeriesResult, _robust_z, _seasonal_residual
+
+#: nab_loco's own detector_for (``loco`` replaces the module's with a variant's).
+SHIPPED_DETECTOR_FOR = nab_loco.detector_for
+#: The shipped setting of nab_loco.GRID (record, sustain_z, relaxed, quiet, season, warm-up,
+#: predictor): the variants are measured against the detector without a predictor.
+SHIPPED = (4.0, 3.0, 0.5, 4.0, 0.8, 0.25, 0.0)
+
+
+class Designed(RecordDetector):
+    """RecordDetector with one of the tried design changes switched on.
+
+    Options: ``log_heavy`` (log1p of a non-negative series whose probation's 99th
+    percentile exceeds 3 times its median), ``predictor`` (k > 0: also the robust z of the
+    value less the median of its last k values, a short-term predictor's error),
+    ``mad_floor`` (the scale's floor as a fraction of the trailing range; shipped 0.02),
+    ``likelihood`` ("raw" or "log": the sustained trigger as Numenta's anomaly likelihood,
+    the mean of the last 10 scores against the mean and SD of the scores themselves, on
+    the scores or their log1p), ``bar`` ("record"; "tail": a threshold extrapolated from an
+    exponential tail fitted to the history's 90th to 99th percentiles, about one chance
+    exceedance per four record spans; "decay": a record whose old scores fade with a time
+    constant of half the record span), ``early_guard`` (a: the bar times (span / points
+    seen) ** a while the history is shorter than the span), ``remember`` (below 1: an
+    alarm's span keeps in the history at most the larger of the record it beat and
+    ``remember`` times its score).
+    """
+
+    def __init__(self, base: RecordDetector, **options: Any) -> None:
+        super().__init__()
+        self.__dict__.update(base.__dict__)
+        self.log_heavy = bool(options.get("log_heavy", False))
+        self.predictor = int(options.get("predictor", 0))
+        self.mad_floor = float(options.get("mad_floor", 0.02))
+        self.likelihood = options.get("likelihood")
+        self.bar = str(options.get("bar", "record"))
+        self.early_guard = float(options.get("early_guard", 0.0))
+        self.remember = float(options.get("remember", 1.0))
+
+    def _z(self, s: pd.Series, window: int) -> pd.Series:
+        if self.mad_floor == 0.02:
+            return _robust_z(s, window)
+        med = s.rolling(window, min_periods=20).median().shift(1)
+        mad = (s - med).abs().rolling(window, min_periods=20).median().shift(1)
+        roll = s.rolling(window, min_periods=20)
+        spread = (roll.max() - roll.min()).shift(1).fillna(0.0)
+        scale = np.maximum(1.4826 * mad, self.mad_floor * spread) + 1e-9
+        return ((s - med).abs() / scale).fillna(0.0)
+
+    def score(self, values: np.ndarray, probation: int) -> np.ndarray:
+        x = np.asarray(values, dtype=float)
+        head = x[:probation]
+        if self.log_heavy and len(head) and head.min() >= 0:
+            median = float(np.median(head))
+            if np.quantile(head, 0.99) > 3 * median:
+                x = np.log1p(np.maximum(x, 0.0) / max(median, 1e-9))
+        s = pd.Series(np.asarray(x, dtype=float))
+        window = self.window or max(probation, 50)
+        season = season_length(s.to_numpy()[:probation], self.season_corr)
+        base = _seasonal_residual(s, season) if season else s
+        point = self._z(base, window)
+        if self.predictor:
+            error = base - base.rolling(self.predictor, min_periods=1).median().shift(1)
+            point = pd.Series(np.maximum(point, self._z(error.fillna(0.0), window)))
+        level = self._z(base.rolling(self.smooth, min_periods=1).mean(), window) * 0.7
+        high, low = s.cummax().shift(1), s.cummin().shift(1)
+        span = (high - low).replace(0.0, np.nan)
+        beyond = pd.Series(np.maximum(s - high, low - s)) / span
+        novelty = 20.0 * beyond.clip(lower=0.0).fillna(0.0)
+        raw = np.array(
+            np.minimum(np.maximum(np.maximum(point, level), novelty), self.ceiling), dtype=float
+        )
+        raw[: self.warmup if self.warmup is not None else probation // 4] = 0.0
+        return raw
+
+    def sustained(self, raw: np.ndarray, probation: int) -> np.ndarray:
+        if self.likelihood is None:
+            return super().sustained(raw, probation)
+        r = pd.Series(np.log1p(raw) if self.likelihood == "log" else raw)
+        recent = r.rolling(10, min_periods=1).mean()
+        history = r.rolling(self._history(probation), min_periods=20)
+        mean, std = history.mean().shift(10), history.std().shift(10)
+        return np.asarray(((recent - mean) / (std + 1e-9)).fillna(0.0), dtype=float)
+
+    def _bars(self, raw: np.ndarray, probation: int) -> np.ndarray:
+        history = self._history(probation)
+        if self.bar == "tail":
+            h = pd.Series(raw).rolling(history, min_periods=20)
+            lo, hi = h.quantile(0.9).shift(1), h.quantile(0.99).shift(1)
+            beta = (hi - lo) / np.log(10.0)
+            bar = hi + beta * np.log(4.0 * 0.01 * history)
+            return np.asarray(bar.fillna(np.inf), dtype=float)
+        if self.bar == "decay":
+            keep = np.exp(-1.0 / (0.5 * history))
+            out = np.full(len(raw), np.inf)
+            best = -np.inf
+            for i in range(1, len(raw)):
+                best = max(raw[i - 1], best * keep)
+                out[i] = best
+            return out
+        record = pd.Series(raw).rolling(history, min_periods=1).max().shift(1)
+        return np.asarray(record.fillna(np.inf), dtype=float)
+
+    def detect(self, values: np.ndarray, probation: int) -> SeriesResult:
+        plain = self.bar == "record" and self.early_guard == 0.0 and self.remember == 1.0
+        if plain:
+            return super().detect(values, probation)
+        raw = self.score(values, probation)
+        lasting = self.sustained(raw, probation)
+        history = self._history(probation)
+        bars = self._bars(raw, probation)
+        remembered = raw.copy()
+        warm = self.warmup if self.warmup is not None else probation // 4
+        suppress = self.suppress if self.suppress is not None else max(probation // 4, 1)
+        quiet = self.quiet if self.quiet is not None else 4 * max(probation, 50)
+        flags = np.zeros(len(raw), dtype=bool)
+        last = -(10**9)
+        for i in np.flatnonzero(raw > self.floor):
+            if i < probation or i - last <= suppress:
+                continue
+            bar = bars[i]
+            if self.remember < 1.0:
+                bar = remembered[max(i - history, 0) : i].max() if i else np.inf
+            seen = max(min(int(i) - warm, history), 1)
+            bar *= (history / seen) ** self.early_guard
+            strong = raw[i] > bar or lasting[i] > self.sustain_z
+            if strong or (i - last > quiet and raw[i] > self.relaxed * bar):
+                flags[i] = True
+                last = int(i)
+                span = remembered[i : i + suppress + 1]
+                np.minimum(span, max(bar, self.remember * raw[i]), out=span)
+        return SeriesResult(np.zeros(len(raw)), flags)
+
+
+#: The variants tried, by name: each one's options for ``Designed``.
+VARIANTS: Mapping[str, Mapping[str, Any]] = {
+    "shipped": {},
+    "likelihood": {"likelihood": "raw"},
+    "likelihood_log": {"likelihood": "log"},
+    "log_heavy": {"log_heavy": True},
+    "predictor_8": {"predictor": 8},
+    "predictor_32": {"predictor": 32},
+    "tail_bar": {"bar": "tail"},
+    "decaying_record": {"bar": "decay"},
+    "early_guard": {"early_guard": 0.5},
+    "mad_floor_5pc": {"mad_floor": 0.05},
+    "remember_half": {"remember": 0.5},
+}
+CATEGORIES = (
+    "artificialNoAnomaly",
+    "artificialWithAnomaly",
+    "realAWSCloudwatch",
+    "realAdExchange",
+    "realTraffic",
+    "realTweets",
+)
+
+
+def factory(options: Mapping[str, Any]) -> Callable[[tuple[float, ...], int], RecordDetector]:
+    def make(setting: tuple[float, ...], probation: int) -> RecordDetector:
+        base = SHIPPED_DETECTOR_FOR(setting[:7], probation)
+        on = len(setting) < 8 or setting[7] > 0
+        return Designed(base, **options) if on else Designed(base)
+
+    return make
+
+
+def screen(root: Path) -> None:
+    files = list(load_corpus(root))
+    short = [c.replace("artificial", "art").replace("real", "")[:10] for c in CATEGORIES]
+    print(f"{'variant':<18}" + "".join(f"{c:>11}" for c in short) + "    all   FP")
+    for name, options in VARIANTS.items():
+        make = factory(options)
+        per: dict[str, list[FileScore]] = {c: [] for c in CATEGORIES}
+        for f in files:
+            probation = probation_length(len(f.values))
+            flags = make(SHIPPED, probation).detect(f.values, probation).flags
+            per[nab_loco.category(f.name)].append(score_file(flags, f.windows, STANDARD))
+        every = [s for scores in per.values() for s in scores]
+        cells = "".join(f"{nab_loco._score(per[c], STANDARD):11.2f}" for c in CATEGORIES)
+        total = nab_loco._score(every, STANDARD)
+        print(f"{name:<18}{cells}{total:7.2f}{sum(s.fp for s in every):5d}")
+
+
+def loco(root: Path, name: str) -> None:
+    nab_loco.GRID = dict(nab_loco.GRID, predictor=(0.0,), variant=(0.0, 1.0))
+    nab_loco.detector_for = factory(VARIANTS[name])  # type: ignore[assignment]
+    start = time.perf_counter()
+    result = nab_loco.leave_one_out(root)
+    for h in result.held:
+        on = "on" if h.setting[7] else "off"
+        fp = h.false_positives
+        print(f"{h.profile:<20}{h.category:<24}{h.score:8.2f}{h.htm:8.2f}{fp:5d} {on}")
+    for p in PROFILES:
+        print(f"{p.name:<20}mean {result.mean[p.name]:.2f}  pooled {result.pooled[p.name]:.2f}")
+    print(f"{time.perf_counter() - start:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("..") / "shared" / "data" / "nab")
+    parser.add_argument("--loco", choices=sorted(VARIANTS), default=None)
+    args = parser.parse_args()
+    if args.loco:
+        loco(args.root, args.loco)
+    else:
+        screen(args.root)
+
+
+if __name__ == "__main__":
+    main()
