@@ -18,10 +18,10 @@ from typing import Any
 
 from collector.aggregate import StepAggregator
 from collector.transport import TelemetryReceiver
-from collector.types import JOB, Frame, Sample
+from collector.types import JOB, Frame, Sample, Subject
 from detectors.base import Detector
 from detectors.progress import PROC_FEATURES, ProgressStall
-from detectors.types import Finding
+from detectors.types import Finding, Severity
 from eagleeye.failures import CrashLoop, RankFailure, rank_error
 from eagleeye.ingest import LaunchedAttempts, ingest_samples, lifecycle_frames
 from eagleeye.injector import OutsideInjector
@@ -31,7 +31,7 @@ from eagleeye.stacks import HangStacks, StackCapture
 from eagleeye.stopping import EVENT_LISTENING, request_checkpoint
 from eagleeye.store import RunStore
 from ft_runtime.supervisor import JobSupervisor
-from ft_runtime.types import LifecycleEvent, Phase
+from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 from remediation.remediator import Decision, Remediator
 
 log = logging.getLogger(__name__)
@@ -380,6 +380,8 @@ class Controller:
             self.on_update(event)
             if _first_failure(event):
                 self._failed(event)
+            elif _fenced_for_a_stall(event):
+                self._fencing_cause(event)
         frames = lifecycle_frames(events)
         # A new attempt of the whole job is a new baseline for the detectors.
         frames += [
@@ -394,6 +396,34 @@ class Controller:
             else f
             for f in frames
         ]
+
+    def _fencing_cause(self, event: LifecycleEvent) -> None:
+        """A replica the quorum dropped as hung: its cause (the hang, on the late ranks, with
+        the wait and the limit as evidence) is the finding, the fencing kill its action; the
+        killed ranks' exits that follow are its consequence."""
+        replica = int(event.subject.removeprefix("replica:"))
+        seen = event.detail.get("evidence") or {}
+        late = [int(r) for r in seen.get("late_ranks", [])]
+        waited, limit = float(seen.get("waited_s", 0.0)), float(seen.get("limit_s", 0.0))
+        evidence = {"fenced": 1.0, "waited_s": waited, "limit_s": limit}
+        evidence.update({f"late_rank_{rank}": 1.0 for rank in late})
+        steps = [self._last_step[r] for r in late if r in self._last_step]
+        finding = Finding(
+            "hang",
+            Subject(replica=replica, rank=late[0] if len(late) == 1 else None),
+            waited / limit if limit > 0 else 1.0,
+            Severity.CRITICAL,
+            event.time,
+            min(steps) if steps else None,
+            evidence,
+            "quorum_stall",
+        )
+        finding_id = self.store.add_finding(finding)
+        self.report.findings.append(finding)
+        self.on_update(finding)
+        action = Action(ActionKind.ISOLATE, event.subject, str(event.detail.get("reason", "")), "")
+        outcome = Outcome(action, OutcomeStatus.DONE, "fenced: its ranks were killed", event.time)
+        self.store.add_outcome(outcome, finding_id, dry_run=False, decided_at=event.time)
 
     def _failed(self, event: LifecycleEvent) -> None:
         """A rank failed first in its attempt: show what it said; stop a crash loop."""
@@ -424,6 +454,14 @@ class Controller:
             self.on_samples(samples)  # the exporter's final state counts the last steps too
             for finding in self._detect(frames + self._aggregate(frames), poll=False):
                 self._answer(finding)
+
+
+def _fenced_for_a_stall(event: LifecycleEvent) -> bool:
+    return (
+        event.phase is Phase.EXITED
+        and event.subject.startswith("replica:")
+        and str(event.detail.get("reason", "")).startswith("hung")
+    )
 
 
 def _first_failure(event: LifecycleEvent) -> bool:

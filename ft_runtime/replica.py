@@ -180,7 +180,13 @@ class ReplicaSupervisor(JobSupervisor):
                 continue  # running, only slow: a busy machine, not a hang (yet)
             if self._exiting(replica, looks):
                 continue  # dead, its exit not collected yet: the next poll names the cause
-            self.isolate(replica, "hung: never entered the exchange the others wait in")
+            self.isolate(
+                replica,
+                "hung: never entered the exchange the others wait in",
+                late_ranks=self._late_ranks(replica),
+                waited_s=self.quorum.waited_s,
+                limit_s=self.quorum.stall_limit() or 0.0,
+            )
         joined = self.quorum.poll_joins()
         if joined is not None:
             self._emit_membership(joined)
@@ -241,24 +247,25 @@ class ReplicaSupervisor(JobSupervisor):
             replica=replica,
         )
 
-    def _fail(self, replica: int, when: float, reason: str) -> None:
-        """Takes the replica out of the quorum and stops its other ranks."""
+    def _fail(self, replica: int, when: float, reason: str, **evidence: object) -> None:
+        """Takes the replica out of the quorum and stops its other ranks; ``evidence`` (of a
+        stall: the late ranks, how long the others waited, the limit) goes with the event."""
         self._failed_at[replica] = when
         self._lost.add(replica)
         membership = self.quorum.remove(replica, reason)
         if membership is not None:
             self._emit_membership(membership, removed=replica, reason=reason)
-        self._emit(f"replica:{replica}", Phase.EXITED, reason=reason)
+        self._emit(f"replica:{replica}", Phase.EXITED, reason=reason, evidence=evidence)
         for rank in self._replica_ranks(replica):
             _signal(rank.process, signal.SIGKILL)  # fencing: a dropped replica must not go on
 
-    def isolate(self, replica: int, reason: str) -> bool:
+    def isolate(self, replica: int, reason: str, **evidence: object) -> bool:
         """Drops a live replica (hung, or asked to): its ranks are killed; their exits follow."""
         if replica in self._failed_at or replica not in self.quorum.current.members:
             return False
         late = [r.spec.rank for r in self._replica_ranks(replica)]
         self._culprits.update(late)
-        self._fail(replica, self.clock(), reason)
+        self._fail(replica, self.clock(), reason, **evidence)
         return True
 
     def _check_finished(self) -> None:

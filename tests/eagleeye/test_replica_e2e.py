@@ -91,6 +91,15 @@ def test_a_stopped_rank_is_found_from_heartbeats_and_its_replica_restarted(tmp_p
     drops = [d for d in quorum["detail"] if d.get("removed") == 2]
     assert len(drops) == 1
     assert drops[0]["reason"].startswith("hung")
+    with RunReader(result.run_dir) as reader:
+        findings, actions = reader.findings(), reader.actions()
+    # the fencing kill's cause is the finding: a hang on the stopped rank, the kill its action
+    (hang,) = findings[findings["kind"] == "hang"].itertuples()
+    assert (hang.rank, hang.detector) == (2, "quorum_stall")
+    assert hang.evidence["late_rank_2"] == 1.0
+    assert hang.evidence["waited_s"] >= hang.evidence["limit_s"] > 0
+    fenced = actions[actions["finding_id"] == hang.id]
+    assert list(zip(fenced["kind"], fenced["status"], strict=True)) == [("isolate", "done")]
     stop = RunReader(result.run_dir).faults().iloc[0]
     drop_time = quorum[[d.get("removed") == 2 for d in quorum["detail"]]]["time"].iloc[0]
     # Detection delay in median step times (the pace before the stop), from the store: a
