@@ -12,6 +12,7 @@ import shlex
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from eagleeye.errors import EagleEyeError
 from eagleeye.gpus import NvmlFactory
 from eagleeye.injector import FaultFired, OutsideInjector
 from eagleeye.rank_output import RankOutput
+from eagleeye.rerun import StoredRun, layout_of, read_stored_run, target_of
 from eagleeye.runalerts import RunAlerts
 from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
@@ -37,6 +39,7 @@ from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run
 from ft_runtime.faults import ENV_INJECT, FaultSpec, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
+from ft_runtime.types import LifecycleEvent, Phase
 from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
 from remediation.remediator import Remediator
@@ -83,6 +86,7 @@ class JobConfig:
     resume_args: Sequence[str] = ()  # the script's own resume flags, added on restarts
     grace_period_s: float = 0.0  # on SIGTERM/SIGINT: checkpoint, then this long to exit
     stream_ranks: Collection[int] | None = ()  # ranks whose output is printed (None: all)
+    resume_dir: str | None = None  # go on with this run (eagleeye run --resume)
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERIES:
@@ -258,7 +262,8 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     refuse_replica_without_api(config)
     limits, fused = _detector_config(config)  # a bad config file fails before any launch
     policy = policy_for(config)
-    run_id = config.run_id or new_run_id()
+    stored = None if config.resume_dir is None else read_stored_run(config.resume_dir)
+    run_id = stored.run_id if stored is not None else config.run_id or new_run_id()
     with ExitStack() as cleanup:
         metrics = _metrics(config, run_id)  # a busy port fails here, before the run folder
         if metrics is not None:
@@ -266,6 +271,11 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
         alerts = _alerts(config, metrics)
         if alerts is not None:
             cleanup.callback(alerts.close)
+        if stored is not None:
+            return _run_in(
+                stored.run_dir, run_id, config, command, limits, fused, policy, on_update,
+                metrics, alerts, stored,
+            )  # fmt: skip
         run_dir = create_run_dir(config.runs_dir, run_id)
         try:
             return _run_in(
@@ -288,6 +298,7 @@ def _run_in(
     on_update: Callable[[object], None] | None,
     metrics: RunMetrics | None,
     alerts: RunAlerts | None,
+    stored: StoredRun | None = None,
 ) -> JobResult:
     store = RunStore(run_dir)
     telemetry_key = secrets.token_hex(32)  # ranks sign telemetry; unsigned is dropped
@@ -364,7 +375,9 @@ def _run_in(
         inbox=None if alerts is None else alerts.take,
     )
     supervisor.attempt_env = _resume_env(controller)
-    output = RankOutput(run_dir / "logs", config.stream_ranks)
+    if stored is not None:
+        _continue(stored, supervisor, controller, store)
+    output = RankOutput(run_dir / "logs", config.stream_ranks, skip_existing=stored is not None)
     show(RunStarted(run_dir, run_dir / "logs"))
     try:
         with (
@@ -427,6 +440,48 @@ def _script_sources(config: JobConfig) -> list[Path]:
     else:
         script = Path(config.script)
     return [script, *sorted(p for p in script.parent.glob("*.py") if p != script)]
+
+
+def _continue(
+    stored: StoredRun, supervisor: JobSupervisor, controller: Controller, store: RunStore
+) -> None:
+    """A resumed run starts as the attempt after its last, from the newest checkpoint its
+    ranks reported, with a fresh restart budget; the resumption is recorded."""
+    supervisor.attempt = stored.last_attempt
+    controller.checkpoints.note_all(stored.checkpoints)
+    reason = "resumed from the run's store (eagleeye run --resume)"
+    event = LifecycleEvent(
+        "job", Phase.RECOVERING, time.time(), stored.last_attempt, {"reason": reason}
+    )
+    store.add_event(event)
+
+
+def resumed_job_config(run_dir: str, **flags: Any) -> JobConfig:
+    """The configuration of the run in ``run_dir`` as its store holds it (faults are not
+    injected again); ``flags`` override fields (the console's ``stream_ranks``)."""
+    stored = read_stored_run(run_dir)
+    saved = stored.config
+    instrument = bool(saved.get("instrument", True))
+    script, script_args, module = target_of(list(saved["command"]), instrument)
+    fields: dict[str, Any] = {
+        "script": script,
+        "script_args": script_args,
+        "module": module,
+        "layout": layout_of(saved),
+        "min_replicas": int(saved.get("min_replicas", 1)),
+        "max_restarts": int(saved.get("max_restarts", 3)),
+        "recovery": str(saved.get("recovery", "job")),
+        "remediate": bool(saved.get("remediate", False)),
+        "policy": saved.get("policy_file"),
+        "snapshots": bool(saved.get("snapshots", False)),
+        "instrument": instrument,
+        "hang": dict(saved.get("hang") or {}),
+        "resume_args": list(saved.get("resume_args") or []),
+        "grace_period_s": float(saved.get("grace_period_s", 0.0)),
+        "runs_dir": str(stored.run_dir.parent),
+        "resume_dir": str(stored.run_dir),
+    }
+    return JobConfig(**{**fields, **flags})
 
 
 def _resume_env(controller: Controller) -> Callable[[int], dict[str, str]]:

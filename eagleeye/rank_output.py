@@ -44,15 +44,23 @@ class RankOutput:
         log_root: the run's ``logs`` folder.
         ranks: the ranks to show (None: all).
         out: where lines go (stdout by default).
+        skip_existing: start after what the logs already hold (a resumed run's earlier
+            attempts were shown by their own run).
     """
 
     def __init__(
-        self, log_root: Path, ranks: Collection[int] | None = None, out: TextIO | None = None
+        self,
+        log_root: Path,
+        ranks: Collection[int] | None = None,
+        out: TextIO | None = None,
+        skip_existing: bool = False,
     ) -> None:
         self.log_root = log_root
         self.ranks = None if ranks is None else frozenset(ranks)
         self.out = out or sys.stdout
         self._offsets: dict[Path, int] = {}
+        if skip_existing:
+            self._offsets = {p: p.stat().st_size for p in log_root.glob("*/rank-*.log")}
         self._partial: dict[Path, bytes] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True, name="rank-output")

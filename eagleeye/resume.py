@@ -29,8 +29,16 @@ class KnownCheckpoints:
             path, rank = sample.labels.get("path"), sample.labels.get("rank", "")
             if not path or not rank.isdigit() or not math.isfinite(sample.value):
                 continue
-            self._savers.add(int(rank))
-            self._paths.setdefault(int(sample.value), {})[int(rank)] = path
+            self.note(int(rank), int(sample.value), path)
+
+    def note(self, rank: int, step: int, path: str) -> None:
+        self._savers.add(rank)
+        self._paths.setdefault(step, {})[rank] = path
+
+    def note_all(self, saved: Iterable[tuple[int, int, str]]) -> None:
+        """Checkpoints known from elsewhere (a resumed run's store): (rank, step, path)."""
+        for rank, step, path in saved:
+            self.note(rank, step, path)
 
     def newest(self) -> str | None:
         """The path of the newest step every saving rank has reported, or None."""

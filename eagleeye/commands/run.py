@@ -22,7 +22,12 @@ def add_parser(sub: Any) -> None:
         ),
     )
     add_job_arguments(p)
-    p.add_argument("script", metavar="SCRIPT", help="training script (or module with -m)")
+    p.add_argument(
+        "script",
+        metavar="SCRIPT",
+        nargs="?",
+        help="training script (or module with -m); none with --resume",
+    )
     p.add_argument(
         "script_args",
         nargs=argparse.REMAINDER,
@@ -205,6 +210,13 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     g = p.add_argument_group("store")
     g.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="go on with the run in RUN_DIR (its controller died or it was stopped): the "
+        "same job from its store, as the next attempt, from its newest checkpoint",
+    )
+    g.add_argument(
         "--runs-dir", default="runs", help="directory holding one folder per run (default: ./runs)"
     )
     g.add_argument("--run-id", default=None, help="name of this run (default: generated)")
@@ -212,9 +224,19 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from eagleeye.console import LiveLog
-    from eagleeye.launch import job_config_from_args, run_job
+    from eagleeye.errors import EagleEyeError
+    from eagleeye.launch import job_config_from_args, resumed_job_config, run_job
 
-    config = job_config_from_args(args)
+    if args.resume is not None:
+        if args.script is not None:
+            raise EagleEyeError(
+                "--resume takes the script from the run's store; give RUN_DIR, not SCRIPT"
+            )
+        config = resumed_job_config(args.resume, stream_ranks=args.stream)
+    elif args.script is None:
+        raise EagleEyeError("give the SCRIPT to run (or --resume RUN_DIR)")
+    else:
+        config = job_config_from_args(args)
     live = LiveLog()
     result = run_job(config, on_update=live)
     stopped = result.report.stopped

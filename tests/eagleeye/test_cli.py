@@ -116,3 +116,18 @@ def test_an_unwritable_runs_dir_is_a_clear_error(tmp_path) -> None:
     assert "cannot create run folder" in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_resume_refuses_what_it_cannot_resume(tmp_path) -> None:
+    (tmp_path / "x.py").write_text("print('done')\n")
+    assert eagleeye("run", "--run-id", "r1", "x.py", cwd=tmp_path).returncode == 0
+    for args, message in [
+        (["run", "--resume", "runs/r1"], "the run succeeded; there is nothing to resume"),
+        (["run", "--resume", "nowhere"], "--resume nowhere: no run store (run.db) there"),
+        (["run", "--resume", "runs/r1", "x.py"], "--resume takes the script from the run's"),
+        (["run"], "give the SCRIPT to run (or --resume RUN_DIR)"),
+    ]:
+        result = eagleeye(*args, cwd=tmp_path)
+        assert result.returncode == 2, args
+        assert message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr

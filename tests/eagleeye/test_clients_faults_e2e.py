@@ -216,3 +216,47 @@ def test_a_sigkilled_demo_leaves_no_rank_holder_or_segment(tmp_path) -> None:
     _, alive = psutil.wait_procs(family, timeout=20)
     assert not alive, alive
     assert not list(Path("/dev/shm").glob(f"eeckpt.{job}*")), "segments left in /dev/shm"
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_controller_was_killed_is_resumed_from_its_store(tmp_path) -> None:
+    first = _start(
+        tmp_path,
+        *("--stream", "none", "--resume-args", "--init_from=resume"),
+        str(CLIENTS / "ddp_train.py"),
+        *("--max_iters", "100000", "--eval_interval", "10", "--out_dir", "out"),
+    )
+    pids = _rank_pids(tmp_path, wait_for_step=25)
+    first.kill()  # the controller dies; its ranks die with it
+    first.communicate()
+    psutil.wait_procs([psutil.Process(p) for p in pids if not _gone(p)], timeout=10)
+    assert all(_gone(pid) for pid in pids)
+    run = newest_run(tmp_path / "runs")
+    with RunReader(run) as reader:
+        before = len(reader.samples(names=["step_time"]))
+        assert "result" not in reader.meta()
+    resumed = spawn_eagleeye(tmp_path, "run", "--resume", str(run), "--stream", "0")
+    _wait_for_log(run / "logs" / "attempt-1" / "rank-0.log", "Resuming training from out")
+    resumed.send_signal(signal.SIGTERM)
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 128 + signal.SIGTERM, err[-2000:]
+    with RunReader(run) as reader:
+        events = reader.events()
+        assert len(reader.samples(names=["step_time"])) > before  # nothing lost, more added
+    jobs = events[events["subject"] == "job"]
+    resumed_at = jobs[jobs["phase"] == "recovering"]["detail"].iloc[-1]["reason"]
+    assert "resumed from the run's store" in resumed_at
+    launch = jobs[(jobs["phase"] == "launch") & (jobs["attempt"] == 1)]["detail"].iloc[0]
+    assert launch["resume_from"] == str(tmp_path / "out" / "ckpt.pt")
+    assert launch["resume_args"] == "--init_from=resume"
+    assert "[rank0]: Resuming training from out" in out
+    assert "[rank0]: iter 10:" not in out.split("Resuming")[0]  # earlier output not repeated
+
+
+def _wait_for_log(path: Path, text: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.is_file() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} never appeared in {path}")
