@@ -2,18 +2,23 @@
 
 A rank's error is read from torchrun's error file (``TORCHELASTIC_ERROR_FILE``, written by
 ``torch.distributed.elastic.multiprocessing.errors.record``) when the script wrote one,
-else from the last traceback in its log. A crash loop is the same failure (exit code,
-step and last error line) at the start of two attempts in a row: the job stops
-restarting and says why.
+else from the last traceback in its log. A crash loop is the same failure of the rank's
+own making (exit code, step and last error line) at the start of two attempts in a row:
+the job stops restarting and says why. A rank killed from outside never makes a loop.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 TAIL_BYTES = 64 * 1024
+EXTERNAL_SIGNALS = frozenset(
+    -s for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+)
+"""Exit codes of a rank ended from outside: the same one twice is no crash loop."""
 MAX_LINES = 40
 
 
@@ -64,6 +69,8 @@ class CrashLoop:
         """Notes the first failure of an attempt; returns why restarting is pointless when it
         repeats the previous attempt's, else None."""
         previous, self._last, self._attempt = self._last, failure, failure.attempt
+        if failure.exit_code in EXTERNAL_SIGNALS:
+            return None  # killed from outside (an operator, a scheduler, a fault): no loop
         if previous is None or previous.attempt != failure.attempt - 1:
             return None
         if not failure.same_as(previous):

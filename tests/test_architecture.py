@@ -41,7 +41,9 @@ RECORD_MODULES = {
         "eagleeye.goodput",  # the summary's ETTR: the dashboard shows the same figure
         "eagleeye.summary",  # the summary's throughput, likewise
     },
-    "detectors": {"collector.types", "collector.vocabulary"},
+    # the XID catalogue is data (frozen records) that the collector, the alert rules and
+    # the XID detector share, so that they agree on every code
+    "detectors": {"collector.types", "collector.vocabulary", "collector.xid"},
 }
 
 

@@ -137,6 +137,16 @@ def test_the_same_failure_in_two_attempts_in_a_row_is_a_crash_loop() -> None:
     assert "ValueError: boom" in reason
 
 
+def test_ranks_killed_from_outside_twice_at_the_same_step_are_no_crash_loop() -> None:
+    loop = CrashLoop()
+    for attempt in range(3):
+        killed = RankFailure(1, attempt, -signal.SIGKILL, 12, "", "x")
+        assert loop.note(killed) is None
+    crashed = [RankFailure(0, a, -signal.SIGSEGV, 12, "", "x") for a in (3, 4)]
+    assert loop.note(crashed[0]) is None
+    assert loop.note(crashed[1]) is not None  # a segfault of its own, twice: a loop
+
+
 @pytest.mark.parametrize(
     "second", [_failure(1, step=30), _failure(1, line="KeyError: 'x'"), _failure(2)]
 )

@@ -38,7 +38,7 @@ def test_a_killed_holder_is_restarted_and_saves_resume(tmp_path) -> None:
         assert not failed.ok
         wait_for(lambda: holders.restarts == 1, "the restart")
         wait_for(lambda: rank.save(state, 3).ok, "a save through the new holder")
-        assert holders.processes[0].proc is not first
+        wait_for(lambda: holders.processes[0].proc is not first, "the new process in place")
         restored = rank.load()
         assert restored is not None
         assert restored.step == 3
