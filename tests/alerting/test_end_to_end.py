@@ -33,6 +33,33 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("w"))
 
 
+def start_servers(
+    tmp_path: Path, alertmanager: str, am_port: int, prometheus: str, prom_port: int
+) -> list[tuple[subprocess.Popen[bytes], Path]]:
+    """Alertmanager and Prometheus on loopback, from am.yml and prom.yml in ``tmp_path``;
+    each with its log."""
+    am = start(
+        [
+            alertmanager,
+            f"--config.file={tmp_path / 'am.yml'}",
+            f"--storage.path={tmp_path / 'am-data'}",
+            f"--web.listen-address=127.0.0.1:{am_port}",
+            "--cluster.listen-address=",
+        ],
+        tmp_path / "am.log",
+    )
+    prom = start(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prom.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        tmp_path / "prom.log",
+    )
+    return [(am, tmp_path / "am.log"), (prom, tmp_path / "prom.log")]
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
@@ -99,26 +126,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[EagleEyeExporter, FakeRuntime, str]]
             }
         )
     )
-    am = start(
-        [
-            alertmanager,
-            f"--config.file={tmp_path / 'am.yml'}",
-            f"--storage.path={tmp_path / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{am_port}",
-            "--cluster.listen-address=",
-        ],
-        tmp_path / "am.log",
-    )
-    prom = start(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prom.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-        ],
-        tmp_path / "prom.log",
-    )
-    procs = [(am, tmp_path / "am.log"), (prom, tmp_path / "prom.log")]
+    procs = start_servers(tmp_path, alertmanager, am_port, prometheus, prom_port)
     client = PrometheusClient(f"http://127.0.0.1:{prom_port}", timeout=2)
     try:
         wait("alertmanager", lambda: http_ok(f"http://127.0.0.1:{am_port}/-/ready"), procs)

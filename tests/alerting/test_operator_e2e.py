@@ -37,7 +37,7 @@ from ft_runtime.layout import JobLayout
 from ft_runtime.ports import free_port
 from ft_runtime.types import LifecycleEvent, Phase
 from tests.alerting.conftest import ALERTMANAGER, PROMETHEUS, need
-from tests.alerting.test_end_to_end import http_ok, start, stop, wait
+from tests.alerting.test_end_to_end import http_ok, start_servers, stop, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 # Short windows, so that the test takes a minute: the old finding alert was a pulse as long
@@ -144,26 +144,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             }
         )
     )
-    am = start(
-        [
-            alertmanager,
-            f"--config.file={tmp_path / 'am.yml'}",
-            f"--storage.path={tmp_path / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{am_port}",
-            "--cluster.listen-address=",
-        ],
-        tmp_path / "am.log",
-    )
-    prom = start(
-        [
-            prometheus,
-            f"--config.file={tmp_path / 'prom.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-        ],
-        tmp_path / "prom.log",
-    )
-    procs = [(am, tmp_path / "am.log"), (prom, tmp_path / "prom.log")]
+    procs = start_servers(tmp_path, alertmanager, am_port, prometheus, prom_port)
     prom_url, am_url = f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{am_port}"
     try:
         wait("alertmanager", lambda: http_ok(f"{am_url}/-/ready"), procs)
