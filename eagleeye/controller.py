@@ -10,6 +10,7 @@ before remediation acts on it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -180,13 +181,7 @@ class Controller:
         while self.clock() < deadline and not self._listening <= saved:
             samples = self.receiver.receive(timeout_s=self.tick_s)
             ingest_samples(self.store, samples, self.launched.current)
-            saved |= {
-                int(s.labels["rank"])
-                for s in samples
-                if s.name == "event.checkpoint"
-                and s.time >= asked
-                and s.labels.get("rank", "").isdigit()
-            }
+            saved |= _ranks_sending(samples, "event.checkpoint", since=asked)
             self._lifecycle(self.supervisor.poll())
             if self.supervisor.alive() == 0:
                 break
@@ -260,11 +255,7 @@ class Controller:
         """What the controller itself takes from telemetry: checkpoints to resume from,
         loops that checkpoint on request, the steps at which faults fire."""
         self.checkpoints.observe(samples)
-        self._listening |= {
-            int(s.labels["rank"])
-            for s in samples
-            if s.name == EVENT_LISTENING and s.labels.get("rank", "").isdigit()
-        }
+        self._listening |= _ranks_sending(samples, EVENT_LISTENING)
         if self.injector is not None:
             self.injector.observe(samples, frames)
 
@@ -454,6 +445,15 @@ class Controller:
             self.on_samples(samples)  # the exporter's final state counts the last steps too
             for finding in self._detect(frames + self._aggregate(frames), poll=False):
                 self._answer(finding)
+
+
+def _ranks_sending(samples: list[Sample], name: str, since: float = -math.inf) -> set[int]:
+    """The ranks that sent a sample ``name`` at ``since`` or later."""
+    return {
+        int(s.labels["rank"])
+        for s in samples
+        if s.name == name and s.time >= since and s.labels.get("rank", "").isdigit()
+    }
 
 
 def _fenced_for_a_stall(event: LifecycleEvent) -> bool:
