@@ -2,21 +2,15 @@
 
 It runs in the controller and keeps its state in a ``TCPStore`` that the controller hosts,
 so the store outlives any rank. Ranks read it (``ft_runtime.ftar``); only the service
-writes the membership. Keys, all under ``q/``::
-
-    q/epoch              newest epoch number
-    q/<e>/members        JSON {"members": [...], "joining": [...]}: replicas of epoch e
-    q/<e>/broken         set when a member of e died or was isolated: abort e's collectives
-    q/<e>/start          step of e's first exchange (written by the source of a catch-up)
-    q/join/<r>           incarnation of replica r, written when its ranks are ready to join
-    hb/<rank>            "<step> <time>": the rank entered the exchange of that step
-    addr/<rank>          "<host>:<port>" of the rank's snapshot server
-    data/<r>/<b>         batch b of replica r was trained (exactly-once accounting)
+writes the membership. The keys and their messages are ``ft_runtime.replica.protocol``'s
+(docs/protocol.md lists them); every value read is decoded there before it is used.
 
 Membership changes at step boundaries: a failure breaks the current epoch (survivors abort
 and retry in the next one); a join is proposed in a new epoch that the members adopt at
 the next step boundary they agree on. A hung member is found from the heartbeats: the
 others have waited in the exchange for longer than the stall limit while it never entered.
+A heartbeat carries no time: the service notes when it first saw each one on its own clock,
+so a rank whose host clock is off is judged right.
 The limit follows the job's own pace and noise: ``stall_factor`` median step times, but
 never less than ``lateness_factor`` times the worst lateness seen among healthy members
 lately (how long the first rank to enter an exchange waited for the last one, measured
@@ -41,6 +35,23 @@ from datetime import timedelta
 
 from ft_runtime import _dist as dist
 from ft_runtime.membership import Membership, MembershipLog, QuorumRecord
+from ft_runtime.replica.protocol import (
+    KEY_EPOCH,
+    EpochBroken,
+    EpochPointer,
+    EpochStart,
+    Heartbeat,
+    JoinRequest,
+    ProtocolError,
+    decode,
+    encode,
+    encode_membership,
+    key_broken,
+    key_heartbeat,
+    key_join,
+    key_members,
+    key_start,
+)
 
 __all__ = [
     "ENV_QUORUM",
@@ -65,17 +76,8 @@ ENV_QUORUM = "EAGLEEYE_QUORUM"
 """``host:port`` of the quorum's TCPStore; set for ranks of a replica-recovery job."""
 
 
-def key_members(epoch: int) -> str:
-    return f"q/{epoch}/members"
-
-
-def key_broken(epoch: int) -> str:
-    return f"q/{epoch}/broken"
-
-
-def key_start(epoch: int) -> str:
-    return f"q/{epoch}/start"
-
+MAX_STEPS_BETWEEN_LOOKS = 8
+"""A rank seen this many steps further on since the last look still gives a step time."""
 
 LOOK_GAP_S = 1.0
 """Looks at the heartbeats this far apart mean the coordinator stood still (it looks at
@@ -127,7 +129,8 @@ class QuorumService:
         self.current = Membership(0, tuple(range(replicas)))
         self.history: list[Membership] = []
         self._step_times: deque[float] = deque(maxlen=64)
-        self._last_hb: dict[int, tuple[int, float]] = {}
+        self._last_hb: dict[int, tuple[int, float]] = {}  # rank -> (step, when it entered)
+        self._seen_hb: dict[int, tuple[int, int, float]] = {}  # rank -> (seq, step, seen at)
         self._arrivals: dict[int, dict[int, float]] = {}  # step -> rank -> when it entered
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)
         self.waited_s = 0.0  # how long the first rank in the newest exchange has waited
@@ -182,8 +185,8 @@ class QuorumService:
 
     def _announce(self, membership: Membership) -> None:
         assert self.store is not None
-        self.store.set(key_members(membership.epoch), membership.to_json())
-        self.store.set("q/epoch", str(membership.epoch))
+        self.store.set(key_members(membership.epoch), encode_membership(membership))
+        self.store.set(KEY_EPOCH, encode(EpochPointer(membership.epoch)))
 
     # ---- membership changes ------------------------------------------------------------------
     def remove(self, replica: int, reason: str) -> Membership | None:
@@ -193,10 +196,10 @@ class QuorumService:
         """
         if replica not in self.current.members or self.store is None:
             return None
-        self.store.set(key_broken(self.current.epoch), reason)
+        self.store.set(key_broken(self.current.epoch), encode(EpochBroken(reason[:200])))
         # A dropped replica is admitted again only as the incarnation restarted after this.
         self._incarnation.pop(replica, None)
-        self.store.delete_key(f"q/join/{replica}")
+        self.store.delete_key(key_join(replica))
         members = tuple(r for r in self.current.members if r != replica)
         joining = tuple(r for r in self.current.joining if r != replica)
         self._publish(Membership(self.current.epoch + 1, members, joining))
@@ -206,10 +209,10 @@ class QuorumService:
         """A full-job restart: the current epoch breaks and the next one holds every replica
         again, none joining (they all restore the same checkpoint)."""
         assert self.store is not None, "start() the quorum service first"
-        self.store.set(key_broken(self.current.epoch), reason)
+        self.store.set(key_broken(self.current.epoch), encode(EpochBroken(reason[:200])))
         self._incarnation.clear()
         for replica in range(self.replicas):
-            self.store.delete_key(f"q/join/{replica}")
+            self.store.delete_key(key_join(replica))
         self._step_times.clear()
         self._lateness.clear()
         self._arrivals.clear()
@@ -233,8 +236,8 @@ class QuorumService:
         for replica, incarnation in self._incarnation.items():
             if replica in self.current.members:
                 continue
-            key = f"q/join/{replica}"
-            if self.store.check([key]) and int(self.store.get(key)) == incarnation:
+            key = key_join(replica)
+            if self.store.check([key]) and _join(self.store.get(key)) == (replica, incarnation):
                 ready.append(replica)
         if not ready or not self.current.members:
             return None
@@ -246,8 +249,18 @@ class QuorumService:
     def settle_joins(self) -> None:
         """Joiners whose first exchange happened (``q/<e>/start`` set) count as healthy."""
         cur = self.current
-        if cur.joining and self.store is not None and self.store.check([key_start(cur.epoch)]):
+        if cur.joining and self.store is not None and self._started(cur.epoch):
             self.current = Membership(cur.epoch, cur.members, ())
+
+    def _started(self, epoch: int) -> bool:
+        assert self.store is not None
+        if not self.store.check([key_start(epoch)]):
+            return False
+        try:
+            decode(EpochStart, self.store.get(key_start(epoch)))
+        except ProtocolError:
+            return False
+        return True
 
     @property
     def degraded_below_min(self) -> bool:
@@ -320,16 +333,25 @@ class QuorumService:
             if r not in self.current.joining
             for i in range(self.replica_size)
         ]
-        keys = [f"hb/{rank}" for rank in ranks]
+        keys = [key_heartbeat(rank) for rank in ranks]
         if not self.store.check(keys):
             return {}
+        seen_at = self.clock()
         beats = {}
         for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True):
-            step_text, _, time_text = raw.decode().partition(" ")
-            beat = (int(step_text), float(time_text))
+            try:
+                heartbeat = decode(Heartbeat, raw)
+            except ProtocolError:
+                continue  # not a beat this service can judge by; the rank looks silent
+            seen = self._seen_hb.get(rank)
+            if seen is None or seen[0] != heartbeat.seq:  # new: it arrived by now, our clock
+                seen = (heartbeat.seq, heartbeat.step, seen_at)
+                self._seen_hb[rank] = seen
+            beat = (seen[1], seen[2])
             previous = self._last_hb.get(rank)
-            if previous is not None and beat[0] == previous[0] + 1:
-                self._step_times.append(beat[1] - previous[1])
+            if previous is not None and 0 < beat[0] - previous[0] <= MAX_STEPS_BETWEEN_LOOKS:
+                # steps faster than the looks: their mean over the steps seen to pass
+                self._step_times.append((beat[1] - previous[1]) / (beat[0] - previous[0]))
             self._last_hb[rank] = beat
             beats[rank] = beat
         self._note_arrivals(beats)
@@ -341,9 +363,19 @@ class QuorumService:
             return
         for rank in ranks:
             self._last_hb.pop(rank, None)
+            self._seen_hb.pop(rank, None)
             for arrived in self._arrivals.values():
                 arrived.pop(rank, None)
-            self.store.delete_key(f"hb/{rank}")
+            self.store.delete_key(key_heartbeat(rank))
 
     def close(self) -> None:
         self.store = None
+
+
+def _join(raw: bytes) -> tuple[int, int] | None:
+    """``(replica, incarnation)`` of a join request; None for a value that is not one."""
+    try:
+        request = decode(JoinRequest, raw)
+    except ProtocolError:
+        return None
+    return request.replica, request.incarnation

@@ -16,7 +16,6 @@ by one that resumes from its membership log (``restart_coordinator``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import queue
@@ -26,12 +25,26 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ft_runtime import procstat
-from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
 from ft_runtime.layout import RankSpec
 from ft_runtime.membership import Membership
 from ft_runtime.priority import process_thread_ids
 from ft_runtime.procstat import ProcSample
 from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService
+from ft_runtime.replica.protocol import (
+    KEY_COMMANDS,
+    Answer,
+    Command,
+    Failed,
+    ProtocolError,
+    Restored,
+    Saved,
+    Skipped,
+    decode_answer,
+    decode_counter,
+    encode,
+    key_answer,
+    key_command,
+)
 from ft_runtime.storehost import StoreHost
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec, _Rank, _signal
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -536,24 +549,27 @@ class ReplicaSupervisor(JobSupervisor):
         first carries it."""
         store = self.quorum.store
         assert store is not None, "start() the supervisor first"
-        command = Command(int(store.add(KEY_COMMANDS, 0)) + 1, kind, step, replicas, lr_factor)
-        store.set(key_command(command.number), command.to_json())
+        number = decode_counter(str(store.add(KEY_COMMANDS, 0))) + 1
+        command = Command(number, kind, step, replicas, lr_factor)
+        store.set(key_command(command.number), encode(command))
         store.add(KEY_COMMANDS, 1)
         return command
 
-    def await_answers(
-        self, command: Command, members: tuple[int, ...]
-    ) -> dict[int, dict[str, object]]:
-        """The members' answers to ``command``, as many as came within the timeout."""
+    def await_answers(self, command: Command, members: tuple[int, ...]) -> dict[int, Answer]:
+        """The members' answers to ``command``, as many as came within the timeout (a value
+        that is no valid answer counts as a failure of that replica)."""
         store = self.quorum.store
         assert store is not None
-        answers: dict[int, dict[str, object]] = {}
+        answers: dict[int, Answer] = {}
         deadline = time.monotonic() + self.command_timeout_s
         while len(answers) < len(members) and time.monotonic() < deadline:
             for replica in members:
                 key = key_answer(command.number, replica)
                 if replica not in answers and store.check([key]):
-                    answers[replica] = json.loads(store.get(key))
+                    try:
+                        answers[replica] = decode_answer(store.get(key))
+                    except ProtocolError as exc:
+                        answers[replica] = Failed(f"unreadable answer: {exc}")
             time.sleep(0.01)
         return answers
 
@@ -562,7 +578,7 @@ class ReplicaSupervisor(JobSupervisor):
         action: Action,
         command: Command,
         members: tuple[int, ...],
-        answers: dict[int, dict[str, object]],
+        answers: dict[int, Answer],
     ) -> Outcome:
         missing = sorted(set(members) - set(answers))
         if missing:
@@ -572,21 +588,21 @@ class ReplicaSupervisor(JobSupervisor):
                 f"{command.kind} #{command.number}: no answer from replicas {missing} "
                 f"within {self.command_timeout_s:.0f} s",
             )
-        errors = {r: a["error"] for r, a in answers.items() if "error" in a}
+        errors = {r: a.error for r, a in answers.items() if isinstance(a, Failed)}
         if errors:
             return self._outcome(action, OutcomeStatus.FAILED, f"{command.kind}: {errors}")
         if command.kind == "checkpoint":
-            saved = [(r, a) for r, a in answers.items() if int(str(a["saved"])) >= 0]
+            saved = [(r, a) for r, a in answers.items() if isinstance(a, Saved)]
             if not saved:
                 return self._outcome(action, OutcomeStatus.FAILED, "no replica saved")
             replica, answer = saved[0]
             return self._outcome(
                 action,
                 OutcomeStatus.DONE,
-                f"replica {replica} saved step {answer['saved']} to {answer['path']}",
+                f"replica {replica} saved step {answer.step} to {answer.path}",
             )
         if command.kind == "rollback":
-            restored = sorted({int(str(a["restored"])) for a in answers.values()})
+            restored = sorted({a.step for a in answers.values() if isinstance(a, Restored)})
             lowered = f", learning rate x{command.lr_factor:g}" if command.lr_factor != 1 else ""
             return self._outcome(
                 action,
@@ -594,7 +610,7 @@ class ReplicaSupervisor(JobSupervisor):
                 f"replicas {sorted(answers)} rolled back to the checkpoint of step {restored}"
                 + lowered,
             )
-        skipped = {r: a["skipped"] for r, a in answers.items() if int(str(a["skipped"])) >= 0}
+        skipped = {r: a.batch for r, a in answers.items() if isinstance(a, Skipped)}
         return self._outcome(action, OutcomeStatus.DONE, f"skipped batches {skipped}")
 
     def _replica_of(self, scope: str, name: str) -> int | None:
