@@ -36,6 +36,7 @@ from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
+from ft_runtime.base import Supervisor
 from ft_runtime.faults import ENV_INJECT, FaultSpec, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
@@ -216,7 +217,7 @@ def policy_for(config: JobConfig) -> Policy:
 
 def supervisor_for(
     config: JobConfig, launch: LaunchSpec, store: RunStore | None = None
-) -> JobSupervisor:
+) -> Supervisor:
     """The synchronous baseline, or replicas as the unit of failure. With a run store, the
     quorum coordinator records its memberships there and can restart from them."""
     if config.recovery != "replica":
@@ -443,7 +444,7 @@ def _script_sources(config: JobConfig) -> list[Path]:
 
 
 def _continue(
-    stored: StoredRun, supervisor: JobSupervisor, controller: Controller, store: RunStore
+    stored: StoredRun, supervisor: Supervisor, controller: Controller, store: RunStore
 ) -> None:
     """A resumed run starts as the attempt after its last, from the newest checkpoint its
     ranks reported, with a fresh restart budget; the resumption is recorded."""

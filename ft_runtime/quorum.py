@@ -9,7 +9,7 @@ writes the membership. Keys, all under ``q/``::
     q/<e>/broken         set when a member of e died or was isolated: abort e's collectives
     q/<e>/start          step of e's first exchange (written by the source of a catch-up)
     q/join/<r>           incarnation of replica r, written when its ranks are ready to join
-    hb/<rank>            "<step> <time>": the rank entered the exchange of that step
+    hb/<rank>            "<step> ...": the rank entered the exchange of that step
     addr/<rank>          "<host>:<port>" of the rank's snapshot server
     data/<r>/<b>         batch b of replica r was trained (exactly-once accounting)
 
@@ -17,6 +17,9 @@ Membership changes at step boundaries: a failure breaks the current epoch (survi
 and retry in the next one); a join is proposed in a new epoch that the members adopt at
 the next step boundary they agree on. A hung member is found from the heartbeats: the
 others have waited in the exchange for longer than the stall limit while it never entered.
+Every time here is the coordinator's own: it stamps a heartbeat when it first sees the
+rank's step change and never reads the time a rank wrote, so ranks on hosts whose clocks
+disagree with the controller's (by minutes) are judged right.
 The limit follows the job's own pace and noise: ``stall_factor`` median step times, but
 never less than ``lateness_factor`` times the worst lateness seen among healthy members
 lately (how long the first rank to enter an exchange waited for the last one, measured
@@ -37,6 +40,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from ft_runtime import _dist as dist
@@ -48,6 +52,7 @@ __all__ = [
     "MembershipLog",
     "QuorumRecord",
     "QuorumService",
+    "StallReport",
     "key_broken",
     "key_members",
     "key_start",
@@ -75,6 +80,19 @@ def key_broken(epoch: int) -> str:
 
 def key_start(epoch: int) -> str:
     return f"q/{epoch}/start"
+
+
+@dataclass(frozen=True, slots=True)
+class StallReport:
+    """One look at the heartbeats: the members found hung (none: no stall), the ranks
+    that never entered the exchange the others wait in, how long the first of those
+    waited (the coordinator's clock) and the limit it was judged by (None: no pace known
+    yet)."""
+
+    replicas: tuple[int, ...] = ()
+    late_ranks: tuple[int, ...] = ()
+    waited_s: float = 0.0
+    limit_s: float | None = None
 
 
 LOOK_GAP_S = 1.0
@@ -130,10 +148,8 @@ class QuorumService:
         self._last_hb: dict[int, tuple[int, float]] = {}
         self._arrivals: dict[int, dict[int, float]] = {}  # step -> rank -> when it entered
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)
-        self.waited_s = 0.0  # how long the first rank in the newest exchange has waited
         self._looked_at = 0.0  # the coordinator's last look at the heartbeats
         self._grace_until = 0.0  # no stall is judged before (after a gap in its looks)
-        self.late_ranks: list[int] = []  # the ranks that the last stall found missing
         self._incarnation: dict[int, int] = {}
         self.log = log
         self.store_address = store_address
@@ -258,24 +274,26 @@ class QuorumService:
         return tuple(r for r in self.current.members if r not in self.current.joining)
 
     # ---- heartbeats --------------------------------------------------------------------------
-    def stalled(self) -> list[int]:
+    def stalled(self) -> StallReport:
         """Members that never entered an exchange the others have waited in too long."""
         if self.store is None or len(self.current.members) < 2:
-            return []
+            return StallReport()
         looked = self.clock()
-        beats = self._heartbeats()
+        timed = not self._looked_at or looked - self._looked_at < LOOK_GAP_S
+        beats = self._heartbeats(looked, timed)
         now = self.clock()
         if self._after_gap(looked, now) or not beats:
-            return []
+            return StallReport()
         front = max(step for step, _ in beats.values())
         waiting = [t for step, t in beats.values() if step == front]
         limit = self.stall_limit()
-        self.waited_s = now - min(waiting)
-        if limit is None or self.waited_s < limit:
-            return []
-        self.late_ranks = sorted(rank for rank, (step, _) in beats.items() if step < front)
-        late = {rank // self.replica_size for rank in self.late_ranks}
-        return sorted(r for r in late if r in self.current.members)
+        waited_s = now - min(waiting)
+        if limit is None or waited_s < limit:
+            return StallReport((), (), waited_s, limit)
+        late_ranks = tuple(sorted(rank for rank, (step, _) in beats.items() if step < front))
+        late = {rank // self.replica_size for rank in late_ranks}
+        hung = tuple(sorted(r for r in late if r in self.current.members))
+        return StallReport(hung, late_ranks, waited_s, limit)
 
     def _after_gap(self, looked: float, now: float) -> bool:
         """Whether the coordinator itself stood still: its looks were ``LOOK_GAP_S`` or more
@@ -312,7 +330,10 @@ class QuorumService:
             elif not front - 8 <= step <= front:  # a beat overwritten unseen, or a rollback
                 del self._arrivals[step]
 
-    def _heartbeats(self) -> dict[int, tuple[int, float]]:
+    def _heartbeats(self, seen: float, timed: bool) -> dict[int, tuple[int, float]]:
+        """Each member rank's step and when this coordinator first saw it there (``seen``
+        for a step new since its last look). ``timed``: the last look was recent, so the
+        pace between the two looks is a sample of the step time."""
         assert self.store is not None
         ranks = [
             r * self.replica_size + i
@@ -325,11 +346,14 @@ class QuorumService:
             return {}
         beats = {}
         for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True):
-            step_text, _, time_text = raw.decode().partition(" ")
-            beat = (int(step_text), float(time_text))
+            step = int(raw.decode().split(" ", 1)[0])  # the rank's own clock is never read
             previous = self._last_hb.get(rank)
-            if previous is not None and beat[0] == previous[0] + 1:
-                self._step_times.append(beat[1] - previous[1])
+            if previous is not None and previous[0] == step:
+                beat = previous
+            else:
+                beat = (step, seen)
+                if timed and previous is not None and step > previous[0]:
+                    self._step_times.append((seen - previous[1]) / (step - previous[0]))
             self._last_hb[rank] = beat
             beats[rank] = beat
         self._note_arrivals(beats)
@@ -344,6 +368,21 @@ class QuorumService:
             for arrived in self._arrivals.values():
                 arrived.pop(rank, None)
             self.store.delete_key(f"hb/{rank}")
+
+    def successor(self, log: MembershipLog | None = None) -> QuorumService:
+        """A new coordinator with this one's settings that resumes from ``log`` (by default
+        this one's): its store address, newest epoch and expected joiners (start it)."""
+        return QuorumService(
+            self.replicas,
+            self.replica_size,
+            host=self.host,
+            min_replicas=self.min_replicas,
+            stall_factor=self.stall_factor,
+            stall_floor_s=self.stall_floor_s,
+            lateness_factor=self.lateness_factor,
+            clock=self.clock,
+            log=log or self.log,
+        )
 
     def close(self) -> None:
         self.store = None
