@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,7 +33,7 @@ from eagleeye.injector import OutsideInjector
 from eagleeye.procwatch import ProcessWatch
 from eagleeye.resume import KnownCheckpoints
 from eagleeye.stacks import HangStacks, StackCapture
-from eagleeye.stopping import EVENT_LISTENING, request_checkpoint
+from eagleeye.stopping import EVENT_LISTENING, request_checkpoint, request_step
 from eagleeye.store import RunStore
 from ft_runtime.base import Supervisor
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -122,6 +124,7 @@ class Controller:
         self.clock = clock
         self.report = ControllerReport()
         self._last_step: dict[int, int] = {}
+        self._step_times: deque[float] = deque(maxlen=64)  # the newest, of any rank
         self.aggregator = StepAggregator()
         self.launched = LaunchedAttempts()
         self.procs = ProcessWatch()
@@ -176,18 +179,23 @@ class Controller:
         self._lifecycle(self.supervisor.poll())
 
     def _await_checkpoints(self, request: StopRequest, deadline: float) -> None:
-        """Asks the listening loops for a checkpoint and waits until each has saved one."""
+        """Asks the listening loops for a checkpoint and waits until each has saved one;
+        when every rank listens, until they have left their loops and ended, as a loop that
+        saves on request does (the signal then finds nothing to stop)."""
         assert self.run_dir is not None
         asked = self.clock()
-        request_checkpoint(self.run_dir, request.cause)
+        newest = max(self._last_step.values(), default=None)
+        step_time = statistics.median(self._step_times) if self._step_times else None
+        request_checkpoint(self.run_dir, request.cause, request_step(newest, step_time))
         saved: set[int] = set()
-        while self.clock() < deadline and not self._listening <= saved:
+        everyone_listens = self._listening >= set(self.supervisor.pids())
+        while self.clock() < deadline and self.supervisor.alive() > 0:
+            if self._listening <= saved and not everyone_listens:
+                break  # the others are stopped by the signal; the listeners saved
             samples = self.receiver.receive(timeout_s=self.tick_s)
             ingest_samples(self.store, samples, self.launched.current)
             saved |= _ranks_sending(samples, "event.checkpoint", since=asked)
             self._lifecycle(self.supervisor.poll())
-            if self.supervisor.alive() == 0:
-                break
 
     def tick(self) -> None:
         """One pass of the loop. An exception in any stage is recorded as an event (once
@@ -277,6 +285,8 @@ class Controller:
         for frame in frames:
             if frame.step is not None and frame.subject.rank is not None:
                 self._last_step[frame.subject.rank] = frame.step
+                if "step_time" in frame.values:
+                    self._step_times.append(frame.values["step_time"])
         findings: list[Finding] = []
         for detector in self.detectors:
             found: list[Finding] = []

@@ -2,24 +2,15 @@
 
 It runs in the controller and keeps its state in a ``TCPStore`` that the controller hosts,
 so the store outlives any rank. Ranks read it (``ft_runtime.ftar``); only the service
-writes the membership. Keys, all under ``q/``::
-
-    q/epoch              newest epoch number
-    q/<e>/members        JSON {"members": [...], "joining": [...]}: replicas of epoch e
-    q/<e>/broken         set when a member of e died or was isolated: abort e's collectives
-    q/<e>/start          step of e's first exchange (written by the source of a catch-up)
-    q/join/<r>           incarnation of replica r, written when its ranks are ready to join
-    hb/<rank>            "<step> ...": the rank entered the exchange of that step
-    addr/<rank>          "<host>:<port>" of the rank's snapshot server
-    data/<r>/<b>         batch b of replica r was trained (exactly-once accounting)
+writes the membership. The keys and their messages are ``ft_runtime.replica.protocol``'s
+(docs/protocol.md lists them); every value read is decoded there before it is used.
 
 Membership changes at step boundaries: a failure breaks the current epoch (survivors abort
 and retry in the next one); a join is proposed in a new epoch that the members adopt at
 the next step boundary they agree on. A hung member is found from the heartbeats: the
 others have waited in the exchange for longer than the stall limit while it never entered.
-Every time here is the coordinator's own: it stamps a heartbeat when it first sees the
-rank's step change and never reads the time a rank wrote, so ranks on hosts whose clocks
-disagree with the controller's (by minutes) are judged right.
+A heartbeat carries no time: the service notes when it first saw each one on its own clock,
+so a rank whose host clock is off is judged right.
 The limit follows the job's own pace and noise: ``stall_factor`` median step times, but
 never less than ``lateness_factor`` times the worst lateness seen among healthy members
 lately (how long the first rank to enter an exchange waited for the last one, measured
@@ -45,6 +36,23 @@ from datetime import timedelta
 
 from ft_runtime import _dist as dist
 from ft_runtime.membership import Membership, MembershipLog, QuorumRecord
+from ft_runtime.replica.protocol import (
+    KEY_EPOCH,
+    EpochBroken,
+    EpochPointer,
+    EpochStart,
+    Heartbeat,
+    JoinRequest,
+    ProtocolError,
+    decode,
+    encode,
+    encode_membership,
+    key_broken,
+    key_heartbeat,
+    key_join,
+    key_members,
+    key_start,
+)
 
 __all__ = [
     "ENV_QUORUM",
@@ -70,16 +78,8 @@ ENV_QUORUM = "EAGLEEYE_QUORUM"
 """``host:port`` of the quorum's TCPStore; set for ranks of a replica-recovery job."""
 
 
-def key_members(epoch: int) -> str:
-    return f"q/{epoch}/members"
-
-
-def key_broken(epoch: int) -> str:
-    return f"q/{epoch}/broken"
-
-
-def key_start(epoch: int) -> str:
-    return f"q/{epoch}/start"
+MAX_STEPS_BETWEEN_LOOKS = 8
+"""A rank seen this many steps further on since the last look still gives a step time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,8 @@ class QuorumService:
         self.current = Membership(0, tuple(range(replicas)))
         self.history: list[Membership] = []
         self._step_times: deque[float] = deque(maxlen=64)
-        self._last_hb: dict[int, tuple[int, float]] = {}
+        self._last_hb: dict[int, tuple[int, float]] = {}  # rank -> (step, when it entered)
+        self._seen_hb: dict[int, tuple[int, int, float]] = {}  # rank -> (seq, step, seen at)
         self._arrivals: dict[int, dict[int, float]] = {}  # step -> rank -> when it entered
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)
         self._looked_at = 0.0  # the coordinator's last look at the heartbeats
@@ -198,8 +199,8 @@ class QuorumService:
 
     def _announce(self, membership: Membership) -> None:
         assert self.store is not None
-        self.store.set(key_members(membership.epoch), membership.to_json())
-        self.store.set("q/epoch", str(membership.epoch))
+        self.store.set(key_members(membership.epoch), encode_membership(membership))
+        self.store.set(KEY_EPOCH, encode(EpochPointer(membership.epoch)))
 
     # ---- membership changes ------------------------------------------------------------------
     def remove(self, replica: int, reason: str) -> Membership | None:
@@ -209,10 +210,10 @@ class QuorumService:
         """
         if replica not in self.current.members or self.store is None:
             return None
-        self.store.set(key_broken(self.current.epoch), reason)
+        self.store.set(key_broken(self.current.epoch), encode(EpochBroken(reason[:200])))
         # A dropped replica is admitted again only as the incarnation restarted after this.
         self._incarnation.pop(replica, None)
-        self.store.delete_key(f"q/join/{replica}")
+        self.store.delete_key(key_join(replica))
         members = tuple(r for r in self.current.members if r != replica)
         joining = tuple(r for r in self.current.joining if r != replica)
         self._publish(Membership(self.current.epoch + 1, members, joining))
@@ -222,10 +223,10 @@ class QuorumService:
         """A full-job restart: the current epoch breaks and the next one holds every replica
         again, none joining (they all restore the same checkpoint)."""
         assert self.store is not None, "start() the quorum service first"
-        self.store.set(key_broken(self.current.epoch), reason)
+        self.store.set(key_broken(self.current.epoch), encode(EpochBroken(reason[:200])))
         self._incarnation.clear()
         for replica in range(self.replicas):
-            self.store.delete_key(f"q/join/{replica}")
+            self.store.delete_key(key_join(replica))
         self._step_times.clear()
         self._lateness.clear()
         self._arrivals.clear()
@@ -249,8 +250,8 @@ class QuorumService:
         for replica, incarnation in self._incarnation.items():
             if replica in self.current.members:
                 continue
-            key = f"q/join/{replica}"
-            if self.store.check([key]) and int(self.store.get(key)) == incarnation:
+            key = key_join(replica)
+            if self.store.check([key]) and _join(self.store.get(key)) == (replica, incarnation):
                 ready.append(replica)
         if not ready or not self.current.members:
             return None
@@ -262,8 +263,18 @@ class QuorumService:
     def settle_joins(self) -> None:
         """Joiners whose first exchange happened (``q/<e>/start`` set) count as healthy."""
         cur = self.current
-        if cur.joining and self.store is not None and self.store.check([key_start(cur.epoch)]):
+        if cur.joining and self.store is not None and self._started(cur.epoch):
             self.current = Membership(cur.epoch, cur.members, ())
+
+    def _started(self, epoch: int) -> bool:
+        assert self.store is not None
+        if not self.store.check([key_start(epoch)]):
+            return False
+        try:
+            decode(EpochStart, self.store.get(key_start(epoch)))
+        except ProtocolError:
+            return False
+        return True
 
     @property
     def degraded_below_min(self) -> bool:
@@ -275,12 +286,12 @@ class QuorumService:
 
     # ---- heartbeats --------------------------------------------------------------------------
     def stalled(self) -> StallReport:
-        """Members that never entered an exchange the others have waited in too long."""
+        """Members that never entered an exchange the others have waited in too long, with
+        the evidence: the late ranks, how long the others waited, the limit."""
         if self.store is None or len(self.current.members) < 2:
             return StallReport()
         looked = self.clock()
-        timed = not self._looked_at or looked - self._looked_at < LOOK_GAP_S
-        beats = self._heartbeats(looked, timed)
+        beats = self._heartbeats()
         now = self.clock()
         if self._after_gap(looked, now) or not beats:
             return StallReport()
@@ -330,10 +341,7 @@ class QuorumService:
             elif not front - 8 <= step <= front:  # a beat overwritten unseen, or a rollback
                 del self._arrivals[step]
 
-    def _heartbeats(self, seen: float, timed: bool) -> dict[int, tuple[int, float]]:
-        """Each member rank's step and when this coordinator first saw it there (``seen``
-        for a step new since its last look). ``timed``: the last look was recent, so the
-        pace between the two looks is a sample of the step time."""
+    def _heartbeats(self) -> dict[int, tuple[int, float]]:
         assert self.store is not None
         ranks = [
             r * self.replica_size + i
@@ -341,19 +349,25 @@ class QuorumService:
             if r not in self.current.joining
             for i in range(self.replica_size)
         ]
-        keys = [f"hb/{rank}" for rank in ranks]
+        keys = [key_heartbeat(rank) for rank in ranks]
         if not self.store.check(keys):
             return {}
+        seen_at = self.clock()
         beats = {}
         for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True):
-            step = int(raw.decode().split(" ", 1)[0])  # the rank's own clock is never read
+            try:
+                heartbeat = decode(Heartbeat, raw)
+            except ProtocolError:
+                continue  # not a beat this service can judge by; the rank looks silent
+            seen = self._seen_hb.get(rank)
+            if seen is None or seen[0] != heartbeat.seq:  # new: it arrived by now, our clock
+                seen = (heartbeat.seq, heartbeat.step, seen_at)
+                self._seen_hb[rank] = seen
+            beat = (seen[1], seen[2])
             previous = self._last_hb.get(rank)
-            if previous is not None and previous[0] == step:
-                beat = previous
-            else:
-                beat = (step, seen)
-                if timed and previous is not None and step > previous[0]:
-                    self._step_times.append((seen - previous[1]) / (step - previous[0]))
+            if previous is not None and 0 < beat[0] - previous[0] <= MAX_STEPS_BETWEEN_LOOKS:
+                # steps faster than the looks: their mean over the steps seen to pass
+                self._step_times.append((beat[1] - previous[1]) / (beat[0] - previous[0]))
             self._last_hb[rank] = beat
             beats[rank] = beat
         self._note_arrivals(beats)
@@ -365,9 +379,10 @@ class QuorumService:
             return
         for rank in ranks:
             self._last_hb.pop(rank, None)
+            self._seen_hb.pop(rank, None)
             for arrived in self._arrivals.values():
                 arrived.pop(rank, None)
-            self.store.delete_key(f"hb/{rank}")
+            self.store.delete_key(key_heartbeat(rank))
 
     def successor(self, log: MembershipLog | None = None) -> QuorumService:
         """A new coordinator with this one's settings that resumes from ``log`` (by default
@@ -386,3 +401,12 @@ class QuorumService:
 
     def close(self) -> None:
         self.store = None
+
+
+def _join(raw: bytes) -> tuple[int, int] | None:
+    """``(replica, incarnation)`` of a join request; None for a value that is not one."""
+    try:
+        request = decode(JoinRequest, raw)
+    except ProtocolError:
+        return None
+    return request.replica, request.incarnation

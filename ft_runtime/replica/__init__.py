@@ -2,15 +2,28 @@
 
 ``supervisor`` restarts one failed replica while the others keep training; ``state`` is
 its record of each replica; ``inflight`` carries control commands to the ranks without
-blocking, and ``answers`` parses what the ranks answer. The rank side of the protocol
-lives beside it in this package.
+blocking the controller; ``protocol`` names every key of the quorum's store and the
+messages under them (no torch needed). The rank side of the protocol lives beside them in
+this package. Names are imported lazily, so that ``ft_runtime.replica.protocol`` loads
+without torch.
 """
 
 from __future__ import annotations
 
-from ft_runtime.priority import restore_priority
-from ft_runtime.replica.answers import Answer, parse_answer
-from ft_runtime.replica.state import ReplicaState
-from ft_runtime.replica.supervisor import ReplicaSupervisor
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Answer", "ReplicaState", "ReplicaSupervisor", "parse_answer", "restore_priority"]
+from ft_runtime.priority import restore_priority
+from ft_runtime.replica.state import ReplicaState
+
+if TYPE_CHECKING:
+    from ft_runtime.replica.supervisor import ReplicaSupervisor
+
+__all__ = ["ReplicaState", "ReplicaSupervisor", "restore_priority"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ReplicaSupervisor":
+        from ft_runtime.replica import supervisor
+
+        return supervisor.ReplicaSupervisor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

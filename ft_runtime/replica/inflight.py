@@ -9,13 +9,24 @@ are named. The controller's tick never waits on a rank.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
-from ft_runtime.replica.answers import Answer, parse_answer
+from ft_runtime.replica.protocol import (
+    KEY_COMMANDS,
+    Answer,
+    Command,
+    Failed,
+    ProtocolError,
+    decode_answer,
+    decode_counter,
+    encode,
+    key_answer,
+    key_command,
+)
 from ft_runtime.types import Action
 
 
@@ -83,8 +94,9 @@ class InFlight:
     ) -> Command:
         """Writes the next command; every member runs it after the step whose exchange
         first carries it, and the members named here owe an answer."""
-        command = Command(int(store.add(KEY_COMMANDS, 0)) + 1, kind, step, replicas, lr_factor)
-        store.set(key_command(command.number), command.to_json())
+        number = decode_counter(str(store.add(KEY_COMMANDS, 0))) + 1
+        command = Command(number, kind, step, replicas, lr_factor)
+        store.set(key_command(command.number), encode(command))
         store.add(KEY_COMMANDS, 1)
         now = self.timer()
         self._flights.append(_Flight(action, command, members, now, now + self.timeout_s))
@@ -100,7 +112,7 @@ class InFlight:
                 for replica in flight.owed:
                     key = key_answer(flight.command.number, replica)
                     if replica not in flight.answers and store.check([key]):
-                        flight.answers[replica] = parse_answer(replica, store.get(key))
+                        flight.answers[replica] = read_answer(store.get(key))
             silent = [r for r in flight.owed if r not in flight.answers]
             left = tuple(r for r in silent if r not in members)
             missing = tuple(r for r in silent if r in members)
@@ -120,3 +132,17 @@ class InFlight:
                 )
             )
         return over
+
+
+def read_answer(raw: bytes) -> Answer:
+    """The typed answer a replica wrote; a value that is no valid answer is that replica's
+    failure (one bad answer must not take the controller down)."""
+    try:
+        return decode_answer(raw)
+    except ProtocolError as exc:
+        return Failed(f"unreadable answer: {exc}")
+
+
+def answer_json(answer: Answer) -> dict[str, Any]:
+    """An answer as structured data: its kind and its fields."""
+    return {"kind": answer.KIND, **dataclasses.asdict(answer)}

@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ft_runtime import procstat
-from ft_runtime.commands import CHECKPOINT, ROLLBACK
 from ft_runtime.launcher import Launcher, LocalLauncher
 from ft_runtime.layout import RankSpec
 from ft_runtime.membership import Membership
 from ft_runtime.procstat import ProcSample
 from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService, StallReport
-from ft_runtime.replica.answers import FAILED, SAVED
-from ft_runtime.replica.inflight import Finished, InFlight
+from ft_runtime.replica.inflight import Finished, InFlight, answer_json
+from ft_runtime.replica.protocol import CHECKPOINT, ROLLBACK, Failed, Restored, Saved, Skipped
 from ft_runtime.replica.state import ReplicaState
 from ft_runtime.storehost import StoreHost
 from ft_runtime.supervisor import LaunchSpec
@@ -610,7 +609,7 @@ class ReplicaSupervisor:
         data: dict[str, object] = {
             "command": command.number,
             "kind": command.kind,
-            "answers": {str(r): a.to_json() for r, a in sorted(over.answers.items())},
+            "answers": {str(r): answer_json(a) for r, a in sorted(over.answers.items())},
             "missing": list(over.missing),
             "left": list(over.left),
             "waited_s": round(over.waited_s, 3),
@@ -624,7 +623,7 @@ class ReplicaSupervisor:
                 f"within {self.command_timeout_s:.0f} s",
                 **data,
             )
-        errors = {r: a.error for r, a in over.answers.items() if a.kind == FAILED}
+        errors = {r: a.error for r, a in over.answers.items() if isinstance(a, Failed)}
         if errors:
             return self._outcome(action, OutcomeStatus.FAILED, f"{command.kind}: {errors}", **data)
         if not over.answers:
@@ -633,20 +632,20 @@ class ReplicaSupervisor:
                 action, OutcomeStatus.FAILED, f"{name}: replicas {left} left the quorum", **data
             )
         if command.kind == CHECKPOINT:
-            saved = [a for _, a in sorted(over.answers.items()) if a.kind == SAVED and a.step >= 0]
+            saved = [(r, a) for r, a in sorted(over.answers.items()) if isinstance(a, Saved)]
             if not saved:
                 return self._outcome(action, OutcomeStatus.FAILED, "no replica saved", **data)
-            first = saved[0]
+            replica, first = saved[0]
             return self._outcome(
                 action,
                 OutcomeStatus.DONE,
-                f"replica {first.replica} saved step {first.step} to {first.path}",
+                f"replica {replica} saved step {first.step} to {first.path}",
                 step=first.step,
                 path=first.path,
                 **data,
             )
         if command.kind == ROLLBACK:
-            restored = sorted({a.step for a in over.answers.values()})
+            restored = sorted({a.step for a in over.answers.values() if isinstance(a, Restored)})
             lowered = f", learning rate x{command.lr_factor:g}" if command.lr_factor != 1 else ""
             return self._outcome(
                 action,
@@ -656,7 +655,7 @@ class ReplicaSupervisor:
                 restored=restored,
                 **data,
             )
-        skipped = {r: a.step for r, a in sorted(over.answers.items()) if a.step >= 0}
+        skipped = {r: a.batch for r, a in sorted(over.answers.items()) if isinstance(a, Skipped)}
         return self._outcome(action, OutcomeStatus.DONE, f"skipped batches {skipped}", **data)
 
     def _replica_of(self, scope: str, name: str) -> int | None:

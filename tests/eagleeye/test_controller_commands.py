@@ -5,7 +5,6 @@ finding. Replicas are fake (a fake launcher); the quorum store and the run store
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,10 +14,10 @@ from collector.types import JOB
 from detectors.types import Finding, Severity
 from eagleeye.controller import Controller
 from eagleeye.store import RunReader, RunStore
-from ft_runtime.commands import key_answer
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
+from ft_runtime.replica.protocol import Answer, Refused, Saved, encode, key_answer
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.testing import FakeLauncher
 from ft_runtime.types import OutcomeStatus
@@ -60,9 +59,9 @@ class Rig:
         found, self.findings = self.findings, []
         return found
 
-    def answer(self, replica: int, **body: object) -> None:
+    def answer(self, replica: int, body: Answer) -> None:
         assert self.sup.quorum.store is not None
-        self.sup.quorum.store.set(key_answer(1, replica), json.dumps(body))
+        self.sup.quorum.store.set(key_answer(1, replica), encode(body))
 
     def actions(self) -> list[tuple[str, str, int]]:
         self.store.flush()
@@ -92,8 +91,8 @@ def test_the_tick_goes_on_while_a_checkpoint_is_in_flight(rig) -> None:
         rig.controller.tick()
     assert rig.sup.pending() == 1
     assert rig.remediator.running() == 1
-    rig.answer(0, saved=12, path="/ckpt/12")
-    rig.answer(1, saved=-1, path="")
+    rig.answer(0, Saved(12, "/ckpt/12"))
+    rig.answer(1, Refused("not the source"))
     rig.controller.tick()
     assert rig.actions() == [("pending", key, finding), ("done", key, finding)]
     final = rig.controller.report.decisions[-1]
@@ -104,7 +103,7 @@ def test_the_tick_goes_on_while_a_checkpoint_is_in_flight(rig) -> None:
 
 def test_a_command_nobody_answers_is_recorded_failed_at_its_deadline(rig) -> None:
     rig.controller.tick()
-    rig.answer(0, saved=12, path="/ckpt/12")
+    rig.answer(0, Saved(12, "/ckpt/12"))
     rig.timer.now = 29.0
     rig.controller.tick()
     assert [row[0] for row in rig.actions()] == ["pending"]

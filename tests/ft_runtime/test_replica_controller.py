@@ -4,16 +4,26 @@ fails the command at its deadline, stalls come as reports, replica state is one 
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 
 import pytest
 
-from ft_runtime.commands import key_answer
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService, StallReport
 from ft_runtime.replica import ReplicaState, ReplicaSupervisor
+from ft_runtime.replica.protocol import (
+    Answer,
+    Failed,
+    Heartbeat,
+    Refused,
+    Restored,
+    Saved,
+    Skipped,
+    encode,
+    key_answer,
+    key_heartbeat,
+)
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.testing import FakeLauncher
 from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
@@ -56,10 +66,10 @@ def made(tmp_path, clock):
     sup.stop_all()
 
 
-def answer(sup: ReplicaSupervisor, number: int, replica: int, **body: object) -> None:
+def answer(sup: ReplicaSupervisor, number: int, replica: int, body: Answer) -> None:
     """What rank 0 of ``replica`` writes (on the service's own connection: in order)."""
     assert sup.quorum.store is not None
-    sup.quorum.store.set(key_answer(number, replica), json.dumps(body))
+    sup.quorum.store.set(key_answer(number, replica), encode(body))
 
 
 def checkpoint(key: str = "c1") -> Action:
@@ -86,11 +96,11 @@ def test_a_command_is_pending_until_every_replica_answered(made) -> None:
     assert sent.data["replicas"] == [0, 1]
     sup.poll()
     assert sup.outcomes() == []  # nobody answered: the poll returned without waiting
-    answer(sup, 1, 0, saved=40, path="/ckpt/40")
+    answer(sup, 1, 0, Saved(40, "/ckpt/40"))
     sup.poll()
     assert sup.outcomes() == []
     assert sup.pending() == 1
-    answer(sup, 1, 1, saved=-1, path="")
+    answer(sup, 1, 1, Refused("not the epoch's source: it saves"))
     events = sup.poll()
     (done,) = sup.outcomes()
     assert done.status is OutcomeStatus.DONE
@@ -99,7 +109,7 @@ def test_a_command_is_pending_until_every_replica_answered(made) -> None:
     assert (done.data["step"], done.data["path"]) == (40, "/ckpt/40")
     assert done.data["answers"] == {
         "0": {"kind": "saved", "step": 40, "path": "/ckpt/40"},
-        "1": {"kind": "saved", "step": -1},
+        "1": {"kind": "refused", "reason": "not the epoch's source: it saves"},
     }
     recorded = [e for e in events if e.subject == "command:1"]
     assert recorded[0].phase is Phase.SUCCEEDED
@@ -110,7 +120,7 @@ def test_a_command_is_pending_until_every_replica_answered(made) -> None:
 def test_a_replica_that_never_answers_fails_the_command_after_the_deadline(made) -> None:
     sup, _, timer = made
     sup.execute(Action(ActionKind.ROLLBACK, "step:30", "bad stretch", "r1"))
-    answer(sup, 1, 0, restored=20)
+    answer(sup, 1, 0, Restored(20, 35, 1.0))
     timer.now = 29.9
     sup.poll()
     assert sup.outcomes() == []
@@ -120,7 +130,8 @@ def test_a_replica_that_never_answers_fails_the_command_after_the_deadline(made)
     assert failed.status is OutcomeStatus.FAILED
     assert failed.detail == "rollback #1: no answer from replicas [1] within 30 s"
     assert failed.data["missing"] == [1]
-    assert failed.data["answers"] == {"0": {"kind": "restored", "step": 20}}
+    restored = {"kind": "restored", "step": 20, "from_step": 35, "lr_factor": 1.0}
+    assert failed.data["answers"] == {"0": restored}
 
 
 def test_a_replica_dropped_while_a_command_is_in_flight_owes_no_answer(made) -> None:
@@ -128,7 +139,7 @@ def test_a_replica_dropped_while_a_command_is_in_flight_owes_no_answer(made) -> 
     sup.execute(Action(ActionKind.SKIP_BATCH, "job", "loss spike", "s1"))
     launcher.exit(1, 3)  # replica 1's rank dies: the quorum drops it
     sup.poll()
-    answer(sup, 1, 0, skipped=17)
+    answer(sup, 1, 0, Skipped(17))
     sup.poll()
     (done,) = sup.outcomes()
     assert done.status is OutcomeStatus.DONE, done.detail
@@ -139,21 +150,21 @@ def test_a_replica_dropped_while_a_command_is_in_flight_owes_no_answer(made) -> 
 def test_an_error_or_a_malformed_answer_fails_the_command(made) -> None:
     sup, _, _ = made
     sup.execute(Action(ActionKind.ROLLBACK, "job", "spike", "r1"))
-    answer(sup, 1, 0, error="no checkpoint at or before 2")
+    answer(sup, 1, 0, Failed("no checkpoint at or before 2"))
     assert sup.quorum.store is not None
     sup.quorum.store.set(key_answer(1, 1), "not json")
     sup.poll()
     (failed,) = sup.outcomes()
     assert failed.status is OutcomeStatus.FAILED
     assert "no checkpoint at or before 2" in failed.detail
-    assert failed.data["answers"]["1"]["error"] == "malformed answer: not json"
+    assert failed.data["answers"]["1"]["error"].startswith("unreadable answer:")
 
 
 def beat(sup: ReplicaSupervisor, step: int, ranks: range | tuple[int, ...]) -> None:
-    """Heartbeats whose own time is a day off: the coordinator never reads it."""
+    """What a rank writes as it enters the exchange of ``step`` (its seq: one per step)."""
     assert sup.quorum.store is not None
     for rank in ranks:
-        sup.quorum.store.set(f"hb/{rank}", f"{step} {86400.0 * 365}")
+        sup.quorum.store.set(key_heartbeat(rank), encode(Heartbeat(step + 1, step)))
 
 
 def steady(sup: ReplicaSupervisor, clock: VirtualClock, steps: int = 5) -> None:
