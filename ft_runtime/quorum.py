@@ -36,6 +36,7 @@ from datetime import timedelta
 
 from ft_runtime import _dist as dist
 from ft_runtime.membership import Membership, MembershipLog, QuorumRecord
+from ft_runtime.replica import config
 from ft_runtime.replica.protocol import (
     KEY_EPOCH,
     EpochBroken,
@@ -66,9 +67,11 @@ __all__ = [
     "key_start",
 ]
 
-STALL_FACTOR = 1.0
-STALL_FLOOR_S = 0.05
-LATENESS_FACTOR = 2.0
+STALL_FACTOR, STALL_FLOOR_S, LATENESS_FACTOR = (
+    config.STALL_FACTOR,
+    config.STALL_FLOOR_S,
+    config.LATENESS_FACTOR,
+)
 LATENESS_WINDOW = 64
 """Steps whose lateness the noise guard remembers."""
 FIRST_TIMED_STEP = 2

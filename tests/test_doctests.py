@@ -42,6 +42,7 @@ MODULES = [
     "ft_runtime.membership",
     "ft_runtime.replica.protocol",
     "ft_runtime.replica.state",
+    "ft_runtime.replica.config",
     "ft_runtime.ckpt._shm",
     "ft_runtime.ckpt.config",
 ]

@@ -34,6 +34,7 @@ from ft_runtime.layout import RankSpec
 from ft_runtime.membership import Membership
 from ft_runtime.procstat import ProcSample
 from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService, StallReport
+from ft_runtime.replica import config
 from ft_runtime.replica.inflight import Finished, InFlight, answer_json
 from ft_runtime.replica.protocol import CHECKPOINT, ROLLBACK, Failed, Restored, Saved, Skipped
 from ft_runtime.replica.state import ReplicaState
@@ -86,12 +87,12 @@ class ReplicaSupervisor:
         self,
         launch: LaunchSpec,
         quorum: QuorumService,
-        max_restarts: int = 3,
+        max_restarts: int = config.MAX_RESTARTS,
         clock: Callable[[], float] = time.time,
-        max_job_restarts: int = 1,
-        command_timeout_s: float = 30.0,
-        joiner_nice: int = 10,
-        straggler_factor: float = 5.0,
+        max_job_restarts: int = config.MAX_JOB_RESTARTS,
+        command_timeout_s: float = config.COMMAND_TIMEOUT_S,
+        joiner_nice: int = config.JOINER_NICE,
+        straggler_factor: float = config.STRAGGLER_FACTOR,
         launcher: Launcher | None = None,
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
