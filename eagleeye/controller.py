@@ -160,6 +160,7 @@ class Controller:
                 self.tick()
             if self._stop is not None and not self.supervisor.finished:
                 self._stop_job(self._stop)
+            self._finish_actions()  # commands the job's end cut short: their final outcomes
             self._drain_telemetry(grace_s=0.5)
             self._flush_detectors()
         finally:

@@ -630,7 +630,10 @@ class ReplicaSupervisor:
         if not over.answers:
             left = list(over.left)
             return self._outcome(
-                action, OutcomeStatus.FAILED, f"{name}: replicas {left} left the quorum", **data
+                action,
+                OutcomeStatus.FAILED,
+                f"{name}: replicas {left} left the quorum or ended before answering",
+                **data,
             )
         if command.kind == CHECKPOINT:
             saved = [(r, a) for r, a in sorted(over.answers.items()) if isinstance(a, Saved)]

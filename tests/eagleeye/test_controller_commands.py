@@ -33,11 +33,12 @@ ladder = [{ do = ["checkpoint:job"] }]
 
 
 class Rig:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, start: bool = True) -> None:
         launch = LaunchSpec(["train.py"], JobLayout(2, 1, 2), "t", str(tmp_path / "logs"))
         self.timer = Timer()
+        self.launcher = FakeLauncher()
         self.sup = ReplicaSupervisor(
-            launch, QuorumService(2, 1), launcher=FakeLauncher(), timer=self.timer
+            launch, QuorumService(2, 1), launcher=self.launcher, timer=self.timer
         )
         self.receiver = TelemetryReceiver()
         self.run_dir = tmp_path
@@ -53,7 +54,8 @@ class Rig:
             tick_s=0.001,
             inbox=self._inbox,
         )
-        self.sup.start()
+        if start:
+            self.sup.start()
 
     def _inbox(self) -> list[Finding]:
         found, self.findings = self.findings, []
@@ -119,3 +121,28 @@ def test_a_command_nobody_answers_is_recorded_failed_at_its_deadline(rig) -> Non
     command = events[events["subject"] == "command:1"].iloc[0]
     assert command["phase"] == "failed"
     assert command["detail"]["missing"] == [1]
+
+
+def test_a_command_the_job_end_cut_short_gets_its_final_outcome_recorded(tmp_path) -> None:
+    rig = Rig(tmp_path, start=False)
+    ticks = 0
+
+    def inbox() -> list[Finding]:
+        nonlocal ticks
+        ticks += 1
+        if ticks == 3:  # both replicas finish training before they answered
+            rig.launcher.exit(0, 0)
+            rig.launcher.exit(1, 0)
+        return rig._inbox()
+
+    rig.controller.inbox = inbox
+    try:
+        report = rig.controller.run()
+        assert report.succeeded
+        assert [row[0] for row in rig.actions()] == ["pending", "failed"]
+        final = report.decisions[-1].outcome
+        assert final.detail == (
+            "checkpoint #1: replicas [0, 1] left the quorum or ended before answering"
+        )
+    finally:
+        rig.close()
