@@ -220,3 +220,22 @@ def test_a_restart_relaunches_one_replica_as_its_next_incarnation(made) -> None:
     assert sup.replicas[1] == ReplicaState(1, 1, Phase.PRE_CHECK)
     assert launcher.started[-1][:2] == (1, 1)
     assert 1 in launcher.stopped  # the old process was ended first
+
+
+def test_the_job_supervisor_runs_on_the_same_launcher(tmp_path, clock) -> None:
+    from ft_runtime.supervisor import JobSupervisor
+
+    launcher = FakeLauncher(clock)
+    launch = LaunchSpec(["train.py"], JobLayout(2, 1, 2), "t", str(tmp_path))
+    sup = JobSupervisor(launch, max_restarts=1, clock=clock, launcher=launcher)
+    sup.start()
+    launcher.exit(1, 3)
+    events = sup.poll()
+    assert [(e.subject, e.detail["exit_code"]) for e in events if e.phase is Phase.EXITED] == [
+        ("rank:1", 3)
+    ]
+    outcome = sup.execute(Action(ActionKind.RESTART, "job", "rank 1 exited", "k"))
+    assert outcome.status is OutcomeStatus.DONE
+    assert sorted(launcher.stopped) == [0, 1]  # every rank of attempt 0 was stopped first
+    assert [(rank, gen) for rank, gen, _ in launcher.started] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert sup.outcomes() == []  # nothing is ever pending here
