@@ -3,8 +3,10 @@
 One thread drives it, ``tick_s`` at a time: drain telemetry (stored, turned into frames),
 poll the supervisor (exits, launches), look at the rank processes (/proc), run the
 detectors, hand findings to remediation, which acts through the runtime, and record every
-finding, decision and event. A hang's finding is stored with every rank's stacks, captured
-before remediation acts on it.
+finding, decision and event. No stage waits on a rank: an action that takes longer than a
+tick (a command every replica answers) is recorded as pending, and its final outcome is
+recorded, for the same finding, in the tick that sees it end. A hang's finding is stored
+with every rank's stacks, captured before remediation acts on it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from eagleeye.resume import KnownCheckpoints
 from eagleeye.stacks import HangStacks, StackCapture
 from eagleeye.stopping import EVENT_LISTENING, request_checkpoint, request_step
 from eagleeye.store import RunStore
-from ft_runtime.supervisor import JobSupervisor
+from ft_runtime.base import Supervisor
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 from remediation.remediator import Decision, Remediator
 
@@ -95,7 +97,7 @@ class Controller:
 
     def __init__(
         self,
-        supervisor: JobSupervisor,
+        supervisor: Supervisor,
         receiver: TelemetryReceiver,
         store: RunStore,
         detectors: Sequence[Detector],
@@ -141,6 +143,7 @@ class Controller:
         self._listening: set[int] = set()  # ranks whose loop checkpoints when asked
         self._tick_errors: dict[str, int] = {}
         self._rejected = 0
+        self._under_way: dict[str, int | None] = {}  # action key -> its finding's id
 
     def request_stop(self, request: StopRequest) -> None:
         """Asks the loop to stop the job (safe from a signal handler); a second request
@@ -157,6 +160,7 @@ class Controller:
                 self.tick()
             if self._stop is not None and not self.supervisor.finished:
                 self._stop_job(self._stop)
+            self._finish_actions()  # commands the job's end cut short: their final outcomes
             self._drain_telemetry(grace_s=0.5)
             self._flush_detectors()
         finally:
@@ -233,6 +237,7 @@ class Controller:
         if self.injector is not None:
             self.injector.poll(self.clock())
         frames += self._lifecycle(self.supervisor.poll())
+        self._finish_actions()
         frames += self._aggregate(frames)
         looks = self._unheld(self.procs.frames(self.clock()))
         frames += looks
@@ -320,11 +325,23 @@ class Controller:
         if finding.kind == "hang" and self.stacks is not None:
             self._capture_stacks(finding, finding_id, self.stacks)
         for decision in self.remediator.handle(finding):
-            self.store.add_outcome(
-                decision.outcome, finding_id, decision.dry_run, decision.decided_at
-            )
-            self.report.decisions.append(decision)
-            self.on_update(decision)
+            if not decision.outcome.final:
+                self._under_way[decision.action.key] = finding_id
+            self._record_decision(decision, finding_id)
+
+    def _record_decision(self, decision: Decision, finding_id: int | None) -> None:
+        self.store.add_outcome(decision.outcome, finding_id, decision.dry_run, decision.decided_at)
+        self.report.decisions.append(decision)
+        self.on_update(decision)
+
+    def _finish_actions(self) -> None:
+        """Actions that were under way and ended: their final outcomes, recorded for the
+        finding that caused them (a second row of the same action)."""
+        for outcome in self.supervisor.outcomes():
+            finding_id = self._under_way.pop(outcome.action.key, None)
+            decision = self.remediator.complete(outcome)
+            if decision is not None:
+                self._record_decision(decision, finding_id)
 
     def _step_in(self, rank: int) -> int | None:
         """The step a rank is in: the one after the last it reported."""
