@@ -86,9 +86,7 @@ def alert_to_finding(alert: Mapping[str, Any]) -> Finding | None:
     if alert.get("status", "firing") != "firing":
         return None
     labels = alert.get("labels", {})
-    if not isinstance(labels, Mapping) or not all(
-        isinstance(v, str) for v in labels.values()
-    ):
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
         raise ValueError("an alert's labels must be an object of strings")
     kind = labels.get("kind")
     if not kind:
