@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -158,6 +159,9 @@ class ReplicaSupervisor(JobSupervisor):
     # ---- watching ----------------------------------------------------------------------
     def poll(self) -> list[LifecycleEvent]:
         """Collects exits, drops dead and hung replicas from the quorum, admits joiners."""
+        if self.phase is Phase.RUNNING and self.store_host and not self.store_host.alive:
+            self._store_lost()  # before the exits it caused, whose handling needs the store
+            return self._take_events()
         while True:
             try:
                 rank_id, attempt, code, when = self._exits.get_nowait()
@@ -172,6 +176,9 @@ class ReplicaSupervisor(JobSupervisor):
         try:
             stalled = self.quorum.stalled()
         except RuntimeError as exc:  # the coordinator lost its store connection
+            if self._store_gone():
+                self._store_lost()  # a new coordinator would wait out its connect timeout
+                return self._take_events()
             self.restart_coordinator(f"coordinator failed: {exc}")
             stalled = []
         looks = self._look_at_ranks()
@@ -196,6 +203,32 @@ class ReplicaSupervisor(JobSupervisor):
         self.quorum.settle_joins()
         self._check_finished()
         return self._take_events()
+
+    def _store_gone(self, wait_s: float = 1.0) -> bool:
+        """Whether the store process has ended (waiting a moment: a connection it dropped
+        as it died can be seen before its exit)."""
+        if self.store_host is None or self.store_host.process is None:
+            return False
+        try:
+            self.store_host.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _store_lost(self) -> None:
+        """The quorum's store process ended: no rank can reach the quorum or its peers, and a
+        new coordinator would wait on the dead address for its whole connect timeout. The
+        job fails at once with that cause; its ranks are stopped."""
+        assert self.store_host is not None
+        assert self.store_host.process is not None
+        code = self.store_host.process.returncode
+        for rank in self._ranks.values():
+            if not rank.exit_collected:
+                rank.expected_stop = True
+                _signal(rank.process, signal.SIGKILL)
+        self.phase = Phase.FAILED
+        reason = f"the quorum's store process exited with {code}: every rank lost its store"
+        self._emit("job", Phase.FAILED, reason=reason)
 
     def _look_at_ranks(self) -> Looks:
         """Each live rank's previous and current look (state, CPU time) from /proc."""
