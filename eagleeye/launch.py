@@ -239,7 +239,8 @@ def supervisor_for(
         stall_factor=config.stall_factor,
         stall_floor_s=config.stall_floor_s,
         lateness_factor=config.lateness_factor,
-        log=None if store is None else StoreMembershipLog(store),
+        # a resumed run starts a new quorum: the store its records name is gone
+        log=None if store is None else StoreMembershipLog(store, fresh=bool(config.resume_dir)),
     )
     return ReplicaSupervisor(
         launch,

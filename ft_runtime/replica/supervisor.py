@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -198,6 +199,9 @@ class ReplicaSupervisor:
     def poll(self) -> list[LifecycleEvent]:
         """Collects exits, drops dead and hung replicas from the quorum, admits joiners,
         and collects the answers to commands in flight. Never waits on a rank."""
+        if self.phase is Phase.RUNNING and self.store_host and not self.store_host.alive:
+            self._store_lost()  # before the exits it caused, whose handling needs the store
+            return self._take_events()
         for ended in self.launcher.exits():
             rank = self._ranks.get(ended.rank)
             if rank is None or ended.generation != rank.incarnation:
@@ -208,6 +212,9 @@ class ReplicaSupervisor:
         try:
             report = self.quorum.stalled()
         except RuntimeError as exc:  # the coordinator lost its store connection
+            if self._store_gone():
+                self._store_lost()  # a new coordinator would wait out its connect timeout
+                return self._take_events()
             self.restart_coordinator(f"coordinator failed: {exc}")
             report = StallReport()
         looks = self._look_at_ranks()
@@ -233,6 +240,32 @@ class ReplicaSupervisor:
         self._collect_answers()
         self._check_finished()
         return self._take_events()
+
+    def _store_gone(self, wait_s: float = 1.0) -> bool:
+        """Whether the store process has ended (waiting a moment: a connection it dropped
+        as it died can be seen before its exit)."""
+        if self.store_host is None or self.store_host.process is None:
+            return False
+        try:
+            self.store_host.process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _store_lost(self) -> None:
+        """The quorum's store process ended: no rank can reach the quorum or its peers, and a
+        new coordinator would wait on the dead address for its whole connect timeout. The
+        job fails at once with that cause; its ranks are stopped."""
+        assert self.store_host is not None
+        assert self.store_host.process is not None
+        code = self.store_host.process.returncode
+        for rank in self._ranks.values():
+            if not rank.exit_collected:
+                rank.expected_stop = True
+                self.launcher.signal(rank.spec.rank, signal.SIGKILL)
+        self.phase = Phase.FAILED
+        reason = f"the quorum's store process exited with {code}: every rank lost its store"
+        self._emit("job", Phase.FAILED, reason=reason)
 
     def _look_at_ranks(self) -> Looks:
         """Each live rank's previous and current look (state, CPU time), by the launcher."""
