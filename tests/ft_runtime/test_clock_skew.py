@@ -26,8 +26,10 @@ FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SKEW = "-15m"
 # Rank 1 re-executes itself under libfaketime (same pid: the supervisor still owns it).
 # Each rank beats as it enters step s, then waits until the other entered s: an exchange.
+# It sleeps with select(): libfaketime, leaving the monotonic clock true, makes time.sleep
+# (an absolute monotonic deadline) fail.
 RANK = """
-import os, sys, time
+import os, select, sys, time
 from datetime import timedelta
 rank = int(os.environ["RANK"])
 if rank == 1 and "FAKETIME" not in os.environ:
@@ -43,8 +45,8 @@ peer = key_heartbeat(1 - rank)
 for step in range(100000):
     store.set(key_heartbeat(rank), encode(Heartbeat(step + 1, step)))
     while not store.check([peer]) or decode(Heartbeat, store.get(peer)).step < step:
-        time.sleep(0.005)
-    time.sleep(0.1)
+        select.select([], [], [], 0.005)
+    select.select([], [], [], 0.1)
 """
 
 
