@@ -14,7 +14,15 @@ from ft_runtime import _dist as dist
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
-from ft_runtime.replica.protocol import Heartbeat, decode, key_heartbeat
+from ft_runtime.replica.protocol import (
+    SKIPPED,
+    TRAINED,
+    Heartbeat,
+    LedgerMark,
+    decode,
+    key_heartbeat,
+    key_ledger,
+)
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
 from tests.eagleeye.replica_helpers import final_params_identical, finish, workload
@@ -26,6 +34,10 @@ STEPS = 120
 def _step_of(store: dist.TCPStore, rank: int) -> int:
     key = key_heartbeat(rank)
     return decode(Heartbeat, store.get(key)).step if store.check([key]) else -1
+
+
+def _mark(store: dist.TCPStore, replica: int, batch: int) -> str:
+    return decode(LedgerMark, store.get(key_ledger(replica, batch))).outcome
 
 
 def _wait_for_step(sup: ReplicaSupervisor, store: dist.TCPStore, step: int) -> None:
@@ -59,8 +71,9 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
         assert skip.status is OutcomeStatus.DONE, skip.detail
         skipped = re.fullmatch(r"skipped batches \{1: (\d+)\}", skip.detail)
         assert skipped is not None, skip.detail
-        assert store.get(f"data/1/{skipped.group(1)}") == b"skipped"  # consumed, untrained
-        assert store.get(f"data/0/{skipped.group(1)}") == b"1"  # the others trained theirs
+        batch = int(skipped.group(1))
+        assert _mark(store, 1, batch) == SKIPPED  # consumed, untrained
+        assert _mark(store, 0, batch) == TRAINED  # the others trained theirs
 
         save = finish(
             sup, sup.execute(Action(ActionKind.CHECKPOINT, "job", "before a risky stretch", "c1"))

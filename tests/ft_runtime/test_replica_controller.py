@@ -239,3 +239,15 @@ def test_the_job_supervisor_runs_on_the_same_launcher(tmp_path, clock) -> None:
     assert sorted(launcher.stopped) == [0, 1]  # every rank of attempt 0 was stopped first
     assert [(rank, gen) for rank, gen, _ in launcher.started] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     assert sup.outcomes() == []  # nothing is ever pending here
+
+
+def test_the_controller_side_imports_nothing_private() -> None:
+    import ast
+
+    for name in ("supervisor", "inflight", "state", "config"):
+        path = Path(__file__).parents[2] / "ft_runtime" / "replica" / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"
+                assert not any(p.startswith("_") for p in (node.module or "").split("."))
