@@ -33,9 +33,9 @@ CAD_GRID: dict[str, tuple[float, ...]] = {
 #: CAD's constants tried inside FusionFamily (a smaller grid: it multiplies the record
 #: detector's 432 settings and the two joint rules).
 FUSION_CAD_GRID: dict[str, tuple[float, ...]] = {
-    "threshold": (0.65, 0.7, 0.75, 0.8),
+    "threshold": (0.7, 0.75, 0.8, 0.85),
     "rest": (0.1, 0.2),
-    "margin": (0.0, 1.0),
+    "margin": (0.0,),
 }
 #: Combination rules of FusionFamily.
 RECORD, CAD, EITHER, BOTH = 0.0, 1.0, 2.0, 3.0
