@@ -28,6 +28,13 @@ Setting = tuple[float, ...]
 CAD_GRID: dict[str, tuple[float, ...]] = {
     "threshold": (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9),
     "rest": (0.1, 0.2, 0.4),
+    "margin": (0.0, 0.5, 1.0),
+}
+#: CAD's constants tried inside FusionFamily (a smaller grid: it multiplies the record
+#: detector's 432 settings and the two joint rules).
+FUSION_CAD_GRID: dict[str, tuple[float, ...]] = {
+    "threshold": (0.7, 0.75, 0.8, 0.85),
+    "rest": (0.1, 0.2),
     "margin": (0.0,),
 }
 #: Combination rules of FusionFamily.
@@ -145,7 +152,7 @@ class FusionFamily:
 
     def __init__(self, record: RecordFamily | None = None, cad: CadFamily | None = None):
         self.record = record or RecordFamily()
-        self.cad = cad or CadFamily()
+        self.cad = cad or CadFamily(FUSION_CAD_GRID)
 
     def settings(self) -> Iterable[Setting]:
         records, cads = list(self.record.settings()), list(self.cad.settings())

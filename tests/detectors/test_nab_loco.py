@@ -73,3 +73,17 @@ def test_cad_and_fusion_families_run_the_protocol(tmp_path: Path) -> None:
     settings = list(fusion.settings())
     assert any(s[0] == BOTH for s in settings)
     assert all(len(s) == 1 + 3 + 7 for s in settings)
+
+
+def test_the_cli_runs_the_cad_family_held_out(tmp_path: Path) -> None:
+    from eagleeye.cli import main
+
+    _corpus(tmp_path)
+    out = tmp_path / "loco.json"
+    args = ["eval", "nab", "--loco", "--family", "cad", "--root", str(tmp_path)]
+    assert main([*args, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["family"] == "cad"
+    assert {h["category"] for h in result["held"]} == {"catA", "catB"}
+    assert all(len(h["setting"]) == 3 for h in result["held"])  # threshold, rest, margin
+    assert set(result["whole"]) == {"standard", "reward_low_FP_rate", "reward_low_FN_rate"}
