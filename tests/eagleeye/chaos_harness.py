@@ -10,6 +10,7 @@ section "Replica mode" below, so that it can follow that API when it changes.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -658,8 +659,8 @@ class ChaosRun:
             return []
         for rank in range(int(env.get("WORLD_SIZE", "2"))):
             with suppress(Exception):
-                if store.check([f"addr/{rank}"]):
-                    found.append(store.get(f"addr/{rank}").decode())
+                if store.check([_key_address(rank)]):
+                    found.append(store.get(_key_address(rank)).decode())
         return found
 
     def forge_catch_up(self) -> None:
@@ -688,6 +689,15 @@ class ChaosRun:
             self.outcome.forged += 1
         self.outcome.endpoint_answers["catch_up_refused"] = refused
         self.outcome.endpoint_answers["catch_up_served"] = served
+
+
+def _key_address(rank: int) -> str:
+    """The quorum-store key a rank publishes its catch-up server's address under."""
+    try:
+        protocol = importlib.import_module("ft_runtime.replica.protocol")
+    except ImportError:  # before the replica protocol module
+        return f"addr/{rank}"
+    return str(protocol.key_address(rank))
 
 
 class ExitOnError:
