@@ -3,7 +3,7 @@ replica mode): SIGKILL and SIGSTOP of ranks, holders, the quorum's store process
 controller itself, pauses of each, two faults at once, a checkpoint folder on a full small
 tmpfs, and forged or malformed messages on every endpoint (telemetry, holder RPC, the
 Alertmanager webhook, the metrics server, the catch-up servers), in an order and at times
-drawn from a seed (``tests/eagleeye/chaos_harness.py``).
+drawn from a seed (``tests/eagleeye/chaos_harness.py``, ``chaos_forgery.py``).
 
 After each schedule: the job ended, succeeded or failed with its cause recorded (a run
 whose controller was killed is resumed with ``eagleeye run --resume`` and must end); every
