@@ -27,6 +27,7 @@ from collector.types import JOB, Frame, Sample, Subject
 from detectors.base import Detector
 from detectors.progress import PROC_FEATURES, ProgressStall
 from detectors.types import Finding, Severity
+from eagleeye.errors import StoreError
 from eagleeye.failures import CrashLoop, RankFailure, rank_error
 from eagleeye.ingest import LaunchedAttempts, ingest_samples, lifecycle_frames
 from eagleeye.injector import OutsideInjector
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 # What ranks report besides steps: a collective left open, a pause, a session closing, and
 # what the controller adds: a look at the process, a restart of the whole job.
 MARKERS = frozenset({"in_collective", "closing", "pause", "job_restart"}) | PROC_FEATURES
+COMMIT_WAIT_S = 2.0  # how long a finding or action waits to be committed before it is shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +323,7 @@ class Controller:
     def _answer(self, finding: Finding) -> None:
         finding_id = self.store.add_finding(finding)
         self.report.findings.append(finding)
+        self._committed()
         self.on_update(finding)
         if finding.kind == "hang" and self.stacks is not None:
             self._capture_stacks(finding, finding_id, self.stacks)
@@ -332,6 +335,7 @@ class Controller:
     def _record_decision(self, decision: Decision, finding_id: int | None) -> None:
         self.store.add_outcome(decision.outcome, finding_id, decision.dry_run, decision.decided_at)
         self.report.decisions.append(decision)
+        self._committed()
         self.on_update(decision)
 
     def _finish_actions(self) -> None:
@@ -342,6 +346,16 @@ class Controller:
             decision = self.remediator.complete(outcome)
             if decision is not None:
                 self._record_decision(decision, finding_id)
+
+    def _committed(self) -> None:
+        """Waits (briefly) until the rows given so far are committed: a finding or action is
+        in the store before it is shown, so a controller killed right after its console
+        line leaves none the store lacks. A store that cannot commit now is logged, and the
+        finding is still answered (its rows stay queued for the writer's retry)."""
+        try:
+            self.store.flush(timeout_s=COMMIT_WAIT_S)
+        except StoreError as exc:
+            log.warning("shown before it was committed: %s", exc)
 
     def _step_in(self, rank: int) -> int | None:
         """The step a rank is in: the one after the last it reported."""
@@ -438,6 +452,7 @@ class Controller:
         )
         finding_id = self.store.add_finding(finding)
         self.report.findings.append(finding)
+        self._committed()
         self.on_update(finding)
         action = Action(ActionKind.ISOLATE, event.subject, str(event.detail.get("reason", "")), "")
         outcome = Outcome(action, OutcomeStatus.DONE, "fenced: its ranks were killed", event.time)

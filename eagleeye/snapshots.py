@@ -29,11 +29,10 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ft_runtime.ckpt import (
     ENV_CKPT_TOKEN,
-    CheckpointClient,
     ClientConfig,
     HolderConfig,
     HolderProcess,
@@ -41,6 +40,9 @@ from ft_runtime.ckpt import (
     shm_dir_from,
 )
 from ft_runtime.layout import JobLayout
+
+if TYPE_CHECKING:
+    from ft_runtime.ckpt import CheckpointClient
 
 log = logging.getLogger(__name__)
 _NICE = 10
@@ -107,6 +109,8 @@ class RankSnapshots:
             storage=env.get(ENV_SNAPSHOT_STORAGE) or None,
             token=env.get(ENV_CKPT_TOKEN, ""),
         )
+        from ft_runtime.ckpt import CheckpointClient  # torch: only where ranks save
+
         return cls(CheckpointClient(cfg))
 
     def save(self, state: Mapping[str, Any], step: int) -> Snapshotted:
