@@ -29,6 +29,7 @@ from detectors.progress import PROC_FEATURES, ProgressStall
 from detectors.types import Finding, Severity
 from eagleeye.errors import StoreError
 from eagleeye.failures import CrashLoop, RankFailure, rank_error
+from eagleeye.hostsources import host_frames
 from eagleeye.ingest import LaunchedAttempts, ingest_samples, lifecycle_frames
 from eagleeye.injector import OutsideInjector
 from eagleeye.procwatch import ProcessWatch
@@ -95,6 +96,9 @@ class Controller:
     run_dir: the run folder (the checkpoint request of a graceful stop goes there).
     inbox: findings from outside (Alertmanager's webhook), taken every tick and answered
         like the detectors' own.
+    host: the host's sources (``eagleeye.hostsources``): their samples, taken every tick,
+        are stored, exported (``on_samples``) and read by ``host_detectors``.
+    host_detectors: the rules on the host's samples (XIDs, ECC errors, thermal throttles).
     """
 
     def __init__(
@@ -114,6 +118,8 @@ class Controller:
         injector: OutsideInjector | None = None,
         run_dir: Path | None = None,
         inbox: Callable[[], list[Finding]] | None = None,
+        host: Callable[[], list[Sample]] | None = None,
+        host_detectors: Sequence[Detector] = (),
     ) -> None:
         self.supervisor = supervisor
         self.receiver = receiver
@@ -134,6 +140,8 @@ class Controller:
         self.progress = progress
         self.unknown_after_s = unknown_after_s
         self.inbox = inbox
+        self.host = host
+        self.host_detectors = list(host_detectors)
         self._progress_seen: dict[str, str] = {}
         self._progress_at = 0.0
         self._attempt_started = (0, 0.0)  # attempt, when; the unknown ranks announced once
@@ -249,12 +257,28 @@ class Controller:
             self._answer(finding)
         for finding in self.inbox() if self.inbox is not None else ():
             self._answer(finding)
+        for finding in self._host_findings():
+            self._answer(finding)
         # A restart launched ranks just now, or the job failed: detectors must know at once.
         # (Exits that came in meanwhile wait for the next tick: the job must not fail on
         # an exit that no detector, and so no remediation, has seen yet.)
         later = self._lifecycle(self.supervisor.settle())
         for finding in self._detect(later, poll=False):
             self._answer(finding)
+
+    def _host_findings(self) -> list[Finding]:
+        """The host's samples since the last tick: stored, exported, and read by the host
+        rules; a finding on a rank names the step it is in."""
+        samples = self.host() if self.host is not None else []
+        if not samples:
+            return []
+        self.store.add_samples(samples)
+        self.on_samples(samples)
+        frames = [
+            replace(f, step=self._step_in(f.subject.rank)) if f.subject.rank is not None else f
+            for f in host_frames(samples)
+        ]
+        return self._detect(frames, poll=False, detectors=self.host_detectors)
 
     def _unheld(self, looks: list[Frame]) -> list[Frame]:
         """A rank held back by an injected slow fault is slow, not stopped."""
@@ -284,14 +308,18 @@ class Controller:
                 groups += self.aggregator.add(frame)
         return groups + self.aggregator.flush(self.clock())
 
-    def _detect(self, frames: list[Frame], poll: bool) -> list[Finding]:
-        for frame in frames:
-            if frame.step is not None and frame.subject.rank is not None:
-                self._last_step[frame.subject.rank] = frame.step
-                if "step_time" in frame.values:
-                    self._step_times.append(frame.values["step_time"])
+    def _detect(
+        self, frames: list[Frame], poll: bool, detectors: Sequence[Detector] | None = None
+    ) -> list[Finding]:
+        if detectors is None:
+            detectors = self.detectors
+            for frame in frames:
+                if frame.step is not None and frame.subject.rank is not None:
+                    self._last_step[frame.subject.rank] = frame.step
+                    if "step_time" in frame.values:
+                        self._step_times.append(frame.values["step_time"])
         findings: list[Finding] = []
-        for detector in self.detectors:
+        for detector in detectors:
             found: list[Finding] = []
             for frame in frames:
                 found.extend(_safely(detector.name, detector.process, frame))
