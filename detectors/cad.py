@@ -84,9 +84,10 @@ class _ContextMemory:
     it was seen whole, and whether it was founded as a zero-level context.
     """
 
-    def __init__(self, max_left: int, max_contexts: int) -> None:
+    def __init__(self, max_left: int, max_contexts: int, as_published: bool = False) -> None:
         self.max_left = max_left
         self.max_contexts = max_contexts
+        self.as_published = as_published
         self.sides = (_Side(), _Side())
         self.pairs: dict[tuple[int, int], int] = {}
         self.n = 0
@@ -143,8 +144,11 @@ class _ContextMemory:
         rhits = rights.hits[rid]
         full = lhits == lefts.size[lid]
         considered = lhits > 0
-        if 0 <= self.new_context < n:
-            considered[self.new_context] = False
+        skipped = self.new_context
+        if skipped < 0 and self.as_published:
+            skipped = 0  # the published code's "no new context" is False, and False == 0
+        if 0 <= skipped < n:
+            considered[skipped] = False
         self.new_context = -1
         chosen = considered & full
         selected = int(chosen.sum())
@@ -176,6 +180,9 @@ class CadOse:
         max_active: the most contexts ("neurons") carried into the next step's left facts.
         bits: bits of the quantised value.
         max_contexts: contexts learnt at most.
+        as_published: also skip context 0 at every step that founds no context, as the
+            published code does (its marker for "none" is ``False``, which equals 0);
+            used to reproduce NAB's contextOSE figures.
     """
 
     def __init__(
@@ -188,6 +195,7 @@ class CadOse:
         max_active: int = 15,
         bits: int = 3,
         max_contexts: int = 200_000,
+        as_published: bool = False,
     ) -> None:
         if not (np.isfinite(low) and np.isfinite(high)) or high < low:
             raise DetectorError(f"CAD needs a finite range low <= high, got [{low}, {high}]")
@@ -198,7 +206,7 @@ class CadOse:
         top = 2.0**bits - 1.0
         span = float(high - low) or top
         self.step_size = span / top
-        self.memory = _ContextMemory(max_left, max_contexts)
+        self.memory = _ContextMemory(max_left, max_contexts, as_published)
         self.left: Facts = ()
         self.since_base = 0  # steps since the last raw score >= base (NAB's history starts at 1.0)
 
@@ -252,7 +260,7 @@ class CadOse:
         return score if quiet else 0.0
 
 
-def cad_scores(values: np.ndarray, low: float, high: float, **options: float) -> np.ndarray:
+def cad_scores(values: np.ndarray, low: float, high: float, **options: float | bool) -> np.ndarray:
     """The raw CAD surprise of every point of a series, in one causal pass."""
     cad = CadOse(low, high, **options)  # type: ignore[arg-type]
     return np.array([cad.raw(float(v)) for v in values], dtype=float)
