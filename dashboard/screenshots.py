@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PAGES = {
     "overview": "",
@@ -109,10 +110,10 @@ def capture(
             page.goto(f"{url}/{path}")
             page.wait_for_selector("h1", timeout=30_000)
             page.wait_for_load_state("networkidle")
-            time.sleep(1.5)  # Vega draws its charts after the page settles
+            main = page.locator('[data-testid="stMain"]')
+            _settle(page, main)
             if page.locator('[data-testid="stException"]').count():
                 raise AssertionError(f"Streamlit shows an exception on the {name} page")
-            main = page.locator('[data-testid="stMain"]')
             texts = page.locator(".vega-embed svg text").all_text_contents()
             views[name] = PageView(
                 page.locator("h1").first.inner_text(),
@@ -123,6 +124,21 @@ def capture(
             page.screenshot(path=str(out_dir / f"{name}.png"), full_page=True)
         browser.close()
     return views
+
+
+def _settle(page: Any, main: Any, timeout_s: float = 60.0) -> None:
+    """Waits until the page's script run is over (Streamlit marks its root element) and
+    the page stopped changing: Vega draws its charts after the run."""
+    done = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+    page.wait_for_selector(done, timeout=timeout_s * 1000)
+    deadline = time.monotonic() + 10.0
+    before = None
+    while time.monotonic() < deadline:
+        now = (main.inner_text(), page.locator(".vega-embed svg text").count())
+        if now == before:
+            return
+        before = now
+        time.sleep(0.5)
 
 
 def main() -> None:

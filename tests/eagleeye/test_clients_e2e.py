@@ -97,6 +97,20 @@ def test_a_lightning_fit_with_an_8_s_validation_is_not_killed(tmp_path) -> None:
         assert "all_reduce" in set(reader.collectives()["op"])
 
 
+@pytest.mark.timeout(300)
+def test_a_healthy_ddp_job_with_its_own_checkpoints_draws_no_finding(tmp_path) -> None:
+    # its evaluations and rank 0's torch.save every 20 iterations pause the loop; none of
+    # it is a fault
+    args = ["--max_iters", "80", "--eval_interval", "20", "--out_dir", "out"]
+    result = eagleeye_run(tmp_path, str(CLIENTS / "ddp_train.py"), *args, timeout=280)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = newest_run(tmp_path / "runs")
+    quiet(run)
+    with RunReader(run) as reader:
+        assert len(reader.metric("step_time")) >= 79
+        assert len(reader.checkpoints()) >= 4  # the script's own saves, seen without code
+
+
 def _stop_rank(run_root: Path, rank: int, after_step: int, out: dict[str, float]) -> None:
     """Waits for ``rank`` to report ``after_step``, then SIGSTOPs it (as a test would)."""
     deadline = time.monotonic() + 200

@@ -259,6 +259,7 @@ def test_a_run_whose_controller_was_killed_is_resumed_from_its_store(tmp_path) -
         assert "result" not in reader.meta()
     resumed = spawn_eagleeye(tmp_path, "run", "--resume", str(run), "--stream", "0")
     _wait_for_log(run / "logs" / "attempt-1" / "rank-0.log", "Resuming training from out")
+    _wait_for_samples(run, "step_time", more_than=before)  # the resumed run trained
     resumed.send_signal(signal.SIGTERM)
     out, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 128 + signal.SIGTERM, err[-2000:]
@@ -273,6 +274,16 @@ def test_a_run_whose_controller_was_killed_is_resumed_from_its_store(tmp_path) -
     assert launch["resume_args"] == "--init_from=resume"
     assert "[rank0]: Resuming training from out" in out
     assert "[rank0]: iter 10:" not in out.split("Resuming")[0]  # earlier output not repeated
+
+
+def _wait_for_samples(run: Path, name: str, more_than: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with RunReader(run) as reader:
+            if len(reader.samples(names=[name])) > more_than:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no {name} sample came after the first {more_than}")
 
 
 def _wait_for_log(path: Path, text: str, timeout_s: float = 120) -> None:
