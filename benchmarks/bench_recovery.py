@@ -44,6 +44,7 @@ from eagleeye.launch import JobConfig, run_job
 from eagleeye.store import RunReader
 from eagleeye.summary import effective_training
 from ft_runtime.layout import JobLayout
+from ft_runtime.replica.protocol import key_heartbeat
 from ft_runtime.types import Action, ActionKind, Phase
 
 LAYOUT = JobLayout(3, 1, 3)
@@ -150,7 +151,8 @@ def tick_latency(root: Path, args: argparse.Namespace) -> dict[str, float]:
         sup = self.supervisor
         pending = getattr(sup, "pending", lambda: 0)
         start = time.perf_counter()
-        if len(ticks) % args.command_every == 0 and sup.phase is Phase.RUNNING and not pending():
+        due = len(ticks) % args.command_every == 0 and sup.phase is Phase.RUNNING
+        if due and not pending() and training(sup):
             key = f"bench-checkpoint/{len(ticks)}"
             sup.execute(Action(ActionKind.CHECKPOINT, "job", "tick latency benchmark", key))
         in_flight = pending() > 0
@@ -165,19 +167,33 @@ def tick_latency(root: Path, args: argparse.Namespace) -> dict[str, float]:
     events = samples(run_dir)[1]
     commands = events[events["subject"].str.startswith("command:")]
     answered = [float(d["waited_s"]) for d in commands["detail"]]
-    busy = np.array([t for t, flying in ticks[20:] if flying])  # past the start-up ticks
-    idle = np.array([t for t, flying in ticks[20:] if not flying])
+    busy = [t for t, flying in ticks[20:] if flying]  # past the start-up ticks
+    idle = [t for t, flying in ticks[20:] if not flying]
     return {
         "ticks_idle": float(len(idle)),
         "ticks_in_flight": float(len(busy)),
-        "idle_p50_s": float(np.percentile(idle, 50)),
-        "idle_p99_s": float(np.percentile(idle, 99)),
-        "in_flight_p50_s": float(np.percentile(busy, 50)),
-        "in_flight_p99_s": float(np.percentile(busy, 99)),
+        "idle_p50_s": _percentile(idle, 50),
+        "idle_p99_s": _percentile(idle, 99),
+        "in_flight_p50_s": _percentile(busy, 50),
+        "in_flight_p99_s": _percentile(busy, 99),
         "commands": float(len(commands)),
         "commands_done": float((commands["phase"] == "succeeded").sum()),
         "answer_wait_median_s": statistics.median(answered) if answered else float("nan"),
     }
+
+
+def training(sup: object) -> bool:
+    """Whether every rank has entered an exchange: a command sent before a rank reads the
+    command count is not one it runs (it starts from the count it first sees)."""
+    quorum = getattr(sup, "quorum", None)
+    store = None if quorum is None else quorum.store
+    if store is None:
+        return False
+    return bool(store.check([key_heartbeat(r) for r in range(LAYOUT.world_size)]))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def main() -> None:
@@ -232,7 +248,6 @@ def main() -> None:
             detection(run(root, f"stop{n}", args, "replica", stop_spec))
             for n in range(0 if args.no_stop else args.stop_runs)
         ]
-        ticks = None if args.no_ticks else tick_latency(root, args)
         false_hangs = sum(hang_isolations(d) for d in root.iterdir() if "stop" not in d.name)
     lost_clean = clean[1]
     print(f"fault-free: ETTR {clean[0]:.1%}, {clean[1]:.2f} s below the median pace")
@@ -263,7 +278,9 @@ def main() -> None:
     for delay, steps in stops:
         print(f"SIGSTOP found after {delay:.3f} s = {steps:.2f} median step times")
     print(f"replicas isolated as hung in the runs without a SIGSTOP: {false_hangs}")
-    if ticks is not None:
+    if not args.no_ticks:
+        with tempfile.TemporaryDirectory() as tmp:
+            ticks = tick_latency(Path(tmp), args)
         for key, value in ticks.items():
             print(f"controller tick, {key}: {value:.4f}")
         growth = ticks["in_flight_p99_s"] - ticks["idle_p99_s"]
