@@ -70,6 +70,7 @@ from ft_runtime.replica.protocol import (
     prefix_cross,
     prefix_intra,
 )
+from ft_runtime.replica.store import SealedStore
 
 _FIELDS = len(CONTROL_FIELDS)
 
@@ -89,7 +90,7 @@ class ReplicaComm:
     """One rank's side of replica-level fault tolerance.
 
     Args:
-        store: a client of the quorum's TCPStore.
+        store: a sealed client of the quorum's store (``replica.store.connect``).
         store_address: ``host:port`` of that store (new clients are made for group set-up).
         replica, replica_rank, replica_size, num_replicas: where this rank sits.
         incarnation: how often this replica was relaunched; above 0 it must catch up.
@@ -103,7 +104,7 @@ class ReplicaComm:
 
     def __init__(
         self,
-        store: dist.Store,
+        store: SealedStore,
         store_address: str,
         replica: int,
         replica_rank: int,
@@ -127,6 +128,8 @@ class ReplicaComm:
         self.lr_scaling = lr_scaling
         self.token = token
         self.intra: dist.Group | None = None
+        self._clients: list[SealedStore] = []  # groups call back into them: kept alive
+        self._epoch_high = 0
         if replica_size > 1:
             prefix = dist.PrefixStore(prefix_intra(replica, incarnation), self._client())
             self.intra = dist.gloo_group(prefix, replica_rank, replica_size, intra_timeout_s)
@@ -322,7 +325,10 @@ class ReplicaComm:
 
     # ---- membership ---------------------------------------------------------------------------
     def _epoch(self) -> int:
-        return decode(EpochPointer, self.store.get(KEY_EPOCH)).epoch
+        """The newest epoch published; never one older than seen (a value put back)."""
+        epoch = decode(EpochPointer, self.store.get(KEY_EPOCH)).epoch
+        self._epoch_high = max(self._epoch_high, epoch)
+        return self._epoch_high
 
     def _latest(self) -> Membership:
         return self._read(self._epoch())
@@ -462,11 +468,14 @@ class ReplicaComm:
             self._abandoned.append(self._cross)
         self._cross, self._cross_epoch = None, -1
 
-    def _client(self) -> dist.TCPStore:
+    def _client(self) -> SealedStore:
         host, _, port = self.store_address.rpartition(":")
-        return dist.TCPStore(
+        raw = dist.TCPStore(
             host, int(port), is_master=False, timeout=timedelta(seconds=self.cross_timeout_s)
         )
+        client = SealedStore(raw, self.store.secret)
+        self._clients.append(client)
+        return client
 
     def close(self) -> None:
         self.server.close()

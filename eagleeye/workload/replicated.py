@@ -20,7 +20,6 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from torch.nn.utils import clip_grad_norm_
 import eagleeye
 from eagleeye.workload.data import ShardedSampler
 from eagleeye.workload.model import GPT
-from ft_runtime import _dist as dist
 from ft_runtime.catchup import SERVE_NICE
 from ft_runtime.checkpoint import DiskCheckpointer
 from ft_runtime.commands import CHECKPOINT, ROLLBACK, Command
@@ -39,7 +37,9 @@ from ft_runtime.ftar import ExchangeResult, ReplicaComm
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE
 from ft_runtime.quorum import ENV_QUORUM
 from ft_runtime.replica import restore_priority
+from ft_runtime.replica.auth import JobSecret
 from ft_runtime.replica.protocol import Failed, Refused, Restored, Saved, Skipped
+from ft_runtime.replica.store import connect as connect_store
 
 ENV_LR_SCALING = "EAGLEEYE_LR_SCALING"
 """``sqrt`` (default): lr × √(contributing/total replicas) while some are missing; ``none``."""
@@ -50,8 +50,7 @@ ENV_CROSS_TIMEOUT = "EAGLEEYE_CROSS_TIMEOUT_S"
 def connect(ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimizer) -> ReplicaComm:
     """The rank's replica communicator, from the environment the supervisor set."""
     address = os.environ[ENV_QUORUM]
-    host, _, port = address.rpartition(":")
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+    store = connect_store(address, JobSecret.from_env(), timeout_s=60.0)
     env = os.environ
     return ReplicaComm(
         store,

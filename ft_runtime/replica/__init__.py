@@ -1,24 +1,55 @@
-"""Replica recovery (FT-HSDP): the controller's supervisor of data-parallel replicas.
+"""Replica recovery (FT-HSDP): replicas fail, restart and rejoin while the others train.
 
-``supervisor`` restarts one failed replica while the others keep training; ``protocol``
-names every key of the quorum's store and the messages under them (no torch needed). The
-rank side of the protocol lives beside them in this package. Names are imported lazily, so
-that ``ft_runtime.replica.protocol`` loads without torch.
+The rank side, for training scripts (docs/replica-api.md):
+
+- ``Manager``: quorum membership, the fault-tolerant all-reduce and its two-phase commit,
+  catch-up as joiner and as source, lr scaling, the exactly-once data ledger;
+- ``OptimizerWrapper``: an optimizer whose ``step()`` applies only what the replicas
+  agreed on;
+- ``init_process_group``: the replica's own group, for ``DistributedDataParallel``;
+- ``ReplicaSampler``: the data ledger as a sampler.
+
+The controller side: ``ReplicaSupervisor``. ``protocol`` names every key of the quorum's
+store and its messages (no torch needed); ``auth`` and ``store`` protect them with the
+job's secret. Names are imported lazily, so ``ft_runtime.replica.protocol`` loads without
+torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ft_runtime.replica.data import ReplicaSampler
+    from ft_runtime.replica.ddp import init_process_group
+    from ft_runtime.replica.manager import Manager, StepResult
+    from ft_runtime.replica.optim import OptimizerWrapper
     from ft_runtime.replica.supervisor import ReplicaSupervisor, restore_priority
 
-__all__ = ["ReplicaSupervisor", "restore_priority"]
+_WHERE = {
+    "Manager": "manager",
+    "StepResult": "manager",
+    "OptimizerWrapper": "optim",
+    "ReplicaSampler": "data",
+    "init_process_group": "ddp",
+    "ReplicaSupervisor": "supervisor",
+    "restore_priority": "supervisor",
+}
+
+__all__ = [
+    "Manager",
+    "OptimizerWrapper",
+    "ReplicaSampler",
+    "ReplicaSupervisor",
+    "StepResult",
+    "init_process_group",
+    "restore_priority",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from ft_runtime.replica import supervisor
-
-        return getattr(supervisor, name)
+    if name in _WHERE:
+        module = importlib.import_module(f"ft_runtime.replica.{_WHERE[name]}")
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,6 +30,7 @@ from ft_runtime.membership import Membership
 from ft_runtime.priority import process_thread_ids
 from ft_runtime.procstat import ProcSample
 from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService
+from ft_runtime.replica.auth import ENV_REPLICA_SECRET
 from ft_runtime.replica.protocol import (
     KEY_COMMANDS,
     Answer,
@@ -137,6 +138,7 @@ class ReplicaSupervisor(JobSupervisor):
                 ),
                 "EAGLEEYE_NODE": spec.node,
                 ENV_QUORUM: self.quorum.address,
+                ENV_REPLICA_SECRET: self.quorum.secret,
             }
             if joiner and self.joiner_nice:
                 env[ENV_BASE_NICE] = str(os.getpriority(os.PRIO_PROCESS, 0))
@@ -346,6 +348,7 @@ class ReplicaSupervisor(JobSupervisor):
             lateness_factor=old.lateness_factor,
             clock=old.clock,
             log=log,
+            secret=old.secret,
         )
         self.quorum.start()
         self._emit_membership(self.quorum.current, resumed=True, reason=reason)
