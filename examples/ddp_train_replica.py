@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,7 @@ parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--ckpt", default="ckpt.pt")
 parser.add_argument("--checkpoint-every", type=int, default=20)
 parser.add_argument("--params-out", default="")
+parser.add_argument("--step-seconds", type=float, default=0.0)  # stands for a bigger model
 args = parser.parse_args()
 
 replica.init_process_group("gloo")
@@ -66,6 +68,7 @@ while step < args.steps:
         optimizer.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
+        time.sleep(args.step_seconds)
         optimizer.step()
         step = manager.current_step()
         if manager.is_saving_rank() and step % args.checkpoint_every == 0:

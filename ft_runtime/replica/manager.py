@@ -23,6 +23,7 @@ state with its peer's.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,9 @@ from ft_runtime.replica.store import connect
 
 __all__ = ["ENV_QUORUM", "Manager", "StepResult"]
 
+ENV_LEDGER_LOG = "EAGLEEYE_LEDGER_LOG"
+"""A folder: rank 0 of each replica appends one JSON line per committed step there (the
+step and every replica's trained batch), an audit trail of the exactly-once ledger."""
 ENV_CROSS_TIMEOUT = "EAGLEEYE_CROSS_TIMEOUT_S"
 ENV_LR_SCALING = "EAGLEEYE_LR_SCALING"
 
@@ -221,11 +225,22 @@ class Manager:
         rank is a source, advances the ledger, runs the controller's commands."""
         self.comm.after_step(self.step, update, lr)
         result, self._last = self._last, None
+        if result is not None:
+            self._audit(result)
         trained = result is not None and not self.joining
         if trained:
             self.batch = self.comm.next_batch(self.batch + 1)
         self.step += 1
         self._run_commands()
+
+    def _audit(self, result: ExchangeResult) -> None:
+        folder = os.environ.get(ENV_LEDGER_LOG, "")
+        if not folder or self.replica_rank != 0:
+            return
+        name = f"replica-{self.replica}-{self.comm.incarnation}.jsonl"
+        line = {"step": self.step, "epoch": result.epoch, "trained": result.trained}
+        with open(os.path.join(folder, name), "a") as out:
+            out.write(json.dumps(line) + "\n")
 
     def _run_commands(self) -> None:
         for command in self.comm.commands():
