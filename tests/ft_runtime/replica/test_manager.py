@@ -186,3 +186,52 @@ def test_a_replica_that_dies_catches_up_and_ends_bitwise_equal() -> None:
     for rank in (survivor, joiner):
         rank.manager.close()
     quorum.close()
+
+
+def test_commands_reach_every_replica_after_the_same_step() -> None:
+    """The controller's skip_batch for replica 1 and a checkpoint (which this script does
+    not take: refused), sent while both replicas wait at a barrier after step 3."""
+    from ft_runtime.replica import protocol as p
+
+    quorum = QuorumService(replicas=2, replica_size=1)
+    quorum.start()
+    store = quorum.store
+    assert store is not None
+    ranks = [Rank(quorum, r) for r in range(2)]
+    gate = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    def until(rank: Rank) -> bool:
+        if rank.manager.step == 4 and not getattr(rank, "paused", False):
+            rank.paused = True  # type: ignore[attr-defined]
+            gate.wait(60)  # the controller writes its commands now
+            gate.wait(60)
+        return rank.manager.step >= 10
+
+    threads = [threading.Thread(target=guarded(errors, lambda r=r: r.train(until))) for r in ranks]
+    run(threads, errors)
+    gate.wait(60)
+    for number, command in enumerate(
+        (p.Command(1, "skip_batch", replicas=(1,)), p.Command(2, "checkpoint")), start=1
+    ):
+        store.set(p.key_command(number), p.encode(command))
+        store.add(p.KEY_COMMANDS, 1)
+    gate.wait(60)
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    answers = {
+        (n, r): p.decode_answer(store.get(p.key_answer(n, r))) for n in (1, 2) for r in (0, 1)
+    }
+    skipped = answers[1, 1]
+    assert isinstance(skipped, p.Skipped)
+    assert isinstance(answers[1, 0], p.Refused)  # not named by the command
+    assert isinstance(answers[2, 0], p.Refused)
+    assert isinstance(answers[2, 1], p.Refused)
+    assert ranks[0].trained == list(range(10))
+    assert skipped.batch not in ranks[1].trained
+    assert sorted([*ranks[1].trained, skipped.batch]) == list(range(11))
+    assert torch.equal(ranks[0].params(), ranks[1].params())
+    for rank in ranks:
+        rank.manager.close()
+    quorum.close()
