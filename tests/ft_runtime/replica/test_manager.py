@@ -7,6 +7,7 @@ is polled as the controller polls it.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable
@@ -233,5 +234,63 @@ def test_commands_reach_every_replica_after_the_same_step() -> None:
     assert sorted([*ranks[1].trained, skipped.batch]) == list(range(11))
     assert torch.equal(ranks[0].params(), ranks[1].params())
     for rank in ranks:
+        rank.manager.close()
+    quorum.close()
+
+
+def test_a_job_restart_trains_every_batch_once_since_the_restored_checkpoint() -> None:
+    """Both replicas die; the whole job restarts from the checkpoint the source saved (with
+    the manager's state_dict) and trains each batch once since it."""
+    quorum = QuorumService(replicas=2, replica_size=1)
+    quorum.start()
+    saved: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def first(rank: Rank) -> bool:
+        if rank.manager.step == 4 and rank.manager.is_saving_rank() and "ckpt" not in saved:
+            saved["ckpt"] = copy.deepcopy(  # as torch.save would: training goes on
+                {
+                    "model": rank.model.state_dict(),
+                    "optim": rank.optimizer.state_dict(),
+                    "manager": rank.manager.state_dict(),
+                }
+            )
+        return rank.manager.step >= 7
+
+    ranks = [Rank(quorum, r) for r in range(2)]
+    threads = [threading.Thread(target=guarded(errors, lambda r=r: r.train(first))) for r in ranks]
+    run(threads, errors)
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    for rank in ranks:
+        rank.manager.close()
+    assert saved["ckpt"]["manager"]["step"] == 4
+    assert saved["ckpt"]["manager"]["marks"] == [4, 4]
+
+    quorum.restart_all("both replicas died")
+    again = [Rank(quorum, r, incarnation=1) for r in range(2)]
+    for rank in again:  # what the script does with its own checkpoint at start (each
+        rank.load(copy.deepcopy(saved["ckpt"]))  # process reads its own copy of the file)
+    threads = [
+        threading.Thread(
+            target=guarded(
+                errors,
+                lambda r=r: (
+                    r.manager.load_state_dict(saved["ckpt"]["manager"]),
+                    r.train(lambda s: s.manager.step >= 10),
+                ),
+            )
+        )
+        for r in again
+    ]
+    run(threads, errors)
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert torch.equal(again[0].params(), again[1].params())
+    for rank in again:
+        assert rank.trained == list(range(4, 10))  # once since the checkpoint's position
+        assert rank.manager.comm.next_batch(0) == 10
         rank.manager.close()
     quorum.close()
