@@ -48,7 +48,10 @@ from ft_runtime.replica.protocol import (
     CHECKPOINT,
     ROLLBACK,
     Command,
+    Failed,
     Refused,
+    Restored,
+    Saved,
     Skipped,
 )
 from ft_runtime.replica.store import connect
@@ -88,6 +91,13 @@ class Manager:
         lr_scaling: multiply the learning rate by sqrt(contributors / replicas) while
             replicas are missing (``OptimizerWrapper`` applies it); by default from
             ``EAGLEEYE_LR_SCALING`` (``sqrt`` or ``none``).
+        save_checkpoint: for the controller's ``checkpoint`` command: saves the script's
+            checkpoint (with ``manager.state_dict()``) after the given step and returns
+            where; called on the ranks of the epoch's source replica. Without it the
+            command is refused (the script saves on its own schedule).
+        load_checkpoint: for the controller's ``rollback`` command: loads the newest
+            checkpoint at or before the given step (calling ``manager.load_state_dict``)
+            and returns its step, or None when there is none. Without it: refused.
     """
 
     def __init__(
@@ -96,7 +106,11 @@ class Manager:
         load_state_dict: Callable[[dict[str, Any]], None],
         comm: ReplicaComm | None = None,
         lr_scaling: bool | None = None,
+        save_checkpoint: Callable[[int], str] | None = None,
+        load_checkpoint: Callable[[int], int | None] | None = None,
     ) -> None:
+        self._save_checkpoint = save_checkpoint
+        self._load_checkpoint = load_checkpoint
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         if lr_scaling is None:
@@ -248,15 +262,45 @@ class Manager:
 
     def _run(self, command: Command) -> None:
         if command.kind == CHECKPOINT:
-            self.comm.answer(command, Refused("this script saves its own checkpoints"))
+            self._checkpoint(command)
         elif command.kind == ROLLBACK:
-            self.comm.answer(command, Refused("this script restores its own checkpoints"))
+            self._rollback(command)
         elif command.applies_to(self.replica):  # skip_batch
             self.comm.skip_batch(self.batch)
             self.comm.answer(command, Skipped(self.batch))
             self.batch = self.comm.next_batch(self.batch + 1)
         else:
             self.comm.answer(command, Refused("skip_batch names other replicas"))
+
+    def _checkpoint(self, command: Command) -> None:
+        trained = self.step - 1  # the step just committed
+        if self._save_checkpoint is None:
+            self.comm.answer(command, Refused("this script saves its own checkpoints"))
+        elif self.comm.membership.source != self.replica:
+            self.comm.answer(command, Refused("not the epoch's source: it saves"))
+        else:
+            try:
+                path = self._save_checkpoint(trained)
+            except Exception as exc:  # the save fails; training goes on
+                self.comm.answer(command, Failed(f"{type(exc).__name__}: {exc}"[:1000]))
+                return
+            self.comm.answer(command, Saved(trained, path))
+
+    def _rollback(self, command: Command) -> None:
+        if self._load_checkpoint is None:
+            self.comm.answer(command, Refused("this script restores its own checkpoints"))
+            return
+        before, factor = self.step - 1, self.lr_factor  # every rollback's factor is kept
+        try:
+            restored = self._load_checkpoint(command.step)
+        except Exception as exc:  # the rollback fails; training goes on
+            self.comm.answer(command, Failed(f"{type(exc).__name__}: {exc}"[:1000]))
+            return
+        if restored is None:
+            self.comm.answer(command, Failed(f"no checkpoint at or before {command.step}"))
+            return
+        self.lr_factor = factor * command.lr_factor
+        self.comm.answer(command, Restored(restored, before, self.lr_factor))
 
     def close(self) -> None:
         self.comm.close()

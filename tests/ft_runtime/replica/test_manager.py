@@ -11,6 +11,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -35,7 +36,9 @@ def dataset() -> TensorDataset:
 class Rank:
     """A training script's pieces, as a user writes them, on a thread."""
 
-    def __init__(self, quorum: QuorumService, replica: int, incarnation: int = 0) -> None:
+    def __init__(
+        self, quorum: QuorumService, replica: int, incarnation: int = 0, **callbacks: Any
+    ) -> None:
         torch.manual_seed(0)
         self.model = torch.nn.Linear(4, 1)
         optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
@@ -53,6 +56,7 @@ class Rank:
             state_dict=lambda: {"model": self.model.state_dict(), "optim": optimizer.state_dict()},
             load_state_dict=self.load,
             comm=comm,
+            **callbacks,
         )
         comm.state_fn = self.manager._state_dict
         comm.source.state_fn = self.manager._state_dict
@@ -292,5 +296,84 @@ def test_a_job_restart_trains_every_batch_once_since_the_restored_checkpoint() -
     for rank in again:
         assert rank.trained == list(range(4, 10))  # once since the checkpoint's position
         assert rank.manager.comm.next_batch(0) == 10
+        rank.manager.close()
+    quorum.close()
+
+
+def test_checkpoint_and_rollback_commands_through_the_callbacks() -> None:
+    """The controller asks for a checkpoint after step 4 (the source saves, the other
+    refuses) and later rolls back to it with half the lr: both replicas restore the same
+    state and data position, and train every batch once since it."""
+    from ft_runtime.replica import protocol as p
+
+    quorum = QuorumService(replicas=2, replica_size=1)
+    quorum.start()
+    store = quorum.store
+    assert store is not None
+    disk: dict[int, dict] = {}  # the one checkpoint folder every replica reads
+    ranks: list[Rank] = []
+
+    def callbacks(replica: int) -> dict[str, Any]:
+        def save(step: int) -> str:
+            rank = ranks[replica]
+            disk[step] = copy.deepcopy(
+                {
+                    "model": rank.model.state_dict(),
+                    "optim": rank.optimizer.state_dict(),
+                    "manager": rank.manager.state_dict(),
+                }
+            )
+            return f"memory://{step}"
+
+        def load(at_most: int) -> int | None:
+            steps = [s for s in disk if s <= at_most]
+            if not steps:
+                return None
+            state = copy.deepcopy(disk[max(steps)])
+            ranks[replica].load(state)
+            ranks[replica].manager.load_state_dict(state["manager"])
+            return max(steps)
+
+        return {"save_checkpoint": save, "load_checkpoint": load}
+
+    ranks.extend(Rank(quorum, r, **callbacks(r)) for r in range(2))
+    gate = threading.Barrier(3)
+    errors: list[BaseException] = []
+    pauses = {4: "checkpoint", 8: "rollback"}
+
+    def until(rank: Rank) -> bool:
+        step = rank.manager.step
+        done = getattr(rank, "paused", set())
+        if step in pauses and step not in done and len(rank.trained) == step:
+            rank.paused = done | {step}  # type: ignore[attr-defined]
+            gate.wait(60)  # the controller writes its command now
+            gate.wait(60)
+        return len(rank.trained) >= 14
+
+    threads = [threading.Thread(target=guarded(errors, lambda r=r: r.train(until))) for r in ranks]
+    run(threads, errors)
+    for number, command in enumerate(
+        (p.Command(1, "checkpoint"), p.Command(2, "rollback", step=2**62, lr_factor=0.5)),
+        start=1,
+    ):
+        gate.wait(60)
+        store.set(p.key_command(number), p.encode(command))
+        store.add(p.KEY_COMMANDS, 1)
+        gate.wait(60)
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    answers = {
+        (n, r): p.decode_answer(store.get(p.key_answer(n, r))) for n in (1, 2) for r in (0, 1)
+    }
+    assert answers[1, 0] == p.Saved(4, "memory://4")  # after the step whose exchange agreed
+    assert isinstance(answers[1, 1], p.Refused)
+    assert answers[2, 0] == answers[2, 1] == p.Restored(4, 8, 0.5)
+    assert torch.equal(ranks[0].params(), ranks[1].params())
+    for rank in ranks:
+        # steps 0..8 trained batches 0..8; the rollback to the checkpoint after step 4
+        # (position 5) trains 5.. again, each once since the checkpoint
+        assert rank.trained == [*range(9), *range(5, 10)]
+        assert rank.manager.lr_factor == 0.5
         rank.manager.close()
     quorum.close()
