@@ -36,8 +36,10 @@ from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
+from ft_runtime.base import Supervisor
 from ft_runtime.faults import ENV_INJECT, FaultSpec, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE, JobLayout
+from ft_runtime.replica import config as replica_config
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from ft_runtime.types import LifecycleEvent, Phase
 from remediation.config import load_policy
@@ -59,7 +61,7 @@ class JobConfig:
     layout: JobLayout = field(default_factory=JobLayout)
     master_addr: str = "127.0.0.1"
     master_port: int = 0
-    max_restarts: int = 3
+    max_restarts: int = replica_config.MAX_RESTARTS
     recovery: str = "job"
     remediate: bool = False
     inject: Sequence[str] = ()
@@ -68,12 +70,16 @@ class JobConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     hang: Mapping[str, float] = field(default_factory=dict)  # HangLimits set by flags
     instrument: bool = True  # zero-code telemetry (eagleeye.boot) in every rank
-    stall_factor: float = 1.0  # the hang limit of replica recovery: QuorumService's
-    stall_floor_s: float = 0.05  # defaults (kept here so that flags need no torch import)
-    lateness_factor: float = 2.0
-    min_replicas: int = 1
-    joiner_nice: int = 10
-    serve_nice: int = 10
+    # replica recovery (ft_runtime.replica.config: its defaults, without torch)
+    stall_factor: float = replica_config.STALL_FACTOR
+    stall_floor_s: float = replica_config.STALL_FLOOR_S
+    lateness_factor: float = replica_config.LATENESS_FACTOR
+    min_replicas: int = replica_config.MIN_REPLICAS
+    joiner_nice: int = replica_config.JOINER_NICE
+    serve_nice: int = replica_config.SERVE_NICE
+    straggler_factor: float = replica_config.STRAGGLER_FACTOR
+    max_job_restarts: int = replica_config.MAX_JOB_RESTARTS
+    command_timeout_s: float = replica_config.COMMAND_TIMEOUT_S
     policy: str | None = None
     metrics_port: int | None = None  # serve Prometheus metrics (0: a free port)
     metrics_address: str = "127.0.0.1"
@@ -216,7 +222,7 @@ def policy_for(config: JobConfig) -> Policy:
 
 def supervisor_for(
     config: JobConfig, launch: LaunchSpec, store: RunStore | None = None
-) -> JobSupervisor:
+) -> Supervisor:
     """The synchronous baseline, or replicas as the unit of failure. With a run store, the
     quorum coordinator records its memberships there and can restart from them."""
     if config.recovery != "replica":
@@ -233,10 +239,17 @@ def supervisor_for(
         stall_factor=config.stall_factor,
         stall_floor_s=config.stall_floor_s,
         lateness_factor=config.lateness_factor,
-        log=None if store is None else StoreMembershipLog(store),
+        # a resumed run starts a new quorum: the store its records name is gone
+        log=None if store is None else StoreMembershipLog(store, fresh=bool(config.resume_dir)),
     )
     return ReplicaSupervisor(
-        launch, quorum, max_restarts=config.max_restarts, joiner_nice=config.joiner_nice
+        launch,
+        quorum,
+        max_restarts=config.max_restarts,
+        max_job_restarts=config.max_job_restarts,
+        command_timeout_s=config.command_timeout_s,
+        joiner_nice=config.joiner_nice,
+        straggler_factor=config.straggler_factor,
     )
 
 
@@ -450,7 +463,7 @@ def _script_sources(config: JobConfig) -> list[Path]:
 
 
 def _continue(
-    stored: StoredRun, supervisor: JobSupervisor, controller: Controller, store: RunStore
+    stored: StoredRun, supervisor: Supervisor, controller: Controller, store: RunStore
 ) -> None:
     """A resumed run starts as the attempt after its last, from the newest checkpoint its
     ranks reported, with a fresh restart budget; the resumption is recorded."""
@@ -475,8 +488,8 @@ def resumed_job_config(run_dir: str, **flags: Any) -> JobConfig:
         "script_args": script_args,
         "module": module,
         "layout": layout_of(saved),
-        "min_replicas": int(saved.get("min_replicas", 1)),
-        "max_restarts": int(saved.get("max_restarts", 3)),
+        "min_replicas": int(saved.get("min_replicas", replica_config.MIN_REPLICAS)),
+        "max_restarts": int(saved.get("max_restarts", replica_config.MAX_RESTARTS)),
         "recovery": str(saved.get("recovery", "job")),
         "remediate": bool(saved.get("remediate", False)),
         "policy": saved.get("policy_file"),

@@ -36,10 +36,12 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from ft_runtime import _dist as dist
 from ft_runtime.membership import Membership, MembershipLog, QuorumRecord
+from ft_runtime.replica import config
 from ft_runtime.replica.auth import JobSecret, new_secret
 from ft_runtime.replica.protocol import (
     KEY_EPOCH,
@@ -66,14 +68,17 @@ __all__ = [
     "MembershipLog",
     "QuorumRecord",
     "QuorumService",
+    "StallReport",
     "key_broken",
     "key_members",
     "key_start",
 ]
 
-STALL_FACTOR = 1.0
-STALL_FLOOR_S = 0.05
-LATENESS_FACTOR = 2.0
+STALL_FACTOR, STALL_FLOOR_S, LATENESS_FACTOR = (
+    config.STALL_FACTOR,
+    config.STALL_FLOOR_S,
+    config.LATENESS_FACTOR,
+)
 LATENESS_WINDOW = 64
 """Steps whose lateness the noise guard remembers."""
 FIRST_TIMED_STEP = 2
@@ -85,6 +90,20 @@ ENV_QUORUM = "EAGLEEYE_QUORUM"
 
 MAX_STEPS_BETWEEN_LOOKS = 8
 """A rank seen this many steps further on since the last look still gives a step time."""
+
+
+@dataclass(frozen=True, slots=True)
+class StallReport:
+    """One look at the heartbeats: the members found hung (none: no stall), the ranks
+    that never entered the exchange the others wait in, how long the first of those
+    waited (the coordinator's clock) and the limit it was judged by (None: no pace known
+    yet)."""
+
+    replicas: tuple[int, ...] = ()
+    late_ranks: tuple[int, ...] = ()
+    waited_s: float = 0.0
+    limit_s: float | None = None
+
 
 LOOK_GAP_S = 1.0
 """Looks at the heartbeats this far apart mean the coordinator stood still (it looks at
@@ -147,10 +166,8 @@ class QuorumService:
         self._seen_hb: dict[int, tuple[int, int, float]] = {}  # rank -> (seq, step, seen at)
         self._arrivals: dict[int, dict[int, float]] = {}  # step -> rank -> when it entered
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)
-        self.waited_s = 0.0  # how long the first rank in the newest exchange has waited
         self._looked_at = 0.0  # the coordinator's last look at the heartbeats
         self._grace_until = 0.0  # no stall is judged before (after a gap in its looks)
-        self.late_ranks: list[int] = []  # the ranks that the last stall found missing
         self._incarnation: dict[int, int] = {}
         self.log = log
         self.store_address = store_address
@@ -285,24 +302,26 @@ class QuorumService:
         return tuple(r for r in self.current.members if r not in self.current.joining)
 
     # ---- heartbeats --------------------------------------------------------------------------
-    def stalled(self) -> list[int]:
-        """Members that never entered an exchange the others have waited in too long."""
+    def stalled(self) -> StallReport:
+        """Members that never entered an exchange the others have waited in too long, with
+        the evidence: the late ranks, how long the others waited, the limit."""
         if self.store is None or len(self.current.members) < 2:
-            return []
+            return StallReport()
         looked = self.clock()
         beats = self._heartbeats()
         now = self.clock()
         if self._after_gap(looked, now) or not beats:
-            return []
+            return StallReport()
         front = max(step for step, _ in beats.values())
         waiting = [t for step, t in beats.values() if step == front]
         limit = self.stall_limit()
-        self.waited_s = now - min(waiting)
-        if limit is None or self.waited_s < limit:
-            return []
-        self.late_ranks = sorted(rank for rank, (step, _) in beats.items() if step < front)
-        late = {rank // self.replica_size for rank in self.late_ranks}
-        return sorted(r for r in late if r in self.current.members)
+        waited_s = now - min(waiting)
+        if limit is None or waited_s < limit:
+            return StallReport((), (), waited_s, limit)
+        late_ranks = tuple(sorted(rank for rank, (step, _) in beats.items() if step < front))
+        late = {rank // self.replica_size for rank in late_ranks}
+        hung = tuple(sorted(r for r in late if r in self.current.members))
+        return StallReport(hung, late_ranks, waited_s, limit)
 
     def _after_gap(self, looked: float, now: float) -> bool:
         """Whether the coordinator itself stood still: its looks were ``LOOK_GAP_S`` or more
@@ -383,6 +402,22 @@ class QuorumService:
             for arrived in self._arrivals.values():
                 arrived.pop(rank, None)
             self.store.delete_key(key_heartbeat(rank))
+
+    def successor(self, log: MembershipLog | None = None) -> QuorumService:
+        """A new coordinator with this one's settings that resumes from ``log`` (by default
+        this one's): its store address, newest epoch and expected joiners (start it)."""
+        return QuorumService(
+            self.replicas,
+            self.replica_size,
+            host=self.host,
+            min_replicas=self.min_replicas,
+            stall_factor=self.stall_factor,
+            stall_floor_s=self.stall_floor_s,
+            lateness_factor=self.lateness_factor,
+            clock=self.clock,
+            log=log or self.log,
+            secret=self.secret,
+        )
 
     def close(self) -> None:
         self.store = None

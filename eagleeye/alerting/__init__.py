@@ -11,7 +11,13 @@ from eagleeye.alerting.alertmanager import (
 )
 from eagleeye.alerting.rules import FATAL_XIDS, Windows, alert_names, alert_rules, write_rules
 from eagleeye.alerting.ruletest import run_rule_tests, untested_alerts
-from eagleeye.alerting.webhook import AlertWebhook, alert_to_finding, severity_of
+from eagleeye.alerting.webhook import (
+    AlertWebhook,
+    alert_to_finding,
+    decode_alerts,
+    findings_of,
+    severity_of,
+)
 
 __all__ = [
     "FATAL_XIDS",
@@ -21,6 +27,8 @@ __all__ = [
     "alert_rules",
     "alert_to_finding",
     "alertmanager_config",
+    "decode_alerts",
+    "findings_of",
     "read_token_file",
     "run_rule_tests",
     "severity_of",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,15 +38,56 @@ MAX_CONNECTIONS = 16
 REQUEST_TIMEOUT_S = 5.0
 
 
+def decode_alerts(body: bytes) -> list[Finding]:
+    """The findings of a webhook body (JSON of Alertmanager's payload), checked whole
+    before any is handled.
+
+    Raises:
+        ValueError: the body is not JSON, or not such a payload (whatever its nesting,
+            types or numbers); the message says what was wrong.
+    """
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {str(exc)[:100]}") from None
+    if not isinstance(payload, dict):
+        raise ValueError("the payload must be a JSON object")
+    return findings_of(payload)
+
+
+def findings_of(payload: Mapping[str, Any]) -> list[Finding]:
+    """The findings of the firing alerts of a decoded payload.
+
+    Raises:
+        ValueError: ``alerts`` is not a list of alerts, or one of them is malformed.
+    """
+    alerts = payload.get("alerts", [])
+    if not isinstance(alerts, list):
+        raise ValueError("'alerts' must be a list")
+    findings = []
+    for alert in alerts:
+        try:
+            finding = alert_to_finding(alert)
+        except (TypeError, AttributeError, OverflowError, RecursionError, OSError) as exc:
+            raise ValueError(f"malformed alert: {type(exc).__name__}: {str(exc)[:100]}") from None
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
 def alert_to_finding(alert: Mapping[str, Any]) -> Finding | None:
     """The finding a firing alert stands for, or None for a resolved one.
 
     Raises:
         ValueError: the alert lacks a ``kind`` label or has an unknown severity.
     """
+    if not isinstance(alert, Mapping):
+        raise ValueError("an alert must be a JSON object")
     if alert.get("status", "firing") != "firing":
         return None
     labels = alert.get("labels", {})
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise ValueError("an alert's labels must be an object of strings")
     kind = labels.get("kind")
     if not kind:
         raise ValueError(f"alert {labels.get('alertname', '?')} has no 'kind' label")
@@ -54,9 +96,14 @@ def alert_to_finding(alert: Mapping[str, Any]) -> Finding | None:
         replica=_int(labels.get("replica")), rank=_int(labels.get("rank")), node=node or None
     )
     evidence = {}
-    value = alert.get("annotations", {}).get("value")
+    annotations = alert.get("annotations", {})
+    value = annotations.get("value") if isinstance(annotations, Mapping) else None
     if value is not None:
-        evidence["value"] = float(value)
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise ValueError(f"annotation value {str(value)[:40]!r} is not a number")
+        evidence["value"] = float(value)  # OverflowError for a huge integer: caught above
+        if not math.isfinite(evidence["value"]):
+            raise ValueError(f"annotation value {value!r} is not finite")
     if labels.get("gpu", "").isdigit():
         evidence["gpu"] = float(labels["gpu"])
     return Finding(
@@ -102,9 +149,11 @@ def _int(text: str | None) -> int | None:
     return int(text) if text is not None and text.lstrip("-").isdigit() else None
 
 
-def _time(text: str | None) -> float:
+def _time(text: object) -> float:
     if not text:
         return time.time()
+    if not isinstance(text, str):
+        raise ValueError(f"startsAt {str(text)[:40]!r} is not a time")
     # Alertmanager writes nanoseconds; fromisoformat takes at most microseconds.
     head, dot, rest = text.partition(".")
     if dot:
@@ -216,12 +265,17 @@ class AlertWebhook:
         return decision
 
     def accept(self, payload: Mapping[str, Any]) -> list[Decision]:
-        """Turns a webhook payload into findings and hands each to remediation."""
+        """Turns a webhook payload into findings and hands each to remediation.
+
+        Raises:
+            ValueError: the payload is not an Alertmanager payload (nothing is handled).
+        """
+        return self.accept_findings(findings_of(payload))
+
+    def accept_findings(self, findings: Sequence[Finding]) -> list[Decision]:
+        """Hands each finding of a checked payload to remediation."""
         decisions: list[Decision] = []
-        for alert in payload.get("alerts", []):
-            finding = alert_to_finding(alert)
-            if finding is None:
-                continue
+        for finding in findings:
             self.received.append(finding)
             for decision in self.handle(finding):
                 decisions.append(decision)
@@ -291,10 +345,10 @@ def _handler(hook: AlertWebhook) -> type[BaseHTTPRequestHandler]:
             if length > MAX_BODY:
                 return self._reply(413, {"error": f"body over {MAX_BODY} bytes"})
             try:
-                payload = json.loads(self.rfile.read(length))
-                decisions = hook.accept(payload)
-            except (ValueError, TypeError, AttributeError) as exc:
+                findings = decode_alerts(self.rfile.read(length))
+            except ValueError as exc:
                 return self._reply(400, {"error": f"not an Alertmanager payload: {exc}"})
+            decisions = hook.accept_findings(findings)
             actions = [d.outcome.to_json() for d in decisions]
             return self._reply(200, {"decisions": len(decisions), "outcomes": actions})
 

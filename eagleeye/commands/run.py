@@ -7,6 +7,7 @@ from typing import Any
 
 from eagleeye.commands._args import non_negative, port, positive, seconds
 from eagleeye.commands.hang_flags import add_hang_arguments
+from ft_runtime.replica import config as replica_config
 
 
 def add_parser(sub: Any) -> None:
@@ -60,10 +61,11 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--min-replicas",
         type=positive,
-        default=1,
+        default=replica_config.MIN_REPLICAS,
         metavar="N",
         help="under --recovery replica: fewer healthy replicas than N left and the whole "
-        "job restarts from its newest checkpoint; at most --replicas (default: 1)",
+        "job restarts from its newest checkpoint; at most --replicas "
+        f"(default: {replica_config.MIN_REPLICAS})",
     )
     g.add_argument(
         "--master-addr",
@@ -92,8 +94,9 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--max_restarts",
         dest="max_restarts",
         type=non_negative,
-        default=3,
-        help="restart budget of the job (default: 3)",
+        default=replica_config.MAX_RESTARTS,
+        help="restart budget of the job, or of each replica under --recovery replica "
+        f"(default: {replica_config.MAX_RESTARTS})",
     )
     g.add_argument(
         "--recovery",

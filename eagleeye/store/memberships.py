@@ -15,8 +15,12 @@ from ft_runtime.membership import Membership, QuorumRecord
 class StoreMembershipLog:
     """A ``ft_runtime.quorum.MembershipLog`` over a run's store."""
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, fresh: bool = False) -> None:
+        """``fresh``: a resumed run's log, whose coordinator starts a new quorum (the store
+        process that earlier records name ended with their controller): ``last()`` is None
+        until this log has recorded a membership of its own."""
         self.store = store
+        self._fresh = fresh
 
     def record(self, record: QuorumRecord, time: float) -> None:
         m = record.membership
@@ -24,8 +28,11 @@ class StoreMembershipLog:
             time, m.epoch, m.members, m.joining, record.expected, record.store_address
         )
         self.store.flush()
+        self._fresh = False
 
     def last(self) -> QuorumRecord | None:
+        if self._fresh:
+            return None
         row = self.store.last_membership()
         if row is None:
             return None

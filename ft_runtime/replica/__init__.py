@@ -9,10 +9,12 @@ The rank side, for training scripts (docs/replica-api.md):
 - ``init_process_group``: the replica's own group, for ``DistributedDataParallel``;
 - ``ReplicaSampler``: the data ledger as a sampler.
 
-The controller side: ``ReplicaSupervisor``. ``protocol`` names every key of the quorum's
-store and its messages (no torch needed); ``auth`` and ``store`` protect them with the
-job's secret. Names are imported lazily, so ``ft_runtime.replica.protocol`` loads without
-torch.
+The controller side: ``supervisor`` restarts one failed replica while the others keep
+training; ``state`` is its record of each replica; ``inflight`` carries control commands
+to the ranks without blocking the controller. ``protocol`` names every key of the quorum's
+store and the messages under them (no torch needed); ``auth`` and ``store`` protect them
+with the job's secret. Names are imported lazily, so that ``ft_runtime.replica.protocol``
+loads without torch.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ft_runtime.priority import restore_priority
+from ft_runtime.replica.state import ReplicaState
+
 if TYPE_CHECKING:
     from ft_runtime.replica.data import ReplicaSampler
     from ft_runtime.replica.ddp import init_process_group
     from ft_runtime.replica.manager import Manager, StepResult
     from ft_runtime.replica.optim import OptimizerWrapper
-    from ft_runtime.replica.supervisor import ReplicaSupervisor, restore_priority
+    from ft_runtime.replica.supervisor import ReplicaSupervisor
 
 _WHERE = {
     "Manager": "manager",
@@ -34,13 +39,13 @@ _WHERE = {
     "ReplicaSampler": "data",
     "init_process_group": "ddp",
     "ReplicaSupervisor": "supervisor",
-    "restore_priority": "supervisor",
 }
 
 __all__ = [
     "Manager",
     "OptimizerWrapper",
     "ReplicaSampler",
+    "ReplicaState",
     "ReplicaSupervisor",
     "StepResult",
     "init_process_group",

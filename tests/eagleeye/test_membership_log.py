@@ -79,3 +79,22 @@ def test_restarting_without_a_record_is_refused(tmp_path) -> None:
     sup = ReplicaSupervisor(spec, QuorumService(2, 1))
     with pytest.raises(RuntimeError, match="no membership log"):
         sup.restart_coordinator("test")
+
+
+def test_a_resumed_runs_log_starts_a_new_quorum_on_a_store_of_its_own(tmp_path) -> None:
+    """`eagleeye run --resume` of a replica-mode run: the store process its records name
+    ended with the killed controller; connecting there waited 30 s and crashed the run."""
+    store = RunStore(tmp_path)
+    StoreMembershipLog(store).record(
+        QuorumRecord(Membership(3, (0, 1)), "127.0.0.1:9"), time=1.0
+    )  # a store address nobody listens on
+    quorum = QuorumService(2, 1, log=StoreMembershipLog(store, fresh=True))
+    address = quorum.start()  # before: DistNetworkError after the 30 s connect timeout
+    assert address != "127.0.0.1:9"
+    assert not quorum.resumed
+    assert quorum.current.members == (0, 1)
+    quorum.close()
+    newest = StoreMembershipLog(store).last()
+    assert newest is not None
+    assert newest.store_address == address  # a restart of this run's coordinator finds it
+    store.close()

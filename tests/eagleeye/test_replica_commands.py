@@ -17,7 +17,7 @@ from ft_runtime.replica.protocol import Heartbeat, LedgerMark, decode, key_heart
 from ft_runtime.replica.store import SealedStore, connect
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
-from tests.eagleeye.replica_helpers import final_params_identical, workload
+from tests.eagleeye.replica_helpers import final_params_identical, finish, workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 STEPS = 120
@@ -52,7 +52,9 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
         store = connect(sup.quorum.address, JobSecret(sup.quorum.secret))
 
         _wait_for_step(sup, store, 10)
-        skip = sup.execute(Action(ActionKind.SKIP_BATCH, "replica:1", "loss spike", "s1"))
+        skip = finish(
+            sup, sup.execute(Action(ActionKind.SKIP_BATCH, "replica:1", "loss spike", "s1"))
+        )
         assert skip.status is OutcomeStatus.DONE, skip.detail
         skipped = re.fullmatch(r"skipped batches \{1: (\d+)\}", skip.detail)
         assert skipped is not None, skip.detail
@@ -62,7 +64,9 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
         trained = decode(LedgerMark, store.get(key_ledger(0, batch)))
         assert trained == LedgerMark("trained")  # the others trained theirs
 
-        save = sup.execute(Action(ActionKind.CHECKPOINT, "job", "before a risky stretch", "c1"))
+        save = finish(
+            sup, sup.execute(Action(ActionKind.CHECKPOINT, "job", "before a risky stretch", "c1"))
+        )
         assert save.status is OutcomeStatus.DONE, save.detail
         saved = re.fullmatch(r"replica 0 saved step (\d+) to (.+)", save.detail)
         assert saved is not None, save.detail
@@ -71,7 +75,7 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
 
         _wait_for_step(sup, store, saved_step + 15)
         target = f"step:{saved_step + 5}"  # the newest checkpoint at or before it
-        back = sup.execute(Action(ActionKind.ROLLBACK, target, "bad stretch", "r1"))
+        back = finish(sup, sup.execute(Action(ActionKind.ROLLBACK, target, "bad stretch", "r1")))
         assert back.status is OutcomeStatus.DONE, back.detail
         assert back.detail.endswith(f"rolled back to the checkpoint of step [{saved_step}]")
         # The answer comes before the next exchange's heartbeat: wait for that heartbeat.
@@ -80,10 +84,10 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
             time.sleep(0.005)
         assert now <= saved_step + 3  # training resumed right after the checkpoint
 
-        none = sup.execute(Action(ActionKind.ROLLBACK, "step:2", "too early", "r2"))
+        none = finish(sup, sup.execute(Action(ActionKind.ROLLBACK, "step:2", "too early", "r2")))
         assert none.status is OutcomeStatus.FAILED
         assert "no checkpoint at or before 2" in none.detail
-        bad = sup.execute(Action(ActionKind.ROLLBACK, "rank:1", "wrong target", "r3"))
+        bad = finish(sup, sup.execute(Action(ActionKind.ROLLBACK, "rank:1", "wrong target", "r3")))
         assert bad.status is OutcomeStatus.FAILED
 
         deadline = time.monotonic() + 120

@@ -27,6 +27,18 @@ pytestmark = pytest.mark.timeout(180)
 TOKEN = "catch-up-token-0123456789abcdef"
 
 
+OPEN: list[Rank] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_ranks():
+    """Every rank's snapshot server is closed after its test, passed or failed: its
+    threads must not linger into other tests."""
+    yield
+    while OPEN:
+        OPEN.pop().manager.close()
+
+
 def dataset() -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(512, 4, generator=generator)
@@ -64,6 +76,7 @@ class Rank:
         self.sampler = ReplicaSampler(dataset(), self.manager, batch_size=4, seed=0)
         self.loader = DataLoader(dataset(), batch_size=4, sampler=self.sampler)
         self.trained: list[int] = []  # this replica's batches, in the order trained
+        OPEN.append(self)
         self.members: list[int] = []
 
     def load(self, state: dict) -> None:

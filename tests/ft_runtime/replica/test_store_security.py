@@ -61,6 +61,7 @@ def test_an_outsider_can_neither_read_the_membership_nor_make_a_rank_act() -> No
     errors: list[BaseException] = []
 
     def rank(replica: int) -> None:
+        comm = None
         try:
             comm = ReplicaComm(
                 connect(address, secret),
@@ -94,10 +95,12 @@ def test_an_outsider_can_neither_read_the_membership_nor_make_a_rank_act() -> No
                 "serving": comm.source.serving or bool(comm.server.snapshots),
                 "membership": comm.membership,
             }
-            comm.close()
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
             barrier.abort()
+        finally:
+            if comm is not None:
+                comm.close()
 
     threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
     for t in threads:
@@ -106,7 +109,7 @@ def test_an_outsider_can_neither_read_the_membership_nor_make_a_rank_act() -> No
     readable = outsider_attack(address)
     # what the coordinator would act on, read after the outsider wrote
     assert quorum.poll_joins() is None
-    assert quorum.stalled() == []
+    assert quorum.stalled().replicas == ()
     barrier.wait(30)
     for t in threads:
         t.join(60)
