@@ -277,11 +277,16 @@ class ReplicaComm:
         contributors = summary.contributors
         chunk.copy_(summed / max(1, contributors))
         if self.intra is not None:
+            # the slices differ by one element when the size does not divide: gloo
+            # gathers equal sizes, so each is padded to the largest
             parts = list(flat.tensor_split(self.replica_size))
-            gathered = [torch.empty_like(p) for p in parts]
-            self.intra.allgather([gathered], [chunk.clone()]).wait()
+            size = parts[0].numel()
+            padded = flat.new_zeros(size)
+            padded[: chunk.numel()] = chunk
+            gathered = [flat.new_empty(size) for _ in parts]
+            self.intra.allgather([gathered], [padded]).wait()
             for part, got in zip(parts, gathered, strict=True):
-                part.copy_(got)
+                part.copy_(got[: part.numel()])
         self.ledger.mark_trained(summary.trained())
         if agreed > self.membership.epoch:
             self._pending = self._read(agreed)
