@@ -120,6 +120,8 @@ class Manager:
         self.step = 0
         self.batch = 0
         self.lr_factor = 1.0
+        self._marks = [0] * self.comm.num_replicas  # the ledger positions last looked up
+        self.skipped: list[int] = []  # batches the controller's skip_batch skipped here
         self.joined_at: int | None = None
         self._started = False
         self._restored = False
@@ -157,8 +159,10 @@ class Manager:
     def state_dict(self) -> dict[str, Any]:
         """What to save beside the model: the step and every replica's data position, so
         a job restarted from this checkpoint trains each batch once since."""
-        marks = [self.comm.next_batch(0, replica) for replica in range(self.num_replicas)]
-        return {"step": self.step, "marks": marks, "lr_factor": self.lr_factor}
+        self._marks = [
+            self.comm.next_batch(mark, replica) for replica, mark in enumerate(self._marks)
+        ]
+        return {"step": self.step, "marks": list(self._marks), "lr_factor": self.lr_factor}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a ``state_dict`` from the script's checkpoint. A replica that must catch
@@ -168,6 +172,8 @@ class Manager:
         self.step = int(state["step"])
         self.lr_factor = float(state.get("lr_factor", 1.0))
         marks = [int(m) for m in state["marks"]]
+        if len(marks) == self.num_replicas:
+            self._marks = list(marks)
         mark = marks[self.replica] if self.replica < len(marks) else 0
         self.comm.barrier()  # every rank read the ledger before rank 0 rewrites it
         self.comm.forget_batches(mark)
@@ -267,6 +273,7 @@ class Manager:
             self._rollback(command)
         elif command.applies_to(self.replica):  # skip_batch
             self.comm.skip_batch(self.batch)
+            self.skipped.append(self.batch)
             self.comm.answer(command, Skipped(self.batch))
             self.batch = self.comm.next_batch(self.batch + 1)
         else:
