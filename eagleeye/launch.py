@@ -469,12 +469,19 @@ def refuse_replica_without_api(config: JobConfig) -> None:
             return
     raise EagleEyeError(
         f"--recovery replica needs a script that trains through the replica API "
-        f"({REPLICA_API[0]}, as {REPLICA_API[1]} does); {config.script} and the modules "
+        f"({REPLICA_API[0]}: Manager and OptimizerWrapper, docs/replica-api.md); "
+        f"{config.script} and the modules "
         "beside it use none of it: run it with --recovery job"
     )
 
 
-REPLICA_API = ("ReplicaComm", "eagleeye.workload.replicated", "ft_runtime.ftar")
+REPLICA_API = (
+    "ft_runtime.replica",
+    "from ft_runtime import replica",
+    "ReplicaComm",
+    "eagleeye.workload.replicated",
+    "ft_runtime.ftar",
+)
 
 
 def _script_sources(config: JobConfig) -> list[Path]:

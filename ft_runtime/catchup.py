@@ -10,7 +10,15 @@ CPU first; a system that refuses the lower priority only costs that advantage. T
 receiver verifies every chunk (and retries a bad one), then loads the whole with
 ``torch.load(weights_only=True)``.
 
-Endpoints (loopback by default; a bearer token when one is set)::
+Authentication, when the server has a token (the job's catch-up token): the token itself
+never crosses the network. Each request carries a fresh nonce and a proof (an HMAC of the
+nonce and the path under the token); the server refuses a request without a valid proof
+or with a nonce it has seen, and signs each answer (an HMAC of the nonce and the body's
+SHA-256), so the joiner uses nothing from an address that cannot prove it knows the token:
+a process that took over the source's port, or a forged address, gets no token and feeds
+the joiner nothing.
+
+Endpoints (loopback by default)::
 
     GET /snapshot/<tag>/meta        {"tag", "step", "bytes", "chunk_bytes", "sha256": [...]}
     GET /snapshot/<tag>/chunk/<i>   the i-th chunk
@@ -23,12 +31,16 @@ Endpoints (loopback by default; a bearer token when one is set)::
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
+import secrets
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -41,6 +53,16 @@ from ft_runtime.priority import lower_this_thread, thread_nice
 CHUNK_BYTES = 4 << 20
 SERVE_NICE = 10
 """Nice levels the server's threads run below the thread that created the server."""
+AUTH_SCHEME = "EE-Proof"
+NONCES_KEPT = 65536
+"""Nonces a server remembers to refuse a replayed request."""
+
+
+def proof(token: str, role: str, *parts: str) -> str:
+    """HMAC-SHA256 (hex) of ``role`` and ``parts`` under ``token``: what each side shows
+    to prove it knows the token without sending it."""
+    message = "\n".join((role, *parts)).encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 
 
 class _Snapshot:
@@ -100,7 +122,8 @@ class SnapshotServer:
     Args:
         host: address to bind (loopback unless told otherwise).
         rate_bytes_s: upper bound of the bytes per second sent (all requests together).
-        token: required as ``Authorization: Bearer <token>`` when not empty.
+        token: when not empty, every request must prove it knows it, and every answer
+            proves the server does (the token is never sent).
         chunk_bytes: size of one chunk.
         serve_nice: how many nice levels below the creating thread (the training loop)
             the server's threads run; 0 keeps them at its priority. A negative value
@@ -125,6 +148,8 @@ class SnapshotServer:
         self.bytes_sent = 0
         self._lock = threading.Lock()
         self._next_send = 0.0
+        self._nonces: set[str] = set()
+        self._nonce_order: deque[str] = deque()
         self._server = _LoweredHTTPServer((host, 0), _handler(self), self.lower_priority)
         threading.Thread(target=self._serve, daemon=True, name="snapshots").start()
 
@@ -167,6 +192,17 @@ class SnapshotServer:
         if start > now:
             time.sleep(start - now)
 
+    def fresh(self, nonce: str) -> bool:
+        """Whether ``nonce`` is new (then it is remembered): a replayed request is not."""
+        with self._lock:
+            if nonce in self._nonces:
+                return False
+            self._nonces.add(nonce)
+            self._nonce_order.append(nonce)
+            if len(self._nonce_order) > NONCES_KEPT:
+                self._nonces.discard(self._nonce_order.popleft())
+            return True
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -205,8 +241,9 @@ def _copy(value: Any) -> Any:
 def _handler(server: SnapshotServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
-            if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
-                self.send_error(401, "missing or wrong bearer token")
+            self.nonce = self.headers.get("X-EE-Nonce", "")
+            if server.token and not self._authentic():
+                self.send_error(401, "missing, wrong or replayed proof of the job's token")
                 return
             parts = self.path.strip("/").split("/")
             if len(parts) == 2 and parts[0] == "log" and parts[1].isdigit():
@@ -226,7 +263,8 @@ def _handler(server: SnapshotServer) -> type[BaseHTTPRequestHandler]:
                 self.send_error(503, "snapshot not serialised yet")
                 return
             if parts[2] == "meta":
-                self._send(json.dumps(snapshot.meta()).encode())
+                meta = json.dumps(snapshot.meta()).encode()
+                self._send(meta, hashlib.sha256(meta).hexdigest())
                 return
             index = int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else -1
             if not 0 <= index < len(snapshot.digests):
@@ -235,13 +273,22 @@ def _handler(server: SnapshotServer) -> type[BaseHTTPRequestHandler]:
             size = snapshot.chunk_bytes
             chunk = snapshot.payload[index * size : (index + 1) * size]
             server.throttle(len(chunk))
-            self._send(chunk)
+            self._send(chunk, snapshot.digests[index])
 
-        def _send(self, body: bytes, digest: str = "") -> None:
+        def _authentic(self) -> bool:
+            given = self.headers.get("Authorization", "")
+            want = f"{AUTH_SCHEME} {proof(server.token, 'request', self.nonce, self.path)}"
+            ok = len(self.nonce) == 32 and hmac.compare_digest(given.encode(), want.encode())
+            return ok and server.fresh(self.nonce)
+
+        def _send(self, body: bytes, digest: str) -> None:
+            """Sends ``body`` with the SHA-256 it should have, and the proof over both."""
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
-            if digest:
-                self.send_header("X-SHA256", digest)
+            self.send_header("X-SHA256", digest)
+            if server.token:
+                answer = proof(server.token, "response", self.nonce, digest)
+                self.send_header("X-EE-Proof", answer)
             self.end_headers()
             self.wfile.write(body)
 
@@ -260,11 +307,14 @@ def fetch_snapshot(
         CatchUpError: the peer is unreachable, or a chunk stays corrupt after ``retries``.
     """
     base = f"http://{address}/snapshot/{tag}"
-    meta = _meta(_get(f"{base}/meta", token, timeout_s), f"snapshot {tag} from {address}")
+    body, digest = _get(f"{base}/meta", token, timeout_s)
+    if hashlib.sha256(body).hexdigest() != digest:
+        raise CatchUpError(f"the meta of snapshot {tag} from {address} fails its checksum")
+    meta = _meta(body, f"snapshot {tag} from {address}")
     payload = bytearray()
     for index, digest in enumerate(meta["sha256"]):
         for _attempt in range(retries):
-            chunk = _get(f"{base}/chunk/{index}", token, timeout_s)
+            chunk = _get(f"{base}/chunk/{index}", token, timeout_s)[0]
             if hashlib.sha256(chunk).hexdigest() == digest:
                 payload += chunk
                 break
@@ -282,12 +332,9 @@ def fetch_update(address: str, step: int, token: str = "") -> dict[str, Any] | N
     Raises:
         CatchUpError: the peer is unreachable or the entry fails its checksum.
     """
-    request = urllib.request.Request(f"http://{address}/log/{step}")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    url = f"http://{address}/log/{step}"
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            body, digest = bytes(response.read()), response.headers.get("X-SHA256", "")
+        body, digest = _request(url, token, 30.0)
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
@@ -338,12 +385,34 @@ def encode_update(update: Mapping[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def _get(url: str, token: str, timeout_s: float) -> bytes:
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+def _get(url: str, token: str, timeout_s: float) -> tuple[bytes, str]:
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return bytes(response.read())
+        return _request(url, token, timeout_s)
     except (urllib.error.URLError, OSError) as exc:
         raise CatchUpError(f"cannot fetch {url}: {exc}") from exc
+
+
+def _request(url: str, token: str, timeout_s: float) -> tuple[bytes, str]:
+    """The body and X-SHA256 of ``url`` (the caller compares the two). With a token the
+    request proves it knows it (the token is not sent) and the answer must prove the same
+    over the nonce and that digest, or CatchUpError: nothing from a server that cannot is
+    used."""
+    request = urllib.request.Request(url)
+    nonce = secrets.token_hex(16)
+    if token:
+        path = urllib.parse.urlsplit(url).path
+        request.add_header("X-EE-Nonce", nonce)
+        request.add_header("Authorization", f"{AUTH_SCHEME} {proof(token, 'request', nonce, path)}")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        body = bytes(response.read())
+        digest = response.headers.get("X-SHA256", "")
+        answer = response.headers.get("X-EE-Proof", "")
+    if token:
+        want = proof(token, "response", nonce, digest)
+        if not hmac.compare_digest(answer.encode(), want.encode()):
+            host = urllib.parse.urlsplit(url).netloc
+            raise CatchUpError(
+                f"the catch-up source at {host} cannot prove it knows the job's token; "
+                "nothing it sent is used (another process may hold its port)"
+            )
+    return body, digest

@@ -36,40 +36,34 @@ from ft_runtime.catchup import SERVE_NICE, SnapshotServer
 from ft_runtime.errors import LeftQuorum
 from ft_runtime.quorum import Membership
 from ft_runtime.rejoin import Apply, CatchUpClient, CatchUpSource
+from ft_runtime.replica.control import CommandInbox
+from ft_runtime.replica.ledger import Ledger
 from ft_runtime.replica.protocol import (
     CONTROL_FIELDS,
-    KEY_COMMANDS,
     KEY_EPOCH,
-    SKIPPED,
-    TRAINED,
     Answer,
     Command,
     ControlSlot,
     EpochPointer,
     EpochStart,
     ExchangeSummary,
-    Failed,
     Heartbeat,
     JoinRequest,
-    LedgerMark,
     ProtocolError,
     ServerAddress,
     decode,
-    decode_counter,
     decode_membership,
     encode,
     key_address,
-    key_answer,
     key_broken,
-    key_command,
     key_heartbeat,
     key_join,
-    key_ledger,
     key_members,
     key_start,
     prefix_cross,
     prefix_intra,
 )
+from ft_runtime.replica.store import SealedStore
 
 _FIELDS = len(CONTROL_FIELDS)
 
@@ -83,13 +77,15 @@ class ExchangeResult:
     contributors: int
     retries: int
     lr_scale: float
+    trained: tuple[tuple[int, int], ...] = ()
+    """``(replica, batch)`` of every replica that contributed its batch."""
 
 
 class ReplicaComm:
     """One rank's side of replica-level fault tolerance.
 
     Args:
-        store: a client of the quorum's TCPStore.
+        store: a sealed client of the quorum's store (``replica.store.connect``).
         store_address: ``host:port`` of that store (new clients are made for group set-up).
         replica, replica_rank, replica_size, num_replicas: where this rank sits.
         incarnation: how often this replica was relaunched; above 0 it must catch up.
@@ -103,7 +99,7 @@ class ReplicaComm:
 
     def __init__(
         self,
-        store: dist.Store,
+        store: SealedStore,
         store_address: str,
         replica: int,
         replica_rank: int,
@@ -127,6 +123,8 @@ class ReplicaComm:
         self.lr_scaling = lr_scaling
         self.token = token
         self.intra: dist.Group | None = None
+        self._clients: list[SealedStore] = []  # groups call back into them: kept alive
+        self._epoch_high = 0
         if replica_size > 1:
             prefix = dist.PrefixStore(prefix_intra(replica, incarnation), self._client())
             self.intra = dist.gloo_group(prefix, replica_rank, replica_size, intra_timeout_s)
@@ -142,9 +140,8 @@ class ReplicaComm:
         self._catching_up: CatchUpClient | None = None
         self.replayed = 0
         self.source = CatchUpSource(store, self.server, replica, state_fn)
-        # Commands issued before this incarnation started are not this incarnation's.
-        self._ctl_done = decode_counter(str(store.add(KEY_COMMANDS, 0)))
-        self._ctl_agreed = self._ctl_done
+        self.ledger = Ledger(store, replica, writer=replica_rank == 0)
+        self.inbox = CommandInbox(store, replica, writer=replica_rank == 0)
         self._beats = 0
 
     @property
@@ -202,26 +199,16 @@ class ReplicaComm:
     def next_batch(self, start: int = 0, replica: int | None = None) -> int:
         """A replica's (this one's by default) first batch not yet trained (exactly-once
         accounting); ``start`` is where to begin looking."""
-        replica = self.replica if replica is None else replica
-        batch = start
-        while self.store.check([key_ledger(replica, batch)]):
-            batch += 1
-        return batch
+        return self.ledger.next_batch(start, replica)
 
     def skip_batch(self, batch: int) -> None:
         """Records that this replica skipped ``batch`` (it counts as consumed, untrained)."""
-        if self.replica_rank == 0:
-            self.store.set(key_ledger(self.replica, batch), encode(LedgerMark(SKIPPED)))
+        self.ledger.skip(batch)
 
     def forget_batches(self, start: int) -> None:
         """After a restore: batches from ``start`` on were trained into a state that is
         gone, so they are this replica's to train again."""
-        if self.replica_rank != 0:
-            return
-        batch = start
-        while self.store.check([key_ledger(self.replica, batch)]):
-            self.store.delete_key(key_ledger(self.replica, batch))
-            batch += 1
+        self.ledger.forget_from(start)
 
     # ---- the exchange --------------------------------------------------------------------------
     def exchange(self, flat: torch.Tensor, step: int, batch: int) -> ExchangeResult:
@@ -261,7 +248,7 @@ class ReplicaComm:
                 break
             retries += 1
             self._await_next_epoch()
-        self._ctl_agreed = max(self._ctl_agreed, commands)
+        self.inbox.agree(commands)
         assert summary is not None  # the vote passed: this rank's exchange succeeded
         return self._commit(flat, chunk, buffer[: kept.numel()], summary, agreed, retries)
 
@@ -273,7 +260,7 @@ class ReplicaComm:
             epoch_seen=self._epoch(),
             step=step,
             present=True,
-            commands_seen=decode_counter(str(self.store.add(KEY_COMMANDS, 0))),
+            commands_seen=self.inbox.seen(),
         )
         control[:, self.replica] = torch.tensor(slot.values())
         return control.reshape(-1)
@@ -290,14 +277,17 @@ class ReplicaComm:
         contributors = summary.contributors
         chunk.copy_(summed / max(1, contributors))
         if self.intra is not None:
+            # the slices differ by one element when the size does not divide: gloo
+            # gathers equal sizes, so each is padded to the largest
             parts = list(flat.tensor_split(self.replica_size))
-            gathered = [torch.empty_like(p) for p in parts]
-            self.intra.allgather([gathered], [chunk.clone()]).wait()
+            size = parts[0].numel()
+            padded = flat.new_zeros(size)
+            padded[: chunk.numel()] = chunk
+            gathered = [flat.new_empty(size) for _ in parts]
+            self.intra.allgather([gathered], [padded]).wait()
             for part, got in zip(parts, gathered, strict=True):
-                part.copy_(got)
-        if self.replica_rank == 0:
-            for replica, batch in summary.trained():
-                self.store.set(key_ledger(replica, batch), encode(LedgerMark(TRAINED)))
+                part.copy_(got[: part.numel()])
+        self.ledger.mark_trained(summary.trained())
         if agreed > self.membership.epoch:
             self._pending = self._read(agreed)
         if self._zero_next and self._catching_up is not None:
@@ -305,7 +295,8 @@ class ReplicaComm:
         self._zero_next = False
         members = summary.members
         scale = math.sqrt(contributors / self.num_replicas) if self.lr_scaling else 1.0
-        return ExchangeResult(self.membership.epoch, members, contributors, retries, scale)
+        trained = tuple(summary.trained())
+        return ExchangeResult(self.membership.epoch, members, contributors, retries, scale, trained)
 
     def after_step(self, step: int, update: torch.Tensor, lr: float) -> None:
         """Call after the optimizer step with the averaged gradient and the lr it applied:
@@ -322,7 +313,10 @@ class ReplicaComm:
 
     # ---- membership ---------------------------------------------------------------------------
     def _epoch(self) -> int:
-        return decode(EpochPointer, self.store.get(KEY_EPOCH)).epoch
+        """The newest epoch published; never one older than seen (a value put back)."""
+        epoch = decode(EpochPointer, self.store.get(KEY_EPOCH)).epoch
+        self._epoch_high = max(self._epoch_high, epoch)
+        return self._epoch_high
 
     def _latest(self) -> Membership:
         return self._read(self._epoch())
@@ -369,29 +363,11 @@ class ReplicaComm:
     def commands(self) -> list[Command]:
         """Commands every member agreed on in the last exchange and this rank has not run:
         run them after this step's optimizer step, in order, then ``answer`` each."""
-        pending = []
-        for number in range(self._ctl_done + 1, self._ctl_agreed + 1):
-            key = key_command(number)
-            try:
-                if not self.store.check([key]):
-                    raise ProtocolError(f"command {number} is counted but absent")
-                command = decode(Command, self.store.get(key))
-                if command.number != number:
-                    raise ProtocolError(f"command {command.number} stored as {number}")
-            except ProtocolError as exc:  # never acted on; every member skips it alike
-                self.answer_number(number, Failed(str(exc)))
-                continue
-            pending.append(command)
-        self._ctl_done = self._ctl_agreed
-        return pending
+        return self.inbox.take()
 
     def answer(self, command: Command, answer: Answer) -> None:
         """Rank 0 of the replica tells the supervisor what the command did here."""
-        self.answer_number(command.number, answer)
-
-    def answer_number(self, number: int, answer: Answer) -> None:
-        if self.replica_rank == 0:
-            self.store.set(key_answer(number, self.replica), encode(answer))
+        self.inbox.answer(command.number, answer)
 
     def barrier(self) -> None:
         """Waits for every rank of this replica (checkpoint manifests need it)."""
@@ -462,11 +438,14 @@ class ReplicaComm:
             self._abandoned.append(self._cross)
         self._cross, self._cross_epoch = None, -1
 
-    def _client(self) -> dist.TCPStore:
+    def _client(self) -> SealedStore:
         host, _, port = self.store_address.rpartition(":")
-        return dist.TCPStore(
+        raw = dist.TCPStore(
             host, int(port), is_master=False, timeout=timedelta(seconds=self.cross_timeout_s)
         )
+        client = SealedStore(raw, self.store.secret)
+        self._clients.append(client)
+        return client
 
     def close(self) -> None:
         self.server.close()

@@ -18,6 +18,11 @@ from the same heartbeats), nor less than ``stall_floor_s``. A steady job is foun
 about two step times; a job whose ranks arrive unevenly on a busy machine gets a limit
 wide enough that its ordinary stragglers are not taken for hangs.
 
+Nothing in the store is trusted or readable without the job's secret: the service and
+every rank reach it through ``ft_runtime.replica.store.SealedStore`` (opaque key names,
+sealed values). torch's ``TCPStore`` server listens on every interface whatever ``host``
+says; the secret, not the binding, keeps other clients out (docs/protocol.md).
+
 The coordinator is restartable. Every membership it decides is first recorded through a
 ``MembershipLog`` (the run store, in Eagle Eye) and only then published; the store itself
 can live in a process of its own (``ft_runtime.storehost``). A coordinator started on the
@@ -37,6 +42,7 @@ from datetime import timedelta
 from ft_runtime import _dist as dist
 from ft_runtime.membership import Membership, MembershipLog, QuorumRecord
 from ft_runtime.replica import config
+from ft_runtime.replica.auth import JobSecret, new_secret
 from ft_runtime.replica.protocol import (
     KEY_EPOCH,
     EpochBroken,
@@ -54,6 +60,7 @@ from ft_runtime.replica.protocol import (
     key_members,
     key_start,
 )
+from ft_runtime.replica.store import SealedStore
 
 __all__ = [
     "ENV_QUORUM",
@@ -109,7 +116,8 @@ class QuorumService:
     Args:
         replicas: replica count; replica r holds ranks ``r*size .. r*size+size-1``.
         replica_size: ranks per replica.
-        host: address the store listens on (loopback unless told otherwise).
+        host: the address ranks reach the store at. torch's ``TCPStore`` server listens on
+            every interface whatever this says: the job's secret protects the store.
         min_replicas: fewer healthy members than this and ``degraded_below_min`` is True.
         stall_factor: a member that has not entered the exchange while the others waited
             this many median step times is hung (unless the noise guard says otherwise).
@@ -121,6 +129,8 @@ class QuorumService:
             log holds a record resumes from it instead of starting at epoch 0.
         store_address: ``host:port`` of a store hosted elsewhere (``storehost``); without
             it the service hosts the store itself.
+        secret: the job's secret (a new one by default); the ranks must get the same one
+            (``ENV_REPLICA_SECRET``), and so must a coordinator that resumes this one.
     """
 
     def __init__(
@@ -135,6 +145,7 @@ class QuorumService:
         clock: Callable[[], float] = time.time,
         log: MembershipLog | None = None,
         store_address: str | None = None,
+        secret: str | None = None,
     ) -> None:
         self.replicas = replicas
         self.replica_size = replica_size
@@ -144,7 +155,10 @@ class QuorumService:
         self.stall_floor_s = stall_floor_s
         self.lateness_factor = lateness_factor
         self.clock = clock
-        self.store: dist.TCPStore | None = None
+        self.secret = secret or new_secret()
+        self._job_secret = JobSecret(self.secret)
+        self.store: SealedStore | None = None
+        self._port = 0
         self.current = Membership(0, tuple(range(replicas)))
         self.history: list[Membership] = []
         self._step_times: deque[float] = deque(maxlen=64)
@@ -166,15 +180,15 @@ class QuorumService:
         record = self.log.last() if self.log is not None else None
         address = record.store_address if record is not None else self.store_address
         if address is None:
-            self.store = dist.TCPStore(
+            raw = dist.TCPStore(
                 self.host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30)
             )
         else:
             host, _, port = address.rpartition(":")
             self.host = host
-            self.store = dist.TCPStore(
-                host, int(port), is_master=False, timeout=timedelta(seconds=30)
-            )
+            raw = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+        self._port = raw.port
+        self.store = SealedStore(raw, self._job_secret)
         if record is None:
             self._publish(self.current)
         else:
@@ -188,7 +202,7 @@ class QuorumService:
     @property
     def address(self) -> str:
         assert self.store is not None, "start() the quorum service first"
-        return f"{self.host}:{self.store.port}"
+        return f"{self.host}:{self._port}"
 
     def _publish(self, membership: Membership) -> None:
         assert self.store is not None
@@ -363,6 +377,8 @@ class QuorumService:
             except ProtocolError:
                 continue  # not a beat this service can judge by; the rank looks silent
             seen = self._seen_hb.get(rank)
+            if seen is not None and heartbeat.seq < seen[0]:
+                heartbeat = Heartbeat(seen[0], seen[1])  # an old beat put back: ignored
             if seen is None or seen[0] != heartbeat.seq:  # new: it arrived by now, our clock
                 seen = (heartbeat.seq, heartbeat.step, seen_at)
                 self._seen_hb[rank] = seen
@@ -400,6 +416,7 @@ class QuorumService:
             lateness_factor=self.lateness_factor,
             clock=self.clock,
             log=log or self.log,
+            secret=self.secret,
         )
 
     def close(self) -> None:

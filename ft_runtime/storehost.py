@@ -24,7 +24,9 @@ class StoreHost:
     """Starts and stops the store process.
 
     Args:
-        host: address the store listens on (loopback unless told otherwise).
+        host: the address ranks reach the store at. torch's ``TCPStore`` server listens on
+            every interface whatever this says; what protects the store is the job's secret
+            (every key opaque, every value sealed: ``ft_runtime.replica.store``).
         python: interpreter to run it with (this one by default).
     """
 

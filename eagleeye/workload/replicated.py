@@ -1,10 +1,11 @@
 """The reference workload's loop under replica recovery (`eagleeye run --recovery replica`).
 
-Inside a replica the ranks are data-parallel over a gloo (or NCCL) group of their own;
-across replicas the gradient goes through ``ft_runtime.ftar``'s fault-tolerant all-reduce.
-A relaunched replica first catches up from a healthy peer and sends a zero gradient in its
-first exchange. Each replica reads its own stream of batches, and which batches it trained
-is recorded in the quorum's store, so a restart neither repeats nor skips one.
+It is an ordinary user of the public replica API (``ft_runtime.replica.Manager``,
+docs/replica-api.md): the manager owns membership, the fault-tolerant all-reduce, the
+catch-up of a relaunched replica (which then sends a zero gradient in its first exchange),
+the data ledger (each replica reads its own stream of batches and resumes at its first
+untrained one) and the controller's commands; what remains here is the model loop and the
+workload's own checkpoints, which the manager's callbacks save and restore.
 
 The epoch's source replica checkpoints every ``--checkpoint-every`` steps (with every
 replica's data position); a job relaunched as a whole restores from the newest checkpoint,
@@ -16,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,43 +28,11 @@ from torch.nn.utils import clip_grad_norm_
 import eagleeye
 from eagleeye.workload.data import ShardedSampler
 from eagleeye.workload.model import GPT
-from ft_runtime import _dist as dist
-from ft_runtime.catchup import SERVE_NICE
 from ft_runtime.checkpoint import DiskCheckpointer
-from ft_runtime.commands import CHECKPOINT, ROLLBACK, Command
-from ft_runtime.errors import CheckpointsUnusable
-from ft_runtime.ftar import ExchangeResult, ReplicaComm
-from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE
-from ft_runtime.quorum import ENV_QUORUM
-from ft_runtime.replica import restore_priority
-from ft_runtime.replica.protocol import Failed, Refused, Restored, Saved, Skipped
+from ft_runtime.replica import Manager
+from ft_runtime.replica.manager import ENV_CROSS_TIMEOUT, ENV_LR_SCALING
 
-ENV_LR_SCALING = "EAGLEEYE_LR_SCALING"
-"""``sqrt`` (default): lr × √(contributing/total replicas) while some are missing; ``none``."""
-ENV_CROSS_TIMEOUT = "EAGLEEYE_CROSS_TIMEOUT_S"
-"""Last-resort timeout of one cross-replica exchange, seconds (default 30)."""
-
-
-def connect(ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimizer) -> ReplicaComm:
-    """The rank's replica communicator, from the environment the supervisor set."""
-    address = os.environ[ENV_QUORUM]
-    host, _, port = address.rpartition(":")
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
-    env = os.environ
-    return ReplicaComm(
-        store,
-        address,
-        replica=ee.replica,
-        replica_rank=int(env.get("EAGLEEYE_REPLICA_RANK", 0)),
-        replica_size=int(env.get("EAGLEEYE_REPLICA_SIZE", 1)),
-        num_replicas=int(env.get("EAGLEEYE_NUM_REPLICAS", 1)),
-        incarnation=ee.attempt,
-        state_fn=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-        cross_timeout_s=float(env.get(ENV_CROSS_TIMEOUT, 30.0)),
-        lr_scaling=env.get(ENV_LR_SCALING, "sqrt") != "none",
-        token=env.get(ENV_CATCHUP_TOKEN, ""),
-        serve_nice=int(env.get(ENV_SERVE_NICE, SERVE_NICE)),
-    )
+__all__ = ["ENV_CROSS_TIMEOUT", "ENV_LR_SCALING", "seek", "train"]
 
 
 def seek(sampler: ShardedSampler, batch: int) -> None:
@@ -92,131 +58,136 @@ def train(
 ) -> float:
     """Trains to ``args.steps`` as one replica among others; returns the last local loss."""
     params = list(model.parameters())
-    comm = connect(ee, model, optimizer)
-    state = _Replica(ee, comm, model, optimizer, sampler)
-    start, joining = 0, comm.must_join
+    saver = _Checkpoints(ee, model, optimizer)
+
+    def load(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    manager = Manager(
+        state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        load_state_dict=load,
+        save_checkpoint=saver.save_now,
+        load_checkpoint=saver.restore,
+    )
+    saver.manager = manager
+    manager.set_apply(lambda update, lr: _apply(params, optimizer, update, lr))
+    joining = manager.comm.must_join
     if joining:
-
-        def load(state: dict[str, Any]) -> None:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-
         began = time.perf_counter()
-        start = comm.join(
-            load,
-            lambda update, lr: _apply(params, optimizer, update, lr),
-            ready=restore_priority,  # launched at a lower priority, caught up now
-        )
+        manager.begin_step()  # catches up from a healthy peer
         # the peer tier: a healthy replica's snapshot plus the steps replayed since
         seconds = f"{time.perf_counter() - began:.6f}"
-        ee.hook.event("event.restore", float(start), tier="peer", seconds=seconds)
-        state.seek(comm.next_batch())
-    elif comm.incarnation > 0:  # relaunched with the whole job: from the newest checkpoint
-        start = state.restore(None) + 1
-    else:
-        state.seek(comm.next_batch())
+        ee.hook.event("event.restore", float(manager.step), tier="peer", seconds=seconds)
+    elif manager.comm.incarnation > 0:  # relaunched with the whole job: the newest checkpoint
+        saver.restore(None)
+    manager.begin_step()
+    position = -1
     loss_value = math.nan
-    step = start
-    while step < args.steps:
+    while manager.step < args.steps:
+        step = manager.step
         current["step"] = step
+        if position != manager.batch:  # a restart, a skipped batch or a rollback moved it
+            seek(sampler, manager.batch)
         began = time.perf_counter()
         ee.step_start(step)
         ee.faults.fire(step)
-        loss = _local_gradient(ee, model, optimizer, sampler, step, joining)
+        loss = _local_gradient(ee, model, optimizer, sampler, step, manager.joining)
         ee.faults.fire(step, "collective")
-        flat, result = _exchange(ee, comm, params, step, state.batch)
+        flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+        with ee.section("allreduce"), ee.collective("ft_all_reduce", flat.numel() * 4, "replicas"):
+            result = manager.allreduce(flat)
         with ee.section("optimizer"):
             # the schedule's rate, scaled for missing replicas and by every rollback's factor
-            lr = learning_rate(step, args) * result.lr_scale * state.lr_factor  # type: ignore[operator]
+            lr = learning_rate(step, args) * result.lr_scale  # type: ignore[operator]
             grad_norm = _apply(params, optimizer, flat, lr)
-        comm.after_step(step, flat, lr)
         metrics = {
             "grad_norm": grad_norm,
             "lr": lr,
             "replicas": float(result.contributors),
             "epoch": float(result.epoch),
             "exchange_retries": float(result.retries),
-            "catch_up": float(joining),
-            "serving_catch_up": float(comm.source.serving),
+            "catch_up": float(manager.joining),
+            "serving_catch_up": float(manager.comm.source.serving),
         }
-        if joining:
-            metrics["replayed_steps"] = float(comm.replayed)
+        if manager.joining:
+            metrics["replayed_steps"] = float(manager.comm.replayed)
         if loss is not None:
             loss_value = loss
             metrics |= {"loss": loss, "tokens": float(sampler.batch_size * sampler.block_size)}
-            metrics["batch"] = float(state.batch)
-            state.batch += 1
-        joining = False
+            metrics["batch"] = float(manager.batch)
+        position = manager.batch + (loss is not None)
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
-            state.checkpoint(step)
+            saver.save_in_background(step)
         time.sleep(max(0.0, args.step_floor_s - (time.perf_counter() - began)))
         ee.step_end(step, **metrics)
-        step = state.run_commands(step) + 1
-    state.flush()
+        skipped = len(manager.skipped)
+        manager.commit(flat, lr)  # serves a catch-up, marks the batch, runs commands
+        for batch in manager.skipped[skipped:]:
+            ee.hook.event("event.skip_batch", float(batch))
+    saver.flush()
     _save_params(args, ee, model)
-    comm.close()
+    manager.close()
     return loss_value
 
 
-class _Replica:
-    """This rank's checkpoints and data position under replica recovery, and the control
-    commands that act on them (checkpoint, rollback, skip_batch).
-
-    Healthy replicas hold bitwise the same state, so one of them (the epoch's source, the
-    lowest healthy replica) saves for all; with the state go the data positions of every
-    replica (``marks``), so a restore resumes each replica's stream where that state left it.
+class _Checkpoints:
+    """The workload's own checkpoints: one file per rank of the saving replica (the
+    epoch's source, which the manager names), written by a background thread so the loop
+    waits only for a memory copy; the manager's state (every replica's data position)
+    goes with them, so a restore resumes each replica's stream where that state left it.
     """
 
     def __init__(
-        self,
-        ee: eagleeye.RankSession,
-        comm: ReplicaComm,
-        model: GPT,
-        optimizer: torch.optim.Optimizer,
-        sampler: ShardedSampler,
+        self, ee: eagleeye.RankSession, model: GPT, optimizer: torch.optim.Optimizer
     ) -> None:
-        self.ee, self.comm, self.model, self.optimizer = ee, comm, model, optimizer
-        self.sampler = sampler
-        self.lr_factor = 1.0  # the product of the rollbacks' lr_factor so far
-        self.disk = DiskCheckpointer(
-            Path(ee.checkpoints.directory) / "replicas",
-            comm.replica_rank,
-            comm.replica_size,
-            barrier=None,  # replica rank 0 writes the manifest once every file is there
-            keep=ee.checkpoints.keep,
-        )
-        self.batch = 0
-        self._marks = [0] * comm.num_replicas
+        self.ee, self.model, self.optimizer = ee, model, optimizer
+        self.manager: Manager | None = None
+        self.disk: DiskCheckpointer | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
-        self._writes: list[Future[None]] = []
+        self._writes: list[Future[str]] = []
 
-    def seek(self, batch: int) -> None:
-        self.batch = batch
-        seek(self.sampler, batch)
+    def _disk(self) -> DiskCheckpointer:
+        assert self.manager is not None
+        if self.disk is None:
+            self.disk = DiskCheckpointer(
+                Path(self.ee.checkpoints.directory) / "replicas",
+                self.manager.replica_rank,
+                self.manager.replica_size,
+                barrier=None,  # replica rank 0 writes the manifest once every file is there
+                keep=self.ee.checkpoints.keep,
+            )
+        return self.disk
 
-    # ---- checkpoints -----------------------------------------------------------------------
-    def checkpoint(self, step: int, done: Callable[[str], None] = lambda path: None) -> bool:
-        """Saves after ``step`` if this replica is the epoch's source: the loop waits only
-        for a memory copy, a background thread writes it (the others must not wait on the
-        disk, nor take a slow save for a hang). ``done(path)`` follows the write."""
-        if self.comm.membership.source != self.comm.replica:
-            return False
+    def _state(self) -> dict[str, Any]:
+        assert self.manager is not None
         with self.ee.section("checkpoint"):
-            self._marks = [
-                self.comm.next_batch(mark, replica) for replica, mark in enumerate(self._marks)
-            ]
-            state = {
+            return {
                 "model": _copied(self.model.state_dict()),
                 "optimizer": _copied(self.optimizer.state_dict()),
-                "marks": list(self._marks),
+                "manager": self.manager.state_dict(),
             }
-        self._writes.append(self._writer.submit(self._write, state, step, done))
-        return True
 
-    def _write(self, state: dict[str, Any], step: int, done: Callable[[str], None]) -> None:
-        saved = self.disk.save(state, step)
+    def save_in_background(self, step: int) -> None:
+        """Saves after ``step`` if this replica saves for all (the others must not wait on
+        the disk, nor take a slow save for a hang)."""
+        assert self.manager is not None
+        if self.manager.comm.membership.source != self.manager.replica:
+            return
+        state = self._state()
+        state["manager"]["step"] = step + 1
+        self._writes.append(self._writer.submit(self._write, state, step))
+
+    def save_now(self, step: int) -> str:
+        """The controller's checkpoint command: saves after ``step``; returns the path."""
+        state = self._state()
+        state["manager"]["step"] = step + 1
+        return self._write(state, step)
+
+    def _write(self, state: dict[str, Any], step: int) -> str:
+        saved = self._disk().save(state, step)
         self.ee.report_saved(saved, step)
-        done(saved.path)
+        return saved.path
 
     def flush(self) -> None:
         """Waits for the checkpoints being written; a failed write raises here."""
@@ -224,59 +195,19 @@ class _Replica:
         for write in writes:
             write.result()
 
-    def restore(self, at_most: int | None) -> int:
-        """Loads the newest checkpoint (no later than ``at_most``) and moves the data stream
-        back to it; returns its step, or -1 when there is none (a fresh start)."""
+    def restore(self, at_most: int | None) -> int | None:
+        """Loads the newest checkpoint (no later than ``at_most``) with the manager's state
+        (the data positions); returns its step, or None when there is none."""
+        assert self.manager is not None
         self.flush()
-        restored = self.disk.load(at_most)
+        restored = self._disk().load(at_most)
         if restored is None:
-            if at_most is not None:
-                return -2
-            self.comm.forget_batches(0)
-            self.seek(0)
-            return -1
+            return None
         step, state = restored
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self._marks = [int(m) for m in state["marks"]]
-        mark = self._marks[self.comm.replica]
-        self.comm.barrier()  # every rank read the accounting before rank 0 rewrites it
-        self.comm.forget_batches(mark)
-        self.seek(mark)
+        self.manager.load_state_dict(state["manager"])
         self.ee.hook.event("event.restore", float(step), tier="disk")
-        return step
-
-    # ---- control commands ------------------------------------------------------------------
-    def run_commands(self, step: int) -> int:
-        """Runs the commands agreed in this step's exchange; returns the step that counts
-        as done (``step``, or the checkpoint's after a rollback)."""
-        for command in self.comm.commands():
-            if command.kind == CHECKPOINT:
-
-                def saved(path: str, command: Command = command, step: int = step) -> None:
-                    self.comm.answer(command, Saved(step, path))
-
-                if not self.checkpoint(step, saved):
-                    self.comm.answer(command, Refused("not the epoch's source: it saves"))
-            elif command.kind == ROLLBACK:
-                try:
-                    restored = self.restore(command.step)
-                except CheckpointsUnusable as exc:  # the rollback fails; training goes on
-                    self.comm.answer(command, Failed(str(exc)[:1000]))
-                    continue
-                if restored == -2:
-                    self.comm.answer(command, Failed(f"no checkpoint at or before {command.step}"))
-                    continue
-                self.lr_factor *= command.lr_factor
-                self.comm.answer(command, Restored(restored, step, self.lr_factor))
-                step = restored
-            elif command.applies_to(self.comm.replica):  # skip_batch
-                self.comm.skip_batch(self.batch)
-                self.comm.answer(command, Skipped(self.batch))
-                self.ee.hook.event("event.skip_batch", float(self.batch))
-                self.seek(self.batch + 1)
-            else:
-                self.comm.answer(command, Refused("skip_batch names other replicas"))
         return step
 
 
@@ -314,20 +245,6 @@ def _local_gradient(
     with ee.section("backward"):
         loss.backward()
     return float(loss.item())
-
-
-def _exchange(
-    ee: eagleeye.RankSession,
-    comm: ReplicaComm,
-    params: list[torch.nn.Parameter],
-    step: int,
-    batch: int,
-) -> tuple[torch.Tensor, ExchangeResult]:
-    """The averaged flat gradient of this step and how the exchange went."""
-    flat = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
-    with ee.section("allreduce"), ee.collective("ft_all_reduce", flat.numel() * 4, "replicas"):
-        result = comm.exchange(flat, step, batch)
-    return flat, result
 
 
 def _apply(

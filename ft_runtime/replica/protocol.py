@@ -83,6 +83,7 @@ __all__ = [
     "key_start",
     "prefix_cross",
     "prefix_intra",
+    "prefix_user",
 ]
 
 PROTOCOL_VERSION = 1
@@ -160,6 +161,11 @@ def prefix_intra(replica: int, incarnation: int) -> str:
     return f"intra/{replica}/{incarnation}"
 
 
+def prefix_user(replica: int, incarnation: int) -> str:
+    """Store prefix of the script's own process group inside a replica (``ddp``)."""
+    return f"user/{replica}/{incarnation}"
+
+
 def prefix_cross(epoch: int, replica_rank: int) -> str:
     """Store prefix of the cross-replica group of one epoch, per replica rank."""
     return f"x/{epoch}/{replica_rank}"
@@ -193,6 +199,7 @@ KEY_FAMILIES: tuple[KeyFamily, ...] = (
     KeyFamily("ctl/<n>/r<r>", "Answer", "rank 0 of replica r", "controller"),
     KeyFamily("intra/<r>/<i>/...", "gloo's own", "gloo", "gloo"),
     KeyFamily("x/<e>/<rr>/...", "gloo's own", "gloo", "gloo"),
+    KeyFamily("user/<r>/<i>/...", "torch's own", "torch.distributed", "torch.distributed"),
 )
 
 

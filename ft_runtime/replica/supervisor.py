@@ -36,6 +36,7 @@ from ft_runtime.membership import Membership
 from ft_runtime.procstat import ProcSample
 from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService, StallReport
 from ft_runtime.replica import config
+from ft_runtime.replica.auth import ENV_REPLICA_SECRET
 from ft_runtime.replica.inflight import Finished, InFlight, answer_json
 from ft_runtime.replica.protocol import CHECKPOINT, ROLLBACK, Failed, Restored, Saved, Skipped
 from ft_runtime.replica.state import ReplicaState
@@ -168,6 +169,7 @@ class ReplicaSupervisor:
                 ),
                 "EAGLEEYE_NODE": spec.node,
                 ENV_QUORUM: self.quorum.address,
+                ENV_REPLICA_SECRET: self.quorum.secret,
             }
             log_path = log_dir / f"rank-{spec.rank}.log"
             nice = self.joiner_nice if joiner else 0

@@ -10,17 +10,17 @@ from __future__ import annotations
 import os
 import signal
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from eagleeye.store import RunReader, RunStore, StoreMembershipLog
-from ft_runtime import _dist as dist
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
+from ft_runtime.replica.auth import JobSecret
 from ft_runtime.replica.protocol import Heartbeat, decode, key_heartbeat
+from ft_runtime.replica.store import SealedStore, connect
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
 from tests.eagleeye.replica_helpers import final_params_identical, workload
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240
 STEPS = 160
 
 
-def _step_of(store: dist.TCPStore, rank: int) -> int:
+def _step_of(store: SealedStore, rank: int) -> int:
     key = key_heartbeat(rank)
     return decode(Heartbeat, store.get(key)).step if store.check([key]) else -1
 
@@ -75,8 +75,8 @@ def test_a_coordinator_restarted_from_the_run_store_keeps_the_epochs_and_trainin
     try:
         assert sup.store_host is not None
         assert sup.store_host.alive
-        host, _, port = sup.quorum.address.rpartition(":")
-        ranks = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+        address = sup.quorum.address
+        ranks = connect(address, JobSecret(sup.quorum.secret))
 
         _drive(sup, lambda _: _step_of(ranks, 0) >= 15)
         os.kill(sup.pids()[2], signal.SIGKILL)
@@ -95,7 +95,7 @@ def test_a_coordinator_restarted_from_the_run_store_keeps_the_epochs_and_trainin
         sup.restart_coordinator("coordinator killed", log=StoreMembershipLog(store))
         assert sup.quorum.resumed
         assert sup.quorum.current.epoch == before
-        assert sup.quorum.address == f"{host}:{port}"  # found in the run store
+        assert sup.quorum.address == address  # found in the run store
 
         # The next change is numbered after the last one before the restart.
         os.kill(sup.pids()[1], signal.SIGKILL)

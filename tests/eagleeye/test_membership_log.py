@@ -11,6 +11,7 @@ from eagleeye.store import RunReader, RunStore, StoreMembershipLog
 from ft_runtime import _dist as dist
 from ft_runtime.membership import Membership, QuorumRecord
 from ft_runtime.quorum import QuorumService, key_members
+from ft_runtime.replica.auth import JobSecret
 from ft_runtime.replica.protocol import (
     KEY_EPOCH,
     EpochPointer,
@@ -20,6 +21,7 @@ from ft_runtime.replica.protocol import (
     encode,
     key_join,
 )
+from ft_runtime.replica.store import SealedStore
 
 
 def test_a_record_reads_back_as_it_was_written(tmp_path) -> None:
@@ -42,7 +44,10 @@ def test_a_new_coordinator_on_the_same_run_resumes_the_epochs_and_the_store(tmp_
     first = QuorumService(3, 1, log=StoreMembershipLog(first_store))
     address = first.start()  # hosts the store itself; in a job a store process outlives it
     host, _, port = address.rpartition(":")
-    ranks = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+    ranks = SealedStore(
+        dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5)),
+        JobSecret(first.secret),
+    )
     first.remove(1, "rank 1 exited")
     first.expect(1, incarnation=1)
     held = first.store  # the store lives on, as the store process would
@@ -50,7 +55,7 @@ def test_a_new_coordinator_on_the_same_run_resumes_the_epochs_and_the_store(tmp_
     first_store.close()
 
     second_store = RunStore(tmp_path)
-    second = QuorumService(3, 1, log=StoreMembershipLog(second_store))
+    second = QuorumService(3, 1, log=StoreMembershipLog(second_store), secret=first.secret)
     assert second.start() == address
     assert second.resumed
     assert second.current == Membership(1, (0, 2))

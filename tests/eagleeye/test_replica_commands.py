@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from ft_runtime import _dist as dist
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
-from ft_runtime.replica.protocol import (
-    SKIPPED,
-    TRAINED,
-    Heartbeat,
-    LedgerMark,
-    decode,
-    key_heartbeat,
-    key_ledger,
-)
+from ft_runtime.replica.auth import JobSecret
+from ft_runtime.replica.protocol import Heartbeat, LedgerMark, decode, key_heartbeat, key_ledger
+from ft_runtime.replica.store import SealedStore, connect
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
 from tests.eagleeye.replica_helpers import final_params_identical, finish, workload
@@ -31,16 +23,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240
 STEPS = 120
 
 
-def _step_of(store: dist.TCPStore, rank: int) -> int:
+def _step_of(store: SealedStore, rank: int) -> int:
     key = key_heartbeat(rank)
     return decode(Heartbeat, store.get(key)).step if store.check([key]) else -1
 
 
-def _mark(store: dist.TCPStore, replica: int, batch: int) -> str:
-    return decode(LedgerMark, store.get(key_ledger(replica, batch))).outcome
-
-
-def _wait_for_step(sup: ReplicaSupervisor, store: dist.TCPStore, step: int) -> None:
+def _wait_for_step(sup: ReplicaSupervisor, store: SealedStore, step: int) -> None:
     deadline = time.monotonic() + 90
     while _step_of(store, 0) < step:
         assert time.monotonic() < deadline, "training did not get there"
@@ -61,8 +49,7 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
     sup = ReplicaSupervisor(launch, QuorumService(3, 1))
     sup.start()
     try:
-        host, _, port = sup.quorum.address.rpartition(":")
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+        store = connect(sup.quorum.address, JobSecret(sup.quorum.secret))
 
         _wait_for_step(sup, store, 10)
         skip = finish(
@@ -72,8 +59,10 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
         skipped = re.fullmatch(r"skipped batches \{1: (\d+)\}", skip.detail)
         assert skipped is not None, skip.detail
         batch = int(skipped.group(1))
-        assert _mark(store, 1, batch) == SKIPPED  # consumed, untrained
-        assert _mark(store, 0, batch) == TRAINED  # the others trained theirs
+        skip_mark = decode(LedgerMark, store.get(key_ledger(1, batch)))
+        assert skip_mark == LedgerMark("skipped")  # consumed, untrained
+        trained = decode(LedgerMark, store.get(key_ledger(0, batch)))
+        assert trained == LedgerMark("trained")  # the others trained theirs
 
         save = finish(
             sup, sup.execute(Action(ActionKind.CHECKPOINT, "job", "before a risky stretch", "c1"))

@@ -6,13 +6,11 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from collector.transport import TelemetryReceiver
-from ft_runtime import _dist as dist
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
@@ -55,8 +53,6 @@ def test_a_rollback_with_lr_factor_halves_the_learning_rate(tmp_path: Path) -> N
 
     sup.start()
     try:
-        host, _, port = sup.quorum.address.rpartition(":")
-        dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
         drain_until(8)
         save = finish(sup, sup.execute(Action(ActionKind.CHECKPOINT, "job", "before", "c1")))
         assert save.status is OutcomeStatus.DONE, save.detail

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 import torch
 
-from ft_runtime.catchup import SnapshotServer, fetch_snapshot
+from ft_runtime.catchup import SnapshotServer, fetch_snapshot, fetch_update
 from ft_runtime.errors import CatchUpError
 
 
@@ -83,3 +85,57 @@ def test_logged_updates_are_served_by_step_and_verified(server) -> None:
     assert torch.equal(entry["update"], torch.arange(4.0))
     assert entry["lr"] == 0.5
     assert fetch_update(server.address, 8, token="secret") is None  # not trained yet
+
+
+def test_the_token_never_reaches_an_impostor_and_its_answers_are_refused() -> None:
+    """A process that holds the address a joiner was given, without the job's token: it
+    learns nothing it could replay, and the joiner uses nothing it sends."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Impostor(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(str(self.headers))
+            body = b'{"tag": "w1", "step": 0, "bytes": 0, "chunk_bytes": 1, "sha256": []}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("X-SHA256", hashlib.sha256(body).hexdigest())
+            self.send_header("X-EE-Proof", "0" * 64)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    impostor = ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{impostor.server_address[1]}"
+        with pytest.raises(CatchUpError, match="cannot prove it knows the job's token"):
+            fetch_snapshot(address, "w1", token="the-job-token-0123456789")
+        with pytest.raises(CatchUpError, match="cannot prove"):
+            fetch_update(address, 3, token="the-job-token-0123456789")
+    finally:
+        impostor.shutdown()
+        impostor.server_close()
+    assert len(seen) == 2
+    assert not any("the-job-token" in headers for headers in seen)
+
+
+def test_a_replayed_request_is_refused(server) -> None:
+    import urllib.request
+
+    from ft_runtime.catchup import AUTH_SCHEME, proof
+
+    server.publish("e1", 0, {"w": torch.ones(2)})
+    assert server.snapshots["e1"].ready.wait(10)
+    nonce, path = "ab" * 16, "/snapshot/e1/meta"
+    request = urllib.request.Request(f"http://{server.address}{path}")
+    request.add_header("X-EE-Nonce", nonce)
+    request.add_header("Authorization", f"{AUTH_SCHEME} {proof('secret', 'request', nonce, path)}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        urllib.request.urlopen(request, timeout=10)

@@ -11,6 +11,7 @@ import pytest
 
 from ft_runtime import _dist as dist
 from ft_runtime.quorum import Membership, QuorumService, key_broken, key_members, key_start
+from ft_runtime.replica.auth import JobSecret
 from ft_runtime.replica.protocol import (
     KEY_EPOCH,
     EpochBroken,
@@ -24,6 +25,7 @@ from ft_runtime.replica.protocol import (
     key_heartbeat,
     key_join,
 )
+from ft_runtime.replica.store import SealedStore
 
 _SEQ: dict[tuple[int, int], int] = {}
 
@@ -53,9 +55,11 @@ def eventually(poll: Callable[[], T | None], timeout_s: float = 5.0) -> T | None
     return result
 
 
-def client(service: QuorumService) -> dist.TCPStore:
+def client(service: QuorumService) -> SealedStore:
+    """A rank's connection: it holds the job's secret."""
     host, _, port = service.address.rpartition(":")
-    return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+    raw = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+    return SealedStore(raw, JobSecret(service.secret))
 
 
 def test_epoch_zero_holds_every_replica_and_ranks_can_read_it(quorum) -> None:
