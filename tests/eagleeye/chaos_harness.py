@@ -361,8 +361,10 @@ class ChaosRun(Forgeries):
                         self.outcome.skipped.append(f"{fault.kind} (the run had ended)")
                         continue
                     self._watch()
+                    skipped = len(self.outcome.skipped)
                     getattr(self, fault.kind)()
-                    self.outcome.done.append(fault.kind)
+                    if len(self.outcome.skipped) == skipped:  # done, not skipped
+                        self.outcome.done.append(fault.kind)
                     killed = killed or fault.kind == "kill_controller"
             while self.controller is not None and self.controller.poll() is None:
                 self._watch()
