@@ -19,8 +19,13 @@ thread's priority and one lowered, alternating, and reports the sender's step ra
 ``--stop-runs N`` repeats the SIGSTOP run; every run without a SIGSTOP is checked for
 replicas the quorum isolated as hung (false hang findings).
 
+One more fault-free replica run times the controller's ticks while a checkpoint command is
+in flight (sent every ``--command-every`` ticks; the replicas answer once saved) against
+the ticks with none: a command must never hold the tick, so its p99 may grow by at most
+one tick (``tick_s``, 0.05 s). ``--no-ticks`` skips it.
+
 Run: python benchmarks/bench_recovery.py [--steps 240] [--kill-step 40] [--preset small]
-     [--nice-baseline] [--serve-baseline N] [--stop-runs N] [--no-stop]
+     [--nice-baseline] [--serve-baseline N] [--stop-runs N] [--no-stop] [--no-ticks]
 """
 
 from __future__ import annotations
@@ -28,14 +33,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from eagleeye.controller import Controller
 from eagleeye.launch import JobConfig, run_job
 from eagleeye.store import RunReader
 from eagleeye.summary import effective_training
 from ft_runtime.layout import JobLayout
+from ft_runtime.types import Action, ActionKind, Phase
 
 LAYOUT = JobLayout(3, 1, 3)
 
@@ -130,6 +139,47 @@ def hang_isolations(run_dir: Path) -> int:
     return sum(str(d.get("reason", "")).startswith("hung") for d in quorum)
 
 
+def tick_latency(root: Path, args: argparse.Namespace) -> dict[str, float]:
+    """Every tick of a fault-free replica run, timed; a checkpoint command is sent (as
+    remediation would, inside the tick) every ``args.command_every`` ticks once training
+    runs. Ticks that start with a command in flight are compared with those without."""
+    ticks: list[tuple[float, bool]] = []
+    original = Controller.tick
+
+    def timed(self: Controller) -> None:
+        sup = self.supervisor
+        pending = getattr(sup, "pending", lambda: 0)
+        start = time.perf_counter()
+        if len(ticks) % args.command_every == 0 and sup.phase is Phase.RUNNING and not pending():
+            key = f"bench-checkpoint/{len(ticks)}"
+            sup.execute(Action(ActionKind.CHECKPOINT, "job", "tick latency benchmark", key))
+        in_flight = pending() > 0
+        original(self)
+        ticks.append((time.perf_counter() - start, in_flight))
+
+    Controller.tick = timed  # type: ignore[method-assign]
+    try:
+        run_dir = run(root, "ticks", args, "replica", "")
+    finally:
+        Controller.tick = original  # type: ignore[method-assign]
+    events = samples(run_dir)[1]
+    commands = events[events["subject"].str.startswith("command:")]
+    answered = [float(d["waited_s"]) for d in commands["detail"]]
+    busy = np.array([t for t, flying in ticks[20:] if flying])  # past the start-up ticks
+    idle = np.array([t for t, flying in ticks[20:] if not flying])
+    return {
+        "ticks_idle": float(len(idle)),
+        "ticks_in_flight": float(len(busy)),
+        "idle_p50_s": float(np.percentile(idle, 50)),
+        "idle_p99_s": float(np.percentile(idle, 99)),
+        "in_flight_p50_s": float(np.percentile(busy, 50)),
+        "in_flight_p99_s": float(np.percentile(busy, 99)),
+        "commands": float(len(commands)),
+        "commands_done": float((commands["phase"] == "succeeded").sum()),
+        "answer_wait_median_s": statistics.median(answered) if answered else float("nan"),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=240)
@@ -137,6 +187,14 @@ def main() -> None:
     p.add_argument("--preset", default="small")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--no-stop", action="store_true", help="skip the SIGSTOP runs")
+    p.add_argument("--no-ticks", action="store_true", help="skip the tick-latency run")
+    p.add_argument(
+        "--command-every",
+        type=int,
+        default=20,
+        metavar="N",
+        help="tick-latency run: a checkpoint command every N ticks (default: 20)",
+    )
     p.add_argument("--stop-runs", type=int, default=1, help="SIGSTOP runs (default: 1)")
     p.add_argument(
         "--nice-baseline",
@@ -174,6 +232,7 @@ def main() -> None:
             detection(run(root, f"stop{n}", args, "replica", stop_spec))
             for n in range(0 if args.no_stop else args.stop_runs)
         ]
+        ticks = None if args.no_ticks else tick_latency(root, args)
         false_hangs = sum(hang_isolations(d) for d in root.iterdir() if "stop" not in d.name)
     lost_clean = clean[1]
     print(f"fault-free: ETTR {clean[0]:.1%}, {clean[1]:.2f} s below the median pace")
@@ -204,6 +263,11 @@ def main() -> None:
     for delay, steps in stops:
         print(f"SIGSTOP found after {delay:.3f} s = {steps:.2f} median step times")
     print(f"replicas isolated as hung in the runs without a SIGSTOP: {false_hangs}")
+    if ticks is not None:
+        for key, value in ticks.items():
+            print(f"controller tick, {key}: {value:.4f}")
+        growth = ticks["in_flight_p99_s"] - ticks["idle_p99_s"]
+        print(f"controller tick p99 with a command in flight vs idle: {growth * 1000:+.1f} ms")
 
 
 if __name__ == "__main__":

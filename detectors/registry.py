@@ -58,6 +58,7 @@ def _register_builtins() -> None:
         MemoryFatal,
         NonFiniteLoss,
         ProcessExit,
+        ThermalThrottle,
         XidError,
     )
     from detectors.trend import Trend
@@ -68,6 +69,7 @@ def _register_builtins() -> None:
     register("xid", XidError)
     register("memory_fatal", MemoryFatal)
     register("collective_timeout", CollectiveTimeout)
+    register("thermal_throttle", ThermalThrottle)
     register("collective_hang", CollectiveHang)
     register("peer_outlier", PeerOutlier)
     register("loss_spike", loss_spike)

@@ -15,6 +15,7 @@ __all__ = [
     "MemoryFatal",
     "NonFiniteLoss",
     "ProcessExit",
+    "ThermalThrottle",
     "XidError",
     "certain",
 ]
@@ -163,3 +164,61 @@ class CollectiveTimeout:
 
     def poll(self, now: float) -> Sequence[Finding]:
         return ()
+
+
+class ThermalThrottle:
+    """A GPU slowed down for heat: its thermal throttle flag (``throttle_thermal``, or the
+    thermal bits of ``throttle_reasons``) set in ``polls`` readings in a row. One finding
+    per episode: the flag must clear before the subject fires again.
+
+    >>> from collector.types import Frame, Subject
+    >>> det = ThermalThrottle(polls=2)
+    >>> hot = Frame(Subject(rank=1), None, 0.0, {"throttle_reasons": 0x40, "gpu_temp": 91.0})
+    >>> det.process(hot), [f.kind for f in det.process(hot)], det.process(hot)
+    ((), ['thermal'], ())
+    """
+
+    name = "thermal_throttle"
+    FEATURES = ("throttle_thermal", "throttle_reasons")
+
+    def __init__(self, polls: int = 2) -> None:
+        self.polls = max(1, polls)
+        self._run: dict[object, int] = {}
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        values = frame.values
+        flag = values.get("throttle_thermal")
+        reasons = values.get("throttle_reasons")
+        if flag is None and reasons is not None and math.isfinite(reasons):
+            flag = float(int(reasons) & THERMAL_BITS != 0)
+        if flag is None or not math.isfinite(flag):
+            return ()
+        if flag <= 0:
+            self._run.pop(frame.subject, None)
+            return ()
+        run = self._run.get(frame.subject, 0) + 1
+        self._run[frame.subject] = run
+        if run != self.polls:
+            return ()
+        evidence = {"throttle_thermal": 1.0, "polls": float(run)}
+        if "gpu_temp" in values:
+            evidence["gpu_temp"] = values["gpu_temp"]
+        return (
+            Finding(
+                "thermal",
+                frame.subject,
+                1.0,
+                Severity.WARN,
+                frame.time,
+                frame.step,
+                evidence,
+                self.name,
+            ),
+        )
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return ()
+
+
+#: NVML's clock-event reasons for heat: software and hardware thermal slowdown.
+THERMAL_BITS = 0x20 | 0x40

@@ -3,15 +3,19 @@
 One thread drives it, ``tick_s`` at a time: drain telemetry (stored, turned into frames),
 poll the supervisor (exits, launches), look at the rank processes (/proc), run the
 detectors, hand findings to remediation, which acts through the runtime, and record every
-finding, decision and event. A hang's finding is stored with every rank's stacks, captured
-before remediation acts on it.
+finding, decision and event. No stage waits on a rank: an action that takes longer than a
+tick (a command every replica answers) is recorded as pending, and its final outcome is
+recorded, for the same finding, in the tick that sees it end. A hang's finding is stored
+with every rank's stacks, captured before remediation acts on it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,14 +29,15 @@ from detectors.progress import PROC_FEATURES, ProgressStall
 from detectors.types import Finding, Severity
 from eagleeye.errors import StoreError
 from eagleeye.failures import CrashLoop, RankFailure, rank_error
+from eagleeye.hostsources import host_frames
 from eagleeye.ingest import LaunchedAttempts, ingest_samples, lifecycle_frames
 from eagleeye.injector import OutsideInjector
 from eagleeye.procwatch import ProcessWatch
 from eagleeye.resume import KnownCheckpoints
 from eagleeye.stacks import HangStacks, StackCapture
-from eagleeye.stopping import EVENT_LISTENING, request_checkpoint
+from eagleeye.stopping import EVENT_LISTENING, request_checkpoint, request_step
 from eagleeye.store import RunStore
-from ft_runtime.supervisor import JobSupervisor
+from ft_runtime.base import Supervisor
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 from remediation.remediator import Decision, Remediator
 
@@ -91,11 +96,14 @@ class Controller:
     run_dir: the run folder (the checkpoint request of a graceful stop goes there).
     inbox: findings from outside (Alertmanager's webhook), taken every tick and answered
         like the detectors' own.
+    host: the host's sources (``eagleeye.hostsources``): their samples, taken every tick,
+        are stored, exported (``on_samples``) and read by ``host_detectors``.
+    host_detectors: the rules on the host's samples (XIDs, ECC errors, thermal throttles).
     """
 
     def __init__(
         self,
-        supervisor: JobSupervisor,
+        supervisor: Supervisor,
         receiver: TelemetryReceiver,
         store: RunStore,
         detectors: Sequence[Detector],
@@ -110,6 +118,8 @@ class Controller:
         injector: OutsideInjector | None = None,
         run_dir: Path | None = None,
         inbox: Callable[[], list[Finding]] | None = None,
+        host: Callable[[], list[Sample]] | None = None,
+        host_detectors: Sequence[Detector] = (),
     ) -> None:
         self.supervisor = supervisor
         self.receiver = receiver
@@ -122,6 +132,7 @@ class Controller:
         self.clock = clock
         self.report = ControllerReport()
         self._last_step: dict[int, int] = {}
+        self._step_times: deque[float] = deque(maxlen=64)  # the newest, of any rank
         self.aggregator = StepAggregator()
         self.launched = LaunchedAttempts()
         self.procs = ProcessWatch()
@@ -129,6 +140,8 @@ class Controller:
         self.progress = progress
         self.unknown_after_s = unknown_after_s
         self.inbox = inbox
+        self.host = host
+        self.host_detectors = list(host_detectors)
         self._progress_seen: dict[str, str] = {}
         self._progress_at = 0.0
         self._attempt_started = (0, 0.0)  # attempt, when; the unknown ranks announced once
@@ -140,6 +153,7 @@ class Controller:
         self._listening: set[int] = set()  # ranks whose loop checkpoints when asked
         self._tick_errors: dict[str, int] = {}
         self._rejected = 0
+        self._under_way: dict[str, int | None] = {}  # action key -> its finding's id
 
     def request_stop(self, request: StopRequest) -> None:
         """Asks the loop to stop the job (safe from a signal handler); a second request
@@ -156,6 +170,7 @@ class Controller:
                 self.tick()
             if self._stop is not None and not self.supervisor.finished:
                 self._stop_job(self._stop)
+            self._finish_actions()  # commands the job's end cut short: their final outcomes
             self._drain_telemetry(grace_s=0.5)
             self._flush_detectors()
         finally:
@@ -175,18 +190,23 @@ class Controller:
         self._lifecycle(self.supervisor.poll())
 
     def _await_checkpoints(self, request: StopRequest, deadline: float) -> None:
-        """Asks the listening loops for a checkpoint and waits until each has saved one."""
+        """Asks the listening loops for a checkpoint and waits until each has saved one;
+        when every rank listens, until they have left their loops and ended, as a loop that
+        saves on request does (the signal then finds nothing to stop)."""
         assert self.run_dir is not None
         asked = self.clock()
-        request_checkpoint(self.run_dir, request.cause)
+        newest = max(self._last_step.values(), default=None)
+        step_time = statistics.median(self._step_times) if self._step_times else None
+        request_checkpoint(self.run_dir, request.cause, request_step(newest, step_time))
         saved: set[int] = set()
-        while self.clock() < deadline and not self._listening <= saved:
+        everyone_listens = self._listening >= set(self.supervisor.pids())
+        while self.clock() < deadline and self.supervisor.alive() > 0:
+            if self._listening <= saved and not everyone_listens:
+                break  # the others are stopped by the signal; the listeners saved
             samples = self.receiver.receive(timeout_s=self.tick_s)
             ingest_samples(self.store, samples, self.launched.current)
             saved |= _ranks_sending(samples, "event.checkpoint", since=asked)
             self._lifecycle(self.supervisor.poll())
-            if self.supervisor.alive() == 0:
-                break
 
     def tick(self) -> None:
         """One pass of the loop. An exception in any stage is recorded as an event (once
@@ -227,6 +247,7 @@ class Controller:
         if self.injector is not None:
             self.injector.poll(self.clock())
         frames += self._lifecycle(self.supervisor.poll())
+        self._finish_actions()
         frames += self._aggregate(frames)
         looks = self._unheld(self.procs.frames(self.clock()))
         frames += looks
@@ -236,12 +257,28 @@ class Controller:
             self._answer(finding)
         for finding in self.inbox() if self.inbox is not None else ():
             self._answer(finding)
+        for finding in self._host_findings():
+            self._answer(finding)
         # A restart launched ranks just now, or the job failed: detectors must know at once.
         # (Exits that came in meanwhile wait for the next tick: the job must not fail on
         # an exit that no detector, and so no remediation, has seen yet.)
         later = self._lifecycle(self.supervisor.settle())
         for finding in self._detect(later, poll=False):
             self._answer(finding)
+
+    def _host_findings(self) -> list[Finding]:
+        """The host's samples since the last tick: stored, exported, and read by the host
+        rules; a finding on a rank names the step it is in."""
+        samples = self.host() if self.host is not None else []
+        if not samples:
+            return []
+        self.store.add_samples(samples)
+        self.on_samples(samples)
+        frames = [
+            replace(f, step=self._step_in(f.subject.rank)) if f.subject.rank is not None else f
+            for f in host_frames(samples)
+        ]
+        return self._detect(frames, poll=False, detectors=self.host_detectors)
 
     def _unheld(self, looks: list[Frame]) -> list[Frame]:
         """A rank held back by an injected slow fault is slow, not stopped."""
@@ -271,12 +308,18 @@ class Controller:
                 groups += self.aggregator.add(frame)
         return groups + self.aggregator.flush(self.clock())
 
-    def _detect(self, frames: list[Frame], poll: bool) -> list[Finding]:
-        for frame in frames:
-            if frame.step is not None and frame.subject.rank is not None:
-                self._last_step[frame.subject.rank] = frame.step
+    def _detect(
+        self, frames: list[Frame], poll: bool, detectors: Sequence[Detector] | None = None
+    ) -> list[Finding]:
+        if detectors is None:
+            detectors = self.detectors
+            for frame in frames:
+                if frame.step is not None and frame.subject.rank is not None:
+                    self._last_step[frame.subject.rank] = frame.step
+                    if "step_time" in frame.values:
+                        self._step_times.append(frame.values["step_time"])
         findings: list[Finding] = []
-        for detector in self.detectors:
+        for detector in detectors:
             found: list[Finding] = []
             for frame in frames:
                 found.extend(_safely(detector.name, detector.process, frame))
@@ -313,12 +356,24 @@ class Controller:
         if finding.kind == "hang" and self.stacks is not None:
             self._capture_stacks(finding, finding_id, self.stacks)
         for decision in self.remediator.handle(finding):
-            self.store.add_outcome(
-                decision.outcome, finding_id, decision.dry_run, decision.decided_at
-            )
-            self.report.decisions.append(decision)
-            self._committed()
-            self.on_update(decision)
+            if not decision.outcome.final:
+                self._under_way[decision.action.key] = finding_id
+            self._record_decision(decision, finding_id)
+
+    def _record_decision(self, decision: Decision, finding_id: int | None) -> None:
+        self.store.add_outcome(decision.outcome, finding_id, decision.dry_run, decision.decided_at)
+        self.report.decisions.append(decision)
+        self._committed()
+        self.on_update(decision)
+
+    def _finish_actions(self) -> None:
+        """Actions that were under way and ended: their final outcomes, recorded for the
+        finding that caused them (a second row of the same action)."""
+        for outcome in self.supervisor.outcomes():
+            finding_id = self._under_way.pop(outcome.action.key, None)
+            decision = self.remediator.complete(outcome)
+            if decision is not None:
+                self._record_decision(decision, finding_id)
 
     def _committed(self) -> None:
         """Waits (briefly) until the rows given so far are committed: a finding or action is

@@ -32,8 +32,8 @@ from detectors.hang import FR_BEHIND, FR_PENDING
 from detectors.peer import PeerFeature
 from detectors.pipeline import DetectorPipeline
 from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
-from detectors.rules import NonFiniteLoss, ProcessExit
-from detectors.types import Finding
+from detectors.rules import MemoryFatal, NonFiniteLoss, ProcessExit, ThermalThrottle, XidError
+from detectors.types import Finding, Severity
 
 # Reports the progress detector reads and the fused ones must not take for a step: a look
 # at /proc, a rank waiting in a collective or pausing.
@@ -201,3 +201,46 @@ def live_detectors(
         ProgressStall(**asdict(limits)),
         FusedDetectors(fused.build(), config=fused),
     ]
+
+
+class FlightRecordHang:
+    """A rank an NCCL flight-recorder dump shows behind its peers (it never entered the
+    collective they wait in): the dump is written when NCCL's watchdog gives up, so it is
+    evidence, not silence. One finding per rank and collective."""
+
+    name = "nccl_flight_record"
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[object, float]] = set()
+
+    def process(self, frame: Frame) -> list[Finding]:
+        missing = frame.values.get(FR_BEHIND)
+        if missing is None or frame.subject.rank is None:
+            return []
+        key = (frame.subject, missing)
+        if key in self._seen:
+            return []
+        self._seen.add(key)
+        evidence = {FR_BEHIND: missing}
+        return [
+            Finding(
+                "hang",
+                frame.subject,
+                1.0,
+                Severity.CRITICAL,
+                frame.time,
+                frame.step,
+                evidence,
+                self.name,
+            )  # fmt: skip
+        ]
+
+    def poll(self, now: float) -> list[Finding]:
+        return []
+
+
+def host_detectors() -> list[Detector]:
+    """The rules the host's sources feed (``eagleeye.hostsources``): a GPU's XID, its
+    uncorrectable memory errors, a thermal throttle held two polls, a rank an NCCL dump
+    shows behind. Each finding names the rank using the GPU (or the node)."""
+    return [XidError(), MemoryFatal(), ThermalThrottle(), FlightRecordHang()]

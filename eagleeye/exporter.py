@@ -374,6 +374,8 @@ class EagleEyeExporter:
 
     def observe_decision(self, decision: Decision) -> None:
         outcome = decision.outcome
+        if not outcome.final:  # counted once, by what became of it
+            return
         self.actions.labels(self.run, outcome.action.kind.value, outcome.status.value).inc()
 
     def observe_attempt(self, attempt: int) -> None:

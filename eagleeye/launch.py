@@ -11,6 +11,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -25,9 +26,10 @@ from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_co
 from detectors.progress import HangLimits, ProgressStall
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from eagleeye.controller import Controller, ControllerReport, StopRequest
-from eagleeye.detection import live_config, live_detectors
+from eagleeye.detection import host_detectors, live_config, live_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.gpus import NvmlFactory
+from eagleeye.hostsources import HostPlaces, HostSources, HostSourcesConfig
 from eagleeye.injector import FaultFired, OutsideInjector
 from eagleeye.rank_output import RankOutput
 from eagleeye.rerun import StoredRun, layout_of, read_stored_run, target_of
@@ -36,8 +38,10 @@ from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
+from ft_runtime.base import Supervisor
 from ft_runtime.faults import ENV_INJECT, FaultSpec, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE, JobLayout
+from ft_runtime.replica import config as replica_config
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
 from ft_runtime.types import LifecycleEvent, Phase
 from remediation.config import load_policy
@@ -59,7 +63,7 @@ class JobConfig:
     layout: JobLayout = field(default_factory=JobLayout)
     master_addr: str = "127.0.0.1"
     master_port: int = 0
-    max_restarts: int = 3
+    max_restarts: int = replica_config.MAX_RESTARTS
     recovery: str = "job"
     remediate: bool = False
     inject: Sequence[str] = ()
@@ -68,17 +72,26 @@ class JobConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     hang: Mapping[str, float] = field(default_factory=dict)  # HangLimits set by flags
     instrument: bool = True  # zero-code telemetry (eagleeye.boot) in every rank
-    stall_factor: float = 1.0  # the hang limit of replica recovery: QuorumService's
-    stall_floor_s: float = 0.05  # defaults (kept here so that flags need no torch import)
-    lateness_factor: float = 2.0
-    min_replicas: int = 1
-    joiner_nice: int = 10
-    serve_nice: int = 10
+    # replica recovery (ft_runtime.replica.config: its defaults, without torch)
+    stall_factor: float = replica_config.STALL_FACTOR
+    stall_floor_s: float = replica_config.STALL_FLOOR_S
+    lateness_factor: float = replica_config.LATENESS_FACTOR
+    min_replicas: int = replica_config.MIN_REPLICAS
+    joiner_nice: int = replica_config.JOINER_NICE
+    serve_nice: int = replica_config.SERVE_NICE
+    straggler_factor: float = replica_config.STRAGGLER_FACTOR
+    max_job_restarts: int = replica_config.MAX_JOB_RESTARTS
+    command_timeout_s: float = replica_config.COMMAND_TIMEOUT_S
     policy: str | None = None
     metrics_port: int | None = None  # serve Prometheus metrics (0: a free port)
     metrics_address: str = "127.0.0.1"
     metrics_linger_s: float = 0.0  # the final state stays scrapable this long after the run
     gpu_metrics: NvmlFactory | None = None  # each node's NVML module, when GPUs are polled
+    dcgm_url: str | None = None  # a dcgm-exporter on this host, read by the host's sources
+    kernel_log: str | None = None  # a kernel-log file tailed for XID lines
+    nccl_dump_dir: str | None = None  # where the ranks' NCCL flight-recorder dumps land
+    host_counters: bool = False  # CPU, memory, disk and NIC counters of the host
+    sources_period_s: float = 2.0  # how often the host's sources are read
     alerts_port: int | None = None  # Alertmanager's webhook into this run (0: a free port)
     alerts_address: str = "127.0.0.1"
     alerts_token_file: str | None = None  # the bearer token Alertmanager sends
@@ -172,9 +185,16 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         metrics_port=args.metrics_port,
         metrics_address=getattr(args, "metrics_address", "127.0.0.1"),
         metrics_linger_s=getattr(args, "metrics_linger", 0.0),
-        gpu_metrics=_gpu_metrics(getattr(args, "gpu_metrics", "off")),
-        alerts_port=getattr(args, "alerts_port", None),
-        alerts_address=getattr(args, "alerts_address", "127.0.0.1"),
+        gpu_metrics=_gpu_metrics(
+            getattr(args, "gpu_metrics", "off"), getattr(args, "dcgm_url", None)
+        ),
+        dcgm_url=getattr(args, "dcgm_url", None),
+        kernel_log=getattr(args, "kernel_log", None),
+        nccl_dump_dir=getattr(args, "nccl_dump_dir", None),
+        host_counters=getattr(args, "host_counters", False),
+        sources_period_s=getattr(args, "sources_period", 2.0),
+        alerts_port=_webhook(args)[1],
+        alerts_address=_webhook(args)[0],
         alerts_token_file=getattr(args, "alerts_token_file", None),
         hang=hang_flags(args),
         instrument=getattr(args, "instrument", True),
@@ -182,6 +202,15 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         grace_period_s=getattr(args, "grace_period", 0.0),
         stream_ranks=getattr(args, "stream", None),
     )
+
+
+def _webhook(args: argparse.Namespace) -> tuple[str, int | None]:
+    """The webhook's address and port: ``--webhook ADDR:PORT``, else the ``--alerts-*``
+    flags."""
+    given = getattr(args, "webhook", None)
+    if given is not None:
+        return given[0], given[1]
+    return getattr(args, "alerts_address", "127.0.0.1"), getattr(args, "alerts_port", None)
 
 
 def _split_args(text: str) -> list[str]:
@@ -216,7 +245,7 @@ def policy_for(config: JobConfig) -> Policy:
 
 def supervisor_for(
     config: JobConfig, launch: LaunchSpec, store: RunStore | None = None
-) -> JobSupervisor:
+) -> Supervisor:
     """The synchronous baseline, or replicas as the unit of failure. With a run store, the
     quorum coordinator records its memberships there and can restart from them."""
     if config.recovery != "replica":
@@ -237,7 +266,13 @@ def supervisor_for(
         log=None if store is None else StoreMembershipLog(store, fresh=bool(config.resume_dir)),
     )
     return ReplicaSupervisor(
-        launch, quorum, max_restarts=config.max_restarts, joiner_nice=config.joiner_nice
+        launch,
+        quorum,
+        max_restarts=config.max_restarts,
+        max_job_restarts=config.max_job_restarts,
+        command_timeout_s=config.command_timeout_s,
+        joiner_nice=config.joiner_nice,
+        straggler_factor=config.straggler_factor,
     )
 
 
@@ -319,6 +354,13 @@ def _run_in(
     env.setdefault(ENV_CATCHUP_TOKEN, secrets.token_hex(16))
     holders = _holders(config, run_id, run_dir)
     env.update(holders.env if holders is not None else {})
+    env.update(_nccl_dump_env(config, env))
+    sources = _host_sources(config, env)
+    if alerts is not None:
+        visible = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        places = sources.places if sources is not None else None
+        places = places or HostPlaces(socket.gethostname(), config.layout.ranks(), visible)
+        alerts.locate = places.locate
     launch = LaunchSpec(
         command,
         config.layout,
@@ -359,6 +401,8 @@ def _run_in(
     if metrics is not None:
         metrics.remediator = remediator
         metrics.watch(detectors)
+        if sources is not None and config.gpu_metrics is not None:
+            metrics.gpu_of = sources.gpu_of
     controller = Controller(
         supervisor,
         receiver,
@@ -374,6 +418,8 @@ def _run_in(
         ),
         run_dir=run_dir,
         inbox=None if alerts is None else alerts.take,
+        host=None if sources is None else sources.take,
+        host_detectors=host_detectors() if sources is not None else (),
     )
     supervisor.attempt_env = _resume_env(controller)
     if stored is not None:
@@ -385,7 +431,8 @@ def _run_in(
             _stop_on_signals(controller, config.grace_period_s),
             output,
             holders if holders is not None else nullcontext(),
-            _polling(metrics),
+            sources if sources is not None else nullcontext(),
+            _polling(metrics, sources),
         ):
             report = controller.run()
         unfired = tuple(controller.injector.unfired()) if controller.injector else ()
@@ -444,7 +491,7 @@ def _script_sources(config: JobConfig) -> list[Path]:
 
 
 def _continue(
-    stored: StoredRun, supervisor: JobSupervisor, controller: Controller, store: RunStore
+    stored: StoredRun, supervisor: Supervisor, controller: Controller, store: RunStore
 ) -> None:
     """A resumed run starts as the attempt after its last, from the newest checkpoint its
     ranks reported, with a fresh restart budget; the resumption is recorded."""
@@ -469,8 +516,8 @@ def resumed_job_config(run_dir: str, **flags: Any) -> JobConfig:
         "script_args": script_args,
         "module": module,
         "layout": layout_of(saved),
-        "min_replicas": int(saved.get("min_replicas", 1)),
-        "max_restarts": int(saved.get("max_restarts", 3)),
+        "min_replicas": int(saved.get("min_replicas", replica_config.MIN_REPLICAS)),
+        "max_restarts": int(saved.get("max_restarts", replica_config.MAX_RESTARTS)),
         "recovery": str(saved.get("recovery", "job")),
         "remediate": bool(saved.get("remediate", False)),
         "policy": saved.get("policy_file"),
@@ -577,14 +624,54 @@ def _alerts(config: JobConfig, metrics: RunMetrics | None) -> RunAlerts | None:
     return alerts.start()
 
 
-def _polling(metrics: RunMetrics | None) -> Any:
-    return nullcontext() if metrics is None else metrics.polling()
+def _polling(metrics: RunMetrics | None, sources: HostSources | None) -> Any:
+    """The exporter's own GPU polling, unless the host's sources read the GPUs."""
+    if metrics is None or (sources is not None and sources.config.nvml is not None):
+        return nullcontext()
+    return metrics.polling()
 
 
-def _gpu_metrics(source: str) -> NvmlFactory | None:
-    """``--gpu-metrics``: off, or NVML (pynvml) on every node."""
+def _host_sources(config: JobConfig, env: Mapping[str, str]) -> HostSources | None:
+    """This host's source loop, when the run reads any of its sources."""
+    wanted = HostSourcesConfig(
+        every_s=config.sources_period_s,
+        nvml=config.gpu_metrics,
+        dcgm_url=config.dcgm_url,
+        kernel_log=config.kernel_log,
+        nccl_dump_dir=config.nccl_dump_dir,
+        host_counters=config.host_counters,
+        visible_devices=env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")),
+    )
+    return HostSources(wanted, config.layout) if wanted.any else None
+
+
+#: torch's variables for NCCL flight-recorder dumps (the file name ends in the rank).
+NCCL_DUMP_ENV = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+
+
+def _nccl_dump_env(config: JobConfig, env: Mapping[str, str]) -> dict[str, str]:
+    """With --nccl-dump-dir, every rank's flight recorder dumps there on a timeout."""
+    if config.nccl_dump_dir is None:
+        return {}
+    folder = Path(config.nccl_dump_dir).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    wanted = {**NCCL_DUMP_ENV, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl_trace_rank_"}
+    return {name: value for name, value in wanted.items() if name not in env}
+
+
+def _gpu_metrics(source: str, dcgm_url: str | None = None) -> NvmlFactory | None:
+    """``--gpu-metrics``: off, NVML (pynvml) on every node, or auto: NVML when pynvml finds
+    a GPU and no dcgm-exporter is read instead."""
     if source == "off":
         return None
+    if source == "auto":
+        from collector import nvml
+
+        if dcgm_url is not None or not nvml.is_available():
+            return None
     from eagleeye.gpus import pynvml_factory
 
     return pynvml_factory()

@@ -6,13 +6,17 @@ file). Each new firing alert becomes one finding, queued; the controller takes t
 every tick and answers each finding as its own (stored, remediated with the run's policy,
 exported), so the run store and the remediator are only ever touched from the
 controller's thread. An alert Alertmanager re-sends is the same finding and is queued once.
+An alert that names a host (dcgm-exporter's ``Hostname``) is placed on the job's node on
+that host, or on the rank using its ``gpu`` (``locate``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
+from collector.types import Subject
 from detectors.types import Finding
 from eagleeye.alerting.alertmanager import read_token_file
 from eagleeye.alerting.webhook import AlertWebhook
@@ -32,6 +36,8 @@ class RunAlerts:
         self._lock = threading.Lock()
         self._queue: list[Finding] = []
         self._seen: set[tuple[object, ...]] = set()
+        #: (subject, gpu) -> where in the job it is (a hostname becomes the job's node)
+        self.locate: Callable[[Subject, str | None], Subject] = lambda subject, gpu: subject
         try:
             self.webhook = AlertWebhook(self._queue_finding, token, host=address, port=port)
         except OSError as exc:
@@ -49,6 +55,10 @@ class RunAlerts:
         return self
 
     def _queue_finding(self, finding: Finding) -> Sequence[Decision]:
+        gpu = finding.evidence.get("gpu")
+        placed = self.locate(finding.subject, None if gpu is None else str(int(gpu)))
+        if placed != finding.subject:
+            finding = replace(finding, subject=placed)
         key = (finding.kind, finding.subject, finding.time, finding.detector)
         with self._lock:
             if key not in self._seen:

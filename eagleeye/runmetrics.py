@@ -54,6 +54,8 @@ class RunMetrics:
         self.linger_s = linger_s
         self.say = say
         self.remediator: Remediator | None = None
+        #: a rank -> the GPU it uses (the host's sources' map), when GPUs are read there
+        self.gpu_of: Callable[[int], str] | None = None
 
     @classmethod
     def open(
@@ -127,7 +129,10 @@ class RunMetrics:
                 spec = self.layout.rank(rank)
                 node = str(item.detail.get("node", spec.node))
                 replica = int(item.detail.get("replica", spec.replica))
-                gpu = str(spec.local_rank) if self.gpus is not None else ""
+                if self.gpu_of is not None:
+                    gpu = self.gpu_of(rank)
+                else:
+                    gpu = str(spec.local_rank) if self.gpus is not None else ""
                 ex.observe_rank(rank, node, replica, gpu=gpu)
 
     def close(self) -> None:

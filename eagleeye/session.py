@@ -113,11 +113,13 @@ class RankSession:
     # ---- checkpoints --------------------------------------------------------------------
     def checkpoint_requested(self) -> bool:
         """Whether `eagleeye run` is stopping the job with a grace period and asks for a
-        checkpoint now: save (``save_checkpoint``) and end the loop. Cheap at every step."""
+        checkpoint now: save (``save_checkpoint``) and end the loop. Cheap at every step.
+        Every rank of a job answers True at the same step (the one reported last by
+        ``step_start`` or the zero-code telemetry), so ranks in lockstep leave together."""
         if not self._listening:
             self._listening = True  # the supervisor waits for this rank's save from now on
             self.hook.event(EVENT_LISTENING, 0.0)
-        return self._stop_request.requested()
+        return self._stop_request.requested(self.hook.step)
 
     def save_checkpoint(self, state: Mapping[str, Any], step: int) -> None:
         """Saves synchronously and reports it; the checkpoint error propagates (it is the

@@ -115,8 +115,9 @@ def _match(
     first = after.iloc[0]
     answered = actions[actions["finding_id"] == first["id"]]
     action = outcome = None
-    if not answered.empty:
-        row = answered.iloc[0]
+    if not answered.empty:  # the first action, as it ended (a command: its final row)
+        key = answered.iloc[0]["key"]
+        row = answered[answered["key"] == key].iloc[-1]
         action = f"{row['kind']} {row['target']}"
         outcome = f"{row['status']}: {row['detail']}"
     recovered = None

@@ -1,14 +1,57 @@
-"""The runtime's control protocol, as seen by remediation."""
+"""The runtime's control protocol, as seen by remediation and the controller."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from ft_runtime.types import Action, Outcome
+from ft_runtime.types import Action, LifecycleEvent, Outcome, Phase
 
 
 @runtime_checkable
 class Runtime(Protocol):
-    """Executes actions. Returns an Outcome instead of raising: a failed action is data."""
+    """Executes actions. Returns an Outcome instead of raising: a failed action is data.
+    An action that takes longer than a tick (a command every replica must answer) returns
+    a ``PENDING`` outcome at once; its final Outcome comes later from ``outcomes()`` of
+    the supervisor that executed it."""
 
     def execute(self, action: Action) -> Outcome: ...
+
+
+class Supervisor(Runtime, Protocol):
+    """What the controller drives, one tick at a time, from one thread: the synchronous
+    ``JobSupervisor`` and the ``ReplicaSupervisor`` both are one."""
+
+    attempt: int
+    phase: Phase
+    attempt_env: Callable[[int], Mapping[str, str]]
+
+    def start(self) -> None: ...
+
+    def poll(self) -> list[LifecycleEvent]:
+        """Exits, launches and membership changes since the last call; never blocks."""
+        ...
+
+    def settle(self) -> list[LifecycleEvent]:
+        """After the tick's actions ran: what follows from them (a failed job, a restart)."""
+        ...
+
+    def outcomes(self) -> list[Outcome]:
+        """Final outcomes of actions that were pending, since the last call."""
+        ...
+
+    def stop(self, reason: str, grace_s: float = 0.0) -> None: ...
+
+    def stop_all(self, grace_s: float | None = None) -> None: ...
+
+    def stop_restarting(self, reason: str) -> None: ...
+
+    def log_path(self, rank: int) -> Path | None: ...
+
+    def alive(self) -> int: ...
+
+    def pids(self) -> dict[int, int]: ...
+
+    @property
+    def finished(self) -> bool: ...

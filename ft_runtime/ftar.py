@@ -8,7 +8,9 @@ control vector, one slot per replica: whether it contributed a gradient, which o
 batches, the newest epoch it has seen, its step, its presence and how many control
 commands (``ctl/<n>``, written by the supervisor) it has seen. After the sum every member
 knows all of these, so the average is over actual contributors, and the next epoch and
-the commands to run after this step are agreed without another round trip.
+the commands to run after this step are agreed without another round trip. The vector's
+rows are ``protocol.CONTROL_FIELDS``, read back by name through ``ExchangeSummary``, which
+refuses a sum that is not whole, finite counts.
 
 A failure of that all-reduce (a peer's "connection reset", the quorum marking the epoch
 broken, or a timeout as the last resort) fails the step for this rank; the replica's ranks
@@ -19,7 +21,6 @@ the gradient they kept, so replicas may legitimately be at different steps for a
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -32,12 +33,45 @@ import torch
 
 from ft_runtime import _dist as dist
 from ft_runtime.catchup import SERVE_NICE, SnapshotServer
-from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
 from ft_runtime.errors import LeftQuorum
-from ft_runtime.quorum import Membership, key_broken, key_members, key_start
+from ft_runtime.quorum import Membership
 from ft_runtime.rejoin import Apply, CatchUpClient, CatchUpSource
+from ft_runtime.replica.protocol import (
+    CONTROL_FIELDS,
+    KEY_COMMANDS,
+    KEY_EPOCH,
+    SKIPPED,
+    TRAINED,
+    Answer,
+    Command,
+    ControlSlot,
+    EpochPointer,
+    EpochStart,
+    ExchangeSummary,
+    Failed,
+    Heartbeat,
+    JoinRequest,
+    LedgerMark,
+    ProtocolError,
+    ServerAddress,
+    decode,
+    decode_counter,
+    decode_membership,
+    encode,
+    key_address,
+    key_answer,
+    key_broken,
+    key_command,
+    key_heartbeat,
+    key_join,
+    key_ledger,
+    key_members,
+    key_start,
+    prefix_cross,
+    prefix_intra,
+)
 
-_FIELDS = 6  # contributed, batch, epoch seen, step, present, control commands seen
+_FIELDS = len(CONTROL_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +128,10 @@ class ReplicaComm:
         self.token = token
         self.intra: dist.Group | None = None
         if replica_size > 1:
-            prefix = dist.PrefixStore(f"intra/{replica}/{incarnation}", self._client())
+            prefix = dist.PrefixStore(prefix_intra(replica, incarnation), self._client())
             self.intra = dist.gloo_group(prefix, replica_rank, replica_size, intra_timeout_s)
         self.server = SnapshotServer(token=token, serve_nice=serve_nice)
-        store.set(f"addr/{self.rank}", self.server.address)
+        store.set(key_address(self.rank), encode(ServerAddress.parse(self.server.address)))
         self.membership = self._latest()  # epoch 0, or the epoch a job restart published
         self._cross: dist.Group | None = None
         self._cross_epoch = -1
@@ -109,8 +143,9 @@ class ReplicaComm:
         self.replayed = 0
         self.source = CatchUpSource(store, self.server, replica, state_fn)
         # Commands issued before this incarnation started are not this incarnation's.
-        self._ctl_done = int(store.add(KEY_COMMANDS, 0))
+        self._ctl_done = decode_counter(str(store.add(KEY_COMMANDS, 0)))
         self._ctl_agreed = self._ctl_done
+        self._beats = 0
 
     @property
     def must_join(self) -> bool:
@@ -144,7 +179,9 @@ class ReplicaComm:
         step = client.replay(step, None, apply, deadline)
         ready()
         if self.replica_rank == 0:
-            self.store.set(f"q/join/{self.replica}", str(self.incarnation))
+            self.store.set(
+                key_join(self.replica), encode(JoinRequest(self.replica, self.incarnation))
+            )
         while True:  # keep up with the source until the quorum admits this replica
             membership = self._latest()
             if self.replica in membership.joining and self.store.check(
@@ -155,7 +192,7 @@ class ReplicaComm:
                 raise LeftQuorum(f"replica {self.replica} was not admitted in {timeout_s:.0f} s")
             step = client.replay(step, None, apply, deadline)
             time.sleep(0.005)
-        start = int(self.store.get(key_start(membership.epoch)))
+        start = decode(EpochStart, self.store.get(key_start(membership.epoch))).step
         self.replayed = client.replay(step, start, apply, deadline) - step
         self.membership = membership
         self._zero_next = True
@@ -167,14 +204,14 @@ class ReplicaComm:
         accounting); ``start`` is where to begin looking."""
         replica = self.replica if replica is None else replica
         batch = start
-        while self.store.check([f"data/{replica}/{batch}"]):
+        while self.store.check([key_ledger(replica, batch)]):
             batch += 1
         return batch
 
     def skip_batch(self, batch: int) -> None:
         """Records that this replica skipped ``batch`` (it counts as consumed, untrained)."""
         if self.replica_rank == 0:
-            self.store.set(f"data/{self.replica}/{batch}", "skipped")
+            self.store.set(key_ledger(self.replica, batch), encode(LedgerMark(SKIPPED)))
 
     def forget_batches(self, start: int) -> None:
         """After a restore: batches from ``start`` on were trained into a state that is
@@ -182,8 +219,8 @@ class ReplicaComm:
         if self.replica_rank != 0:
             return
         batch = start
-        while self.store.check([f"data/{self.replica}/{batch}"]):
-            self.store.delete_key(f"data/{self.replica}/{batch}")
+        while self.store.check([key_ledger(self.replica, batch)]):
+            self.store.delete_key(key_ledger(self.replica, batch))
             batch += 1
 
     # ---- the exchange --------------------------------------------------------------------------
@@ -193,7 +230,8 @@ class ReplicaComm:
         Returns only once the replica committed; raises LeftQuorum when this replica must
         restart (isolated, or behind the others).
         """
-        self.store.set(f"hb/{self.rank}", f"{step} {time.time()}")
+        self._beats += 1
+        self.store.set(key_heartbeat(self.rank), encode(Heartbeat(self._beats, step)))
         contributing = not self._zero_next
         if not contributing:
             flat.zero_()
@@ -209,13 +247,13 @@ class ReplicaComm:
             control = self._control(contributing, batch, step)
             buffer = torch.cat([kept, control])
             ok = self._cross_allreduce(buffer)
-            result = buffer[kept.numel() :].view(_FIELDS, self.num_replicas)
+            summary = _summary(buffer[kept.numel() :], self.num_replicas) if ok else None
             # A member at another step missed or made a commit the others did not: nobody
             # applies this sum, and the one behind restarts and catches up.
-            behind = ok and _steps(result, step) == "behind"
-            aligned = ok and _steps(result, step) == "aligned"
-            agreed = int(result[2].max().item()) if ok else 0
-            commands = int(result[5].max().item()) if ok else 0
+            behind = summary is not None and summary.steps(step) == "behind"
+            aligned = summary is not None and summary.steps(step) == "aligned"
+            agreed = summary.epoch_agreed if summary is not None else 0
+            commands = summary.commands_agreed if summary is not None else 0
             ok, agreed, behind, commands = self._vote(aligned, agreed, behind, commands)
             if behind:
                 raise LeftQuorum(f"replica {self.replica} is behind the others at step {step}")
@@ -224,15 +262,20 @@ class ReplicaComm:
             retries += 1
             self._await_next_epoch()
         self._ctl_agreed = max(self._ctl_agreed, commands)
-        return self._commit(flat, chunk, buffer[: kept.numel()], result, agreed, retries)
+        assert summary is not None  # the vote passed: this rank's exchange succeeded
+        return self._commit(flat, chunk, buffer[: kept.numel()], summary, agreed, retries)
 
     def _control(self, contributing: bool, batch: int, step: int) -> torch.Tensor:
         control = torch.zeros(_FIELDS, self.num_replicas)
-        seen = int(self.store.get("q/epoch"))
-        commands = float(self.store.add(KEY_COMMANDS, 0))
-        values = (float(contributing), float(batch), float(seen), float(step), 1.0, commands)
-        for field, value in enumerate(values):
-            control[field, self.replica] = value
+        slot = ControlSlot(
+            contributed=contributing,
+            batch=batch,
+            epoch_seen=self._epoch(),
+            step=step,
+            present=True,
+            commands_seen=decode_counter(str(self.store.add(KEY_COMMANDS, 0))),
+        )
+        control[:, self.replica] = torch.tensor(slot.values())
         return control.reshape(-1)
 
     def _commit(
@@ -240,11 +283,11 @@ class ReplicaComm:
         flat: torch.Tensor,
         chunk: torch.Tensor,
         summed: torch.Tensor,
-        result: torch.Tensor,
+        summary: ExchangeSummary,
         agreed: int,
         retries: int,
     ) -> ExchangeResult:
-        contributors = int(result[0].sum().item())
+        contributors = summary.contributors
         chunk.copy_(summed / max(1, contributors))
         if self.intra is not None:
             parts = list(flat.tensor_split(self.replica_size))
@@ -253,15 +296,14 @@ class ReplicaComm:
             for part, got in zip(parts, gathered, strict=True):
                 part.copy_(got)
         if self.replica_rank == 0:
-            for replica in range(self.num_replicas):
-                if result[0, replica] > 0:
-                    self.store.set(f"data/{replica}/{int(result[1, replica])}", "1")
+            for replica, batch in summary.trained():
+                self.store.set(key_ledger(replica, batch), encode(LedgerMark(TRAINED)))
         if agreed > self.membership.epoch:
             self._pending = self._read(agreed)
         if self._zero_next and self._catching_up is not None:
             self._catching_up.done()
         self._zero_next = False
-        members = int(result[4].sum().item())
+        members = summary.members
         scale = math.sqrt(contributors / self.num_replicas) if self.lr_scaling else 1.0
         return ExchangeResult(self.membership.epoch, members, contributors, retries, scale)
 
@@ -276,14 +318,17 @@ class ReplicaComm:
     def _announce_start(self, membership: Membership, start: int) -> None:
         if self._published != membership.epoch:
             self._published = membership.epoch
-            self.store.set(key_start(membership.epoch), str(start))
+            self.store.set(key_start(membership.epoch), encode(EpochStart(start)))
 
     # ---- membership ---------------------------------------------------------------------------
+    def _epoch(self) -> int:
+        return decode(EpochPointer, self.store.get(KEY_EPOCH)).epoch
+
     def _latest(self) -> Membership:
-        return self._read(int(self.store.get("q/epoch")))
+        return self._read(self._epoch())
 
     def _read(self, epoch: int) -> Membership:
-        return Membership.from_json(epoch, self.store.get(key_members(epoch)))
+        return decode_membership(epoch, self.store.get(key_members(epoch)))
 
     def _switch(self, membership: Membership) -> None:
         self._pending = None
@@ -294,12 +339,12 @@ class ReplicaComm:
     def _await_next_epoch(self, timeout_s: float = 300.0) -> None:
         current = self.membership.epoch
         deadline = time.monotonic() + timeout_s
-        latest = int(self.store.get("q/epoch"))
+        latest = self._epoch()
         while latest <= current:
             if time.monotonic() > deadline:
                 raise LeftQuorum(f"no epoch after {current} within {timeout_s:.0f} s")
             time.sleep(0.005)
-            latest = int(self.store.get("q/epoch"))
+            latest = self._epoch()
         if self.intra is not None:  # every rank of the replica moves to the same epoch
             agreed = torch.tensor([float(latest)])
             self.intra.allreduce([agreed], _op(dist.ReduceOp.MAX)).wait()
@@ -307,7 +352,7 @@ class ReplicaComm:
         membership = self._read(latest)
         self._switch(membership)
         if membership.joining and self.replica == membership.source:
-            step = int(self.store.get(f"hb/{self.rank}").decode().split()[0])
+            step = decode(Heartbeat, self.store.get(key_heartbeat(self.rank))).step
             self._announce_start(membership, step)
 
     def _vote(
@@ -324,17 +369,29 @@ class ReplicaComm:
     def commands(self) -> list[Command]:
         """Commands every member agreed on in the last exchange and this rank has not run:
         run them after this step's optimizer step, in order, then ``answer`` each."""
-        pending = [
-            Command.from_json(n, self.store.get(key_command(n)))
-            for n in range(self._ctl_done + 1, self._ctl_agreed + 1)
-        ]
+        pending = []
+        for number in range(self._ctl_done + 1, self._ctl_agreed + 1):
+            key = key_command(number)
+            try:
+                if not self.store.check([key]):
+                    raise ProtocolError(f"command {number} is counted but absent")
+                command = decode(Command, self.store.get(key))
+                if command.number != number:
+                    raise ProtocolError(f"command {command.number} stored as {number}")
+            except ProtocolError as exc:  # never acted on; every member skips it alike
+                self.answer_number(number, Failed(str(exc)))
+                continue
+            pending.append(command)
         self._ctl_done = self._ctl_agreed
         return pending
 
-    def answer(self, command: Command, detail: Mapping[str, Any]) -> None:
+    def answer(self, command: Command, answer: Answer) -> None:
         """Rank 0 of the replica tells the supervisor what the command did here."""
+        self.answer_number(command.number, answer)
+
+    def answer_number(self, number: int, answer: Answer) -> None:
         if self.replica_rank == 0:
-            self.store.set(key_answer(command.number, self.replica), json.dumps(dict(detail)))
+            self.store.set(key_answer(number, self.replica), encode(answer))
 
     def barrier(self) -> None:
         """Waits for every rank of this replica (checkpoint manifests need it)."""
@@ -371,7 +428,7 @@ class ReplicaComm:
         if self._cross is not None and self._cross_epoch == membership.epoch:
             return self._cross
         self._abandon()
-        prefix = f"x/{membership.epoch}/{self.replica_rank}"
+        prefix = prefix_cross(membership.epoch, self.replica_rank)
         index = membership.members.index(self.replica)
         built: dict[str, Any] = {}
 
@@ -415,12 +472,14 @@ class ReplicaComm:
         self.server.close()
 
 
-def _steps(result: torch.Tensor, step: int) -> str:
-    """ "aligned" when every member is at this step, "behind" when one is past it."""
-    steps = result[3][result[4] > 0]
-    if bool((steps > step).any()):
-        return "behind"
-    return "aligned" if bool((steps == step).all()) else "ahead"
+def _summary(control: torch.Tensor, replicas: int) -> ExchangeSummary | None:
+    """The summed control vector read by name; None (the exchange failed) when a peer
+    sent values that are not whole counts."""
+    rows = control.view(_FIELDS, replicas).tolist()
+    try:
+        return ExchangeSummary.from_rows(rows)
+    except ProtocolError:
+        return None
 
 
 def _op(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:

@@ -20,6 +20,8 @@ import threading
 
 log = logging.getLogger(__name__)
 
+ENV_BASE_NICE = "EAGLEEYE_BASE_NICE"
+"""Niceness a rank launched at a lowered priority returns to (``restore_priority``)."""
 NICE_MAX = 19
 """The lowest priority Linux gives a thread."""
 
@@ -61,3 +63,22 @@ def lower_this_thread(target: int, warn: bool = True) -> int | None:
         )
         return None
     return thread_nice()
+
+
+def restore_priority() -> None:
+    """Called by a joining rank once caught up: every thread of the process goes back to
+    the priority the rank was launched with (``ENV_BASE_NICE``). A nice value belongs to
+    a thread, and threads started while the rank ran lowered (torch's, the hook's) inherit
+    the lowered value, so each is restored, not only the caller. Raising a priority may
+    need privileges; without them the rank stays lower and says so."""
+    base = os.environ.get(ENV_BASE_NICE)
+    if base is None:
+        return
+    for tid in process_thread_ids():
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, int(base))
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
+        except OSError as exc:
+            log.warning("joined at a lowered priority; could not restore it: %s", exc)
+            return

@@ -2,21 +2,15 @@
 
 It runs in the controller and keeps its state in a ``TCPStore`` that the controller hosts,
 so the store outlives any rank. Ranks read it (``ft_runtime.ftar``); only the service
-writes the membership. Keys, all under ``q/``::
-
-    q/epoch              newest epoch number
-    q/<e>/members        JSON {"members": [...], "joining": [...]}: replicas of epoch e
-    q/<e>/broken         set when a member of e died or was isolated: abort e's collectives
-    q/<e>/start          step of e's first exchange (written by the source of a catch-up)
-    q/join/<r>           incarnation of replica r, written when its ranks are ready to join
-    hb/<rank>            "<step> <time>": the rank entered the exchange of that step
-    addr/<rank>          "<host>:<port>" of the rank's snapshot server
-    data/<r>/<b>         batch b of replica r was trained (exactly-once accounting)
+writes the membership. The keys and their messages are ``ft_runtime.replica.protocol``'s
+(docs/protocol.md lists them); every value read is decoded there before it is used.
 
 Membership changes at step boundaries: a failure breaks the current epoch (survivors abort
 and retry in the next one); a join is proposed in a new epoch that the members adopt at
 the next step boundary they agree on. A hung member is found from the heartbeats: the
 others have waited in the exchange for longer than the stall limit while it never entered.
+A heartbeat carries no time: the service notes when it first saw each one on its own clock,
+so a rank whose host clock is off is judged right.
 The limit follows the job's own pace and noise: ``stall_factor`` median step times, but
 never less than ``lateness_factor`` times the worst lateness seen among healthy members
 lately (how long the first rank to enter an exchange waited for the last one, measured
@@ -37,10 +31,29 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 from ft_runtime import _dist as dist
 from ft_runtime.membership import Membership, MembershipLog, QuorumRecord
+from ft_runtime.replica import config
+from ft_runtime.replica.protocol import (
+    KEY_EPOCH,
+    EpochBroken,
+    EpochPointer,
+    EpochStart,
+    Heartbeat,
+    JoinRequest,
+    ProtocolError,
+    decode,
+    encode,
+    encode_membership,
+    key_broken,
+    key_heartbeat,
+    key_join,
+    key_members,
+    key_start,
+)
 
 __all__ = [
     "ENV_QUORUM",
@@ -48,14 +61,17 @@ __all__ = [
     "MembershipLog",
     "QuorumRecord",
     "QuorumService",
+    "StallReport",
     "key_broken",
     "key_members",
     "key_start",
 ]
 
-STALL_FACTOR = 1.0
-STALL_FLOOR_S = 0.05
-LATENESS_FACTOR = 2.0
+STALL_FACTOR, STALL_FLOOR_S, LATENESS_FACTOR = (
+    config.STALL_FACTOR,
+    config.STALL_FLOOR_S,
+    config.LATENESS_FACTOR,
+)
 LATENESS_WINDOW = 64
 """Steps whose lateness the noise guard remembers."""
 FIRST_TIMED_STEP = 2
@@ -65,16 +81,21 @@ ENV_QUORUM = "EAGLEEYE_QUORUM"
 """``host:port`` of the quorum's TCPStore; set for ranks of a replica-recovery job."""
 
 
-def key_members(epoch: int) -> str:
-    return f"q/{epoch}/members"
+MAX_STEPS_BETWEEN_LOOKS = 8
+"""A rank seen this many steps further on since the last look still gives a step time."""
 
 
-def key_broken(epoch: int) -> str:
-    return f"q/{epoch}/broken"
+@dataclass(frozen=True, slots=True)
+class StallReport:
+    """One look at the heartbeats: the members found hung (none: no stall), the ranks
+    that never entered the exchange the others wait in, how long the first of those
+    waited (the coordinator's clock) and the limit it was judged by (None: no pace known
+    yet)."""
 
-
-def key_start(epoch: int) -> str:
-    return f"q/{epoch}/start"
+    replicas: tuple[int, ...] = ()
+    late_ranks: tuple[int, ...] = ()
+    waited_s: float = 0.0
+    limit_s: float | None = None
 
 
 LOOK_GAP_S = 1.0
@@ -127,13 +148,12 @@ class QuorumService:
         self.current = Membership(0, tuple(range(replicas)))
         self.history: list[Membership] = []
         self._step_times: deque[float] = deque(maxlen=64)
-        self._last_hb: dict[int, tuple[int, float]] = {}
+        self._last_hb: dict[int, tuple[int, float]] = {}  # rank -> (step, when it entered)
+        self._seen_hb: dict[int, tuple[int, int, float]] = {}  # rank -> (seq, step, seen at)
         self._arrivals: dict[int, dict[int, float]] = {}  # step -> rank -> when it entered
         self._lateness: deque[float] = deque(maxlen=LATENESS_WINDOW)
-        self.waited_s = 0.0  # how long the first rank in the newest exchange has waited
         self._looked_at = 0.0  # the coordinator's last look at the heartbeats
         self._grace_until = 0.0  # no stall is judged before (after a gap in its looks)
-        self.late_ranks: list[int] = []  # the ranks that the last stall found missing
         self._incarnation: dict[int, int] = {}
         self.log = log
         self.store_address = store_address
@@ -182,8 +202,8 @@ class QuorumService:
 
     def _announce(self, membership: Membership) -> None:
         assert self.store is not None
-        self.store.set(key_members(membership.epoch), membership.to_json())
-        self.store.set("q/epoch", str(membership.epoch))
+        self.store.set(key_members(membership.epoch), encode_membership(membership))
+        self.store.set(KEY_EPOCH, encode(EpochPointer(membership.epoch)))
 
     # ---- membership changes ------------------------------------------------------------------
     def remove(self, replica: int, reason: str) -> Membership | None:
@@ -193,10 +213,10 @@ class QuorumService:
         """
         if replica not in self.current.members or self.store is None:
             return None
-        self.store.set(key_broken(self.current.epoch), reason)
+        self.store.set(key_broken(self.current.epoch), encode(EpochBroken(reason[:200])))
         # A dropped replica is admitted again only as the incarnation restarted after this.
         self._incarnation.pop(replica, None)
-        self.store.delete_key(f"q/join/{replica}")
+        self.store.delete_key(key_join(replica))
         members = tuple(r for r in self.current.members if r != replica)
         joining = tuple(r for r in self.current.joining if r != replica)
         self._publish(Membership(self.current.epoch + 1, members, joining))
@@ -206,10 +226,10 @@ class QuorumService:
         """A full-job restart: the current epoch breaks and the next one holds every replica
         again, none joining (they all restore the same checkpoint)."""
         assert self.store is not None, "start() the quorum service first"
-        self.store.set(key_broken(self.current.epoch), reason)
+        self.store.set(key_broken(self.current.epoch), encode(EpochBroken(reason[:200])))
         self._incarnation.clear()
         for replica in range(self.replicas):
-            self.store.delete_key(f"q/join/{replica}")
+            self.store.delete_key(key_join(replica))
         self._step_times.clear()
         self._lateness.clear()
         self._arrivals.clear()
@@ -233,8 +253,8 @@ class QuorumService:
         for replica, incarnation in self._incarnation.items():
             if replica in self.current.members:
                 continue
-            key = f"q/join/{replica}"
-            if self.store.check([key]) and int(self.store.get(key)) == incarnation:
+            key = key_join(replica)
+            if self.store.check([key]) and _join(self.store.get(key)) == (replica, incarnation):
                 ready.append(replica)
         if not ready or not self.current.members:
             return None
@@ -246,8 +266,18 @@ class QuorumService:
     def settle_joins(self) -> None:
         """Joiners whose first exchange happened (``q/<e>/start`` set) count as healthy."""
         cur = self.current
-        if cur.joining and self.store is not None and self.store.check([key_start(cur.epoch)]):
+        if cur.joining and self.store is not None and self._started(cur.epoch):
             self.current = Membership(cur.epoch, cur.members, ())
+
+    def _started(self, epoch: int) -> bool:
+        assert self.store is not None
+        if not self.store.check([key_start(epoch)]):
+            return False
+        try:
+            decode(EpochStart, self.store.get(key_start(epoch)))
+        except ProtocolError:
+            return False
+        return True
 
     @property
     def degraded_below_min(self) -> bool:
@@ -258,24 +288,26 @@ class QuorumService:
         return tuple(r for r in self.current.members if r not in self.current.joining)
 
     # ---- heartbeats --------------------------------------------------------------------------
-    def stalled(self) -> list[int]:
-        """Members that never entered an exchange the others have waited in too long."""
+    def stalled(self) -> StallReport:
+        """Members that never entered an exchange the others have waited in too long, with
+        the evidence: the late ranks, how long the others waited, the limit."""
         if self.store is None or len(self.current.members) < 2:
-            return []
+            return StallReport()
         looked = self.clock()
         beats = self._heartbeats()
         now = self.clock()
         if self._after_gap(looked, now) or not beats:
-            return []
+            return StallReport()
         front = max(step for step, _ in beats.values())
         waiting = [t for step, t in beats.values() if step == front]
         limit = self.stall_limit()
-        self.waited_s = now - min(waiting)
-        if limit is None or self.waited_s < limit:
-            return []
-        self.late_ranks = sorted(rank for rank, (step, _) in beats.items() if step < front)
-        late = {rank // self.replica_size for rank in self.late_ranks}
-        return sorted(r for r in late if r in self.current.members)
+        waited_s = now - min(waiting)
+        if limit is None or waited_s < limit:
+            return StallReport((), (), waited_s, limit)
+        late_ranks = tuple(sorted(rank for rank, (step, _) in beats.items() if step < front))
+        late = {rank // self.replica_size for rank in late_ranks}
+        hung = tuple(sorted(r for r in late if r in self.current.members))
+        return StallReport(hung, late_ranks, waited_s, limit)
 
     def _after_gap(self, looked: float, now: float) -> bool:
         """Whether the coordinator itself stood still: its looks were ``LOOK_GAP_S`` or more
@@ -320,16 +352,25 @@ class QuorumService:
             if r not in self.current.joining
             for i in range(self.replica_size)
         ]
-        keys = [f"hb/{rank}" for rank in ranks]
+        keys = [key_heartbeat(rank) for rank in ranks]
         if not self.store.check(keys):
             return {}
+        seen_at = self.clock()
         beats = {}
         for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True):
-            step_text, _, time_text = raw.decode().partition(" ")
-            beat = (int(step_text), float(time_text))
+            try:
+                heartbeat = decode(Heartbeat, raw)
+            except ProtocolError:
+                continue  # not a beat this service can judge by; the rank looks silent
+            seen = self._seen_hb.get(rank)
+            if seen is None or seen[0] != heartbeat.seq:  # new: it arrived by now, our clock
+                seen = (heartbeat.seq, heartbeat.step, seen_at)
+                self._seen_hb[rank] = seen
+            beat = (seen[1], seen[2])
             previous = self._last_hb.get(rank)
-            if previous is not None and beat[0] == previous[0] + 1:
-                self._step_times.append(beat[1] - previous[1])
+            if previous is not None and 0 < beat[0] - previous[0] <= MAX_STEPS_BETWEEN_LOOKS:
+                # steps faster than the looks: their mean over the steps seen to pass
+                self._step_times.append((beat[1] - previous[1]) / (beat[0] - previous[0]))
             self._last_hb[rank] = beat
             beats[rank] = beat
         self._note_arrivals(beats)
@@ -341,9 +382,34 @@ class QuorumService:
             return
         for rank in ranks:
             self._last_hb.pop(rank, None)
+            self._seen_hb.pop(rank, None)
             for arrived in self._arrivals.values():
                 arrived.pop(rank, None)
-            self.store.delete_key(f"hb/{rank}")
+            self.store.delete_key(key_heartbeat(rank))
+
+    def successor(self, log: MembershipLog | None = None) -> QuorumService:
+        """A new coordinator with this one's settings that resumes from ``log`` (by default
+        this one's): its store address, newest epoch and expected joiners (start it)."""
+        return QuorumService(
+            self.replicas,
+            self.replica_size,
+            host=self.host,
+            min_replicas=self.min_replicas,
+            stall_factor=self.stall_factor,
+            stall_floor_s=self.stall_floor_s,
+            lateness_factor=self.lateness_factor,
+            clock=self.clock,
+            log=log or self.log,
+        )
 
     def close(self) -> None:
         self.store = None
+
+
+def _join(raw: bytes) -> tuple[int, int] | None:
+    """``(replica, incarnation)`` of a join request; None for a value that is not one."""
+    try:
+        request = decode(JoinRequest, raw)
+    except ProtocolError:
+        return None
+    return request.replica, request.incarnation

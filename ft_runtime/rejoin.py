@@ -1,9 +1,10 @@
 """Non-blocking catch-up: a restarted replica gets up to date before anyone waits for it.
 
 The joiner asks a healthy source replica for its state (``q/wants`` counts requests,
-``q/want/<n>`` names the joiner and the source). Each source rank, at its next step
-boundary, copies its state into its snapshot server (a memory copy), and from then on logs
-the update it applies at every step (the averaged gradient and the learning rate). The
+``q/want/<n>`` names the joiner and the source; ``protocol`` encodes them). Each source
+rank, at its next step boundary, copies its state into its snapshot server (a memory
+copy), and from then on logs the update it applies at every step (the averaged gradient
+and the learning rate). The
 joiner fetches the snapshot, replays the logged updates, which gives it exactly the
 source's parameters, and only when it has reached the head of the log does it ask the
 quorum to admit it. The healthy replicas wait for it at most for the last step or two of
@@ -12,7 +13,6 @@ replay and the set-up of the new group, instead of the whole state transfer.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,6 +22,21 @@ import torch
 from ft_runtime import _dist as dist
 from ft_runtime.catchup import SnapshotServer, fetch_snapshot, fetch_update
 from ft_runtime.errors import CatchUpError, LeftQuorum
+from ft_runtime.replica.protocol import (
+    KEY_CATCHUP_COUNT,
+    CatchUpDone,
+    CatchUpRequest,
+    CatchUpTicket,
+    ProtocolError,
+    ServerAddress,
+    decode,
+    decode_counter,
+    encode,
+    key_address,
+    key_catchup,
+    key_catchup_done,
+    key_catchup_ticket,
+)
 
 Apply = Callable[[torch.Tensor, float], object]
 MAX_LOG = 1024  # updates kept for one joiner; beyond it the joiner restarts its catch-up
@@ -39,7 +54,8 @@ class CatchUpSource:
     ) -> None:
         self.store, self.server, self.replica = store, server, replica
         self.state_fn = state_fn
-        self._seen = int(store.add("q/wants", 0))  # requests to earlier incarnations are done
+        # requests to earlier incarnations are done
+        self._seen = decode_counter(str(store.add(KEY_CATCHUP_COUNT, 0)))
         self._open: set[int] = set()
 
     def after_step(self, step: int, update: torch.Tensor, lr: float) -> None:
@@ -47,13 +63,19 @@ class CatchUpSource:
         if self._open:
             self.server.log_update(step, update, lr)
             self._close_done()
-        count = int(self.store.add("q/wants", 0))
+        count = decode_counter(str(self.store.add(KEY_CATCHUP_COUNT, 0)))
         for want in range(self._seen + 1, count + 1):
-            request = json.loads(self.store.get(f"q/want/{want}"))
-            if request["source"] == self.replica:
+            key = key_catchup(want)
+            if not self.store.check([key]):
+                break  # counted, not written yet: looked at again after the next step
+            self._seen = want
+            try:
+                request = decode(CatchUpRequest, self.store.get(key))
+            except ProtocolError:
+                continue  # never acted on
+            if request.source == self.replica:
                 self._open.add(want)
                 self.server.publish(f"w{want}", step + 1, self.state_fn())
-        self._seen = count
 
     @property
     def serving(self) -> bool:
@@ -61,7 +83,7 @@ class CatchUpSource:
         return bool(self._open)
 
     def _close_done(self) -> None:
-        done = {w for w in self._open if self.store.check([f"q/want/{w}/done"])}
+        done = {w for w in self._open if self.store.check([key_catchup_done(w)])}
         self._open -= done
         if not self._open or len(self.server.log) > MAX_LOG:
             self.server.log = {}
@@ -78,17 +100,15 @@ class CatchUpClient:
 
     def request(self, source: int, source_rank: int, incarnation: int) -> None:
         """Asks ``source`` for its state (rank 0 of the replica asks; all ranks read)."""
+        key = key_catchup_ticket(self.replica, incarnation)
         if self.replica_rank == 0:
-            want = int(self.store.add("q/wants", 1))
-            self.store.set(
-                f"q/want/{want}",
-                json.dumps({"replica": self.replica, "incarnation": incarnation, "source": source}),
-            )
-            self.store.set(f"q/want/{self.replica}/{incarnation}", str(want))
-        key = f"q/want/{self.replica}/{incarnation}"
+            want = decode_counter(str(self.store.add(KEY_CATCHUP_COUNT, 1)))
+            request = CatchUpRequest(self.replica, incarnation, source)
+            self.store.set(key_catchup(want), encode(request))
+            self.store.set(key, encode(CatchUpTicket(want)))
         self.store.wait([key])
-        self.want = int(self.store.get(key))
-        self.address = self.store.get(f"addr/{source_rank}").decode()
+        self.want = decode(CatchUpTicket, self.store.get(key)).number
+        self.address = decode(ServerAddress, self.store.get(key_address(source_rank))).address
 
     def snapshot(self, deadline: float) -> tuple[int, dict[str, Any]]:
         """The source's state and the step it is the start of."""
@@ -118,4 +138,4 @@ class CatchUpClient:
 
     def done(self) -> None:
         if self.replica_rank == 0:
-            self.store.set(f"q/want/{self.want}/done", "1")
+            self.store.set(key_catchup_done(self.want), encode(CatchUpDone(self.want)))

@@ -1,9 +1,10 @@
-"""Launches a job's ranks on this machine and supervises them through restarts.
+"""Launches a job's ranks through a launcher and supervises them through restarts.
 
-One waiter thread per rank records the exact moment and status of its exit, so the first
-failure of a crash cascade is known even when several ranks die within milliseconds (a
-SIGKILLed rank's ring neighbours fail on "connection reset" right after it). Exits after
-the first failure of an attempt are marked ``collateral``.
+The launcher (``ft_runtime.launcher``; by default ``LocalLauncher``, this machine) records
+the exact moment and status of each exit, so the first failure of a crash cascade is known
+even when several ranks die within milliseconds (a SIGKILLed rank's ring neighbours fail on
+"connection reset" right after it). Exits after the first failure of an attempt are marked
+``collateral``.
 
 Recovery here is the synchronous baseline: every rank is stopped and the whole job starts
 again from its last checkpoint, as torchrun does. It stays available behind a flag as the
@@ -13,18 +14,12 @@ yardstick for replica-level recovery.
 from __future__ import annotations
 
 import logging
-import os
-import queue
-import signal
-import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ft_runtime._children import die_with_parent
-from ft_runtime.errors import LaunchError
+from ft_runtime.launcher import Launcher, LocalLauncher
 from ft_runtime.layout import ENV_RESUME_FROM, JobLayout, RankSpec
 from ft_runtime.ports import free_port
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -52,11 +47,9 @@ class LaunchSpec:
 @dataclass
 class _Rank:
     spec: RankSpec
-    process: subprocess.Popen[bytes]
     attempt: int
     log_path: Path | None = None
     expected_stop: bool = False
-    exit_collected: bool = False  # its exit left the queue: only then is it not live
 
 
 class JobSupervisor:
@@ -66,19 +59,24 @@ class JobSupervisor:
         launch: what to start.
         max_restarts: restart budget; the restart after the last one allowed fails the job.
         clock: wall-clock time, seconds.
+        launcher: starts and stops the ranks (default: on this machine).
     """
 
     def __init__(
-        self, launch: LaunchSpec, max_restarts: int = 3, clock: Callable[[], float] = time.time
+        self,
+        launch: LaunchSpec,
+        max_restarts: int = 3,
+        clock: Callable[[], float] = time.time,
+        launcher: Launcher | None = None,
     ) -> None:
         self.launch = launch
+        self.launcher: Launcher = LocalLauncher(clock) if launcher is None else launcher
         self.max_restarts = max_restarts
         self.clock = clock
         self.attempt = -1
         self.restarts = 0
         self.phase = Phase.LAUNCH
         self._ranks: dict[int, _Rank] = {}
-        self._exits: queue.Queue[tuple[int, int, int, float]] = queue.Queue()
         self._events: list[LifecycleEvent] = []
         self._first_failure: float | None = None
         self._done_keys: set[str] = set()
@@ -110,7 +108,6 @@ class JobSupervisor:
         )
         for spec in self.launch.layout.ranks():
             env = {
-                **os.environ,
                 **self.launch.env,
                 **self.launch.layout.environment(
                     spec, self.launch.master_addr, port, self.attempt, self.launch.run_id
@@ -118,13 +115,11 @@ class JobSupervisor:
                 **self._elastic_env(log_dir, spec.rank),
                 **extra,
             }
-            self._ranks[spec.rank] = self._spawn(spec, env, log_dir / f"rank-{spec.rank}.log")
+            log_path = log_dir / f"rank-{spec.rank}.log"
+            pid = self.launcher.start(spec, self.attempt, self._argv(), env, log_path)
+            self._ranks[spec.rank] = _Rank(spec, self.attempt, log_path)
             self._emit(
-                f"rank:{spec.rank}",
-                Phase.LAUNCH,
-                node=spec.node,
-                replica=spec.replica,
-                pid=self._ranks[spec.rank].process.pid,
+                f"rank:{spec.rank}", Phase.LAUNCH, node=spec.node, replica=spec.replica, pid=pid
             )
         self.phase = Phase.RUNNING
 
@@ -145,42 +140,17 @@ class JobSupervisor:
         """From now on a restart fails the job with ``reason`` (a crash loop, a stop)."""
         self._no_restart = reason
 
-    def _spawn(self, spec: RankSpec, env: dict[str, str], log_path: Path) -> _Rank:
-        python = self.launch.python or _python()
-        try:
-            with open(log_path, "wb") as out:
-                process = subprocess.Popen(
-                    [python, *self.command()],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent(signal.SIGKILL),
-                )
-        except OSError as exc:
-            raise LaunchError(f"cannot start rank {spec.rank}: {exc}") from exc
-        rank = _Rank(spec, process, self.attempt, log_path)
-        threading.Thread(
-            target=self._wait, args=(rank,), daemon=True, name=f"wait-rank-{spec.rank}"
-        ).start()
-        return rank
-
-    def _wait(self, rank: _Rank) -> None:
-        code = rank.process.wait()
-        self._exits.put((rank.spec.rank, rank.attempt, code, self.clock()))
+    def _argv(self) -> list[str]:
+        return [self.launch.python or _python(), *self.command()]
 
     def poll(self) -> list[LifecycleEvent]:
         """Collects exits since the last call and updates the job's phase."""
-        while True:
-            try:
-                rank_id, attempt, code, when = self._exits.get_nowait()
-            except queue.Empty:
-                break
-            rank = self._ranks.get(rank_id)
-            if attempt != self.attempt or rank is None or rank.expected_stop:
+        for ended in self.launcher.exits():
+            rank = self._ranks.get(ended.rank)
+            if ended.generation != self.attempt or rank is None or rank.expected_stop:
                 continue
-            self._exited.add(rank_id)
-            self._record_exit(rank, code, when)
+            self._exited.add(ended.rank)
+            self._record_exit(rank, ended.code, ended.time)
         everyone_done = len(self._exited) == self.launch.layout.world_size
         if self.phase is Phase.RUNNING and everyone_done and not self._failed():
             self.phase = Phase.SUCCEEDED
@@ -242,23 +212,10 @@ class JobSupervisor:
     def stop_all(self, grace_s: float | None = None) -> None:
         """Stops every live rank and the processes it started: SIGCONT (for stopped ones)
         and SIGTERM, then SIGKILL after ``grace_s`` (default: the launch's)."""
-        live = [r for r in self._ranks.values() if r.process.poll() is None]
-        for rank in live:
-            rank.expected_stop = True
-            _signal(rank.process, signal.SIGCONT)
-            _signal(rank.process, signal.SIGTERM)
         grace_s = self.launch.stop_grace_s if grace_s is None else grace_s
-        deadline = time.monotonic() + grace_s
-        for rank in live:
-            try:
-                rank.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(rank.process, signal.SIGKILL)
-                rank.process.wait()
-        for rank in self._ranks.values():  # what the ranks started (data loader workers)
-            _signal(rank.process, signal.SIGKILL)
         for rank in self._ranks.values():
             rank.expected_stop = True
+        self.launcher.stop(list(self._ranks), grace_s)
 
     # ---- the control protocol ------------------------------------------------------------
     def execute(self, action: Action) -> Outcome:
@@ -294,6 +251,10 @@ class JobSupervisor:
             return f"restart budget of {self.max_restarts} spent"
         return None
 
+    def outcomes(self) -> list[Outcome]:
+        """Every action here is over when ``execute`` returns: none is ever pending."""
+        return []
+
     # ---- state -----------------------------------------------------------------------------
     def log_path(self, rank: int) -> Path | None:
         """The log file of the rank's current process."""
@@ -301,10 +262,11 @@ class JobSupervisor:
         return None if found is None else found.log_path
 
     def alive(self) -> int:
-        return sum(1 for r in self._ranks.values() if r.process.poll() is None)
+        return sum(1 for rank in self._ranks if self.launcher.running(rank))
 
     def pids(self) -> dict[int, int]:
-        return {rank: r.process.pid for rank, r in self._ranks.items()}
+        found = {rank: self.launcher.pid(rank) for rank in self._ranks}
+        return {rank: pid for rank, pid in found.items() if pid is not None}
 
     @property
     def finished(self) -> bool:
@@ -328,18 +290,6 @@ class JobSupervisor:
 
     def _outcome(self, action: Action, status: OutcomeStatus, detail: str) -> Outcome:
         return Outcome(action, status, detail, self.clock())
-
-
-def _signal(process: subprocess.Popen[bytes], sig: int) -> None:
-    """Signals the rank's process group (the rank leads its own session), so what it
-    started goes with it; the rank alone when the group is gone."""
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        try:
-            process.send_signal(sig)
-        except ProcessLookupError:
-            pass
 
 
 def _python() -> str:

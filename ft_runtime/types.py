@@ -32,6 +32,9 @@ class OutcomeStatus(StrEnum):
     DONE = "done"
     SKIPPED = "skipped"
     FAILED = "failed"
+    PENDING = "pending"
+    """Under way (a command the ranks have not all answered yet): the runtime's
+    ``outcomes()`` yields the final Outcome of the same action later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,20 +77,40 @@ class Action:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What became of an action."""
+    """What became of an action: a status, a line for people (``detail``) and, beside it,
+    the same facts as structured ``data`` for programs (a checkpoint's step and path, each
+    replica's answer, who never answered), JSON-serialisable values only.
+
+    >>> o = Outcome(Action(ActionKind.CHECKPOINT, "job", "r", "k"), OutcomeStatus.DONE,
+    ...             "saved step 4", 1.0, {"step": 4})
+    >>> Outcome.from_json(o.to_json()) == o, o.data["step"], o.final
+    (True, 4, True)
+    """
 
     action: Action
     status: OutcomeStatus
     detail: str
     time: float
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", MappingProxyType(dict(self.data)))
+
+    @property
+    def final(self) -> bool:
+        """Whether this is what became of the action (not a pending one)."""
+        return self.status is not OutcomeStatus.PENDING
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "action": self.action.to_json(),
             "status": self.status.value,
             "detail": self.detail,
             "time": self.time,
         }
+        if self.data:
+            out["data"] = dict(self.data)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Outcome:
@@ -96,6 +119,7 @@ class Outcome:
             OutcomeStatus(data["status"]),
             str(data["detail"]),
             float(data["time"]),
+            dict(data.get("data", {})),
         )
 
 

@@ -6,8 +6,10 @@ recovery (restart, eviction, rollback, isolation) of its target is already answe
 gets no new action. Each rule escalates along its ladder as the same fault repeats; a
 cooldown, a rate limit, a retry cap or a pending approval turns an action into a skipped
 decision that says why. User hooks see every finding and decision; a hook that raises is
-logged and never stops remediation. The methods are thread-safe (the webhook and the
-controller call them from different threads).
+logged and never stops remediation. An action that the runtime answers as pending (a
+command every replica must answer) is decided at once; its final outcome comes later
+through ``complete``, which makes a second decision for the same finding and action. The
+methods are thread-safe (the webhook and the controller call them from different threads).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class Remediator:
         self._limiter = RateLimiter(policy.limits)
         self._pending: dict[int, PendingAction] = {}
         self._next_id = 1
+        self._running: dict[str, tuple[PendingAction, str]] = {}  # by key: under way
 
     def on_finding(self, hook: FindingHook) -> FindingHook:
         return self._own.on_finding()(hook)
@@ -137,6 +140,7 @@ class Remediator:
             item = self._take(pending_id)
             outcome = self._run(item.action)
             decision = self._decision(item, outcome, f"{item.reason}; approved")
+            self._note_running(decision)
         self._notify(decision)
         return decision
 
@@ -201,7 +205,39 @@ class Remediator:
             self._next_id += 1
             detail = f"awaiting approval (pending #{item.id})"
             return self._decision(item, Outcome(action, OutcomeStatus.SKIPPED, detail, now), reason)
-        return self._decision(item, self._run(action), reason)
+        decision = self._decision(item, self._run(action), reason)
+        self._note_running(decision)
+        return decision
+
+    def complete(self, outcome: Outcome) -> Decision | None:
+        """Takes the final outcome of an action the runtime had answered as pending; returns
+        its decision (hooks see it like any other), or None for an action not under way."""
+        with self._lock:
+            running = self._running.pop(outcome.action.key, None)
+            if running is None or not outcome.final:
+                return None
+            item, reason = running
+            self._note_recovery(outcome)
+            decision = self._decision(item, outcome, reason)
+        self._notify(decision)
+        return decision
+
+    def running(self) -> int:
+        """How many executed actions are still under way."""
+        with self._lock:
+            return len(self._running)
+
+    def _note_running(self, decision: Decision) -> None:
+        if not decision.outcome.final:
+            item = PendingAction(
+                0,
+                decision.finding,
+                decision.action,
+                decision.reason,
+                decision.params,
+                decision.decided_at,
+            )
+            self._running[decision.action.key] = (item, decision.reason)
 
     def _refusal(
         self, index: int, action: Action, now: float, capped: bool, rung: Rung
@@ -225,9 +261,13 @@ class Remediator:
         except Exception as exc:  # a runtime that raises still yields an outcome
             log.exception("runtime raised while executing %s", action)
             return Outcome(action, OutcomeStatus.FAILED, f"runtime error: {exc}", self.clock())
-        if outcome.status is OutcomeStatus.DONE and action.kind in RECOVERIES:
-            self._last_done[action.target] = outcome.time
+        self._note_recovery(outcome)
         return outcome
+
+    def _note_recovery(self, outcome: Outcome) -> None:
+        """A target recovered: findings about it from before are answered."""
+        if outcome.status is OutcomeStatus.DONE and outcome.action.kind in RECOVERIES:
+            self._last_done[outcome.action.target] = outcome.time
 
     def _decision(self, item: PendingAction, outcome: Outcome, reason: str) -> Decision:
         return Decision(

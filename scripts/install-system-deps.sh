@@ -8,6 +8,7 @@ REQUIRED=(
     "prometheus:prometheus"
     "chromium:chromium"
     "prometheus-alertmanager:prometheus-alertmanager"
+    "faketime:faketime"  # a rank on a skewed clock (tests/ft_runtime/test_clock_skew.py)
 )
 
 missing=()

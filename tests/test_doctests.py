@@ -40,7 +40,9 @@ MODULES = [
     "ft_runtime.layout",
     "ft_runtime.testing",
     "ft_runtime.membership",
-    "ft_runtime.commands",
+    "ft_runtime.replica.protocol",
+    "ft_runtime.replica.state",
+    "ft_runtime.replica.config",
     "ft_runtime.ckpt._shm",
     "ft_runtime.ckpt.config",
 ]

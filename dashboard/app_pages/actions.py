@@ -27,5 +27,8 @@ st.dataframe(
     ].rename(columns={"time": "time (UTC)"}),
     hide_index=True,
 )
-counts = trail.groupby(["kind", "status"]).size().rename("count").reset_index()
+# A command is recorded pending, then as it ended: count it once, by how it ended.
+ended = trail.loc[trail["status"] != "pending", "key"]
+final = trail[~((trail["status"] == "pending") & trail["key"].isin(ended))]
+counts = final.groupby(["kind", "status"]).size().rename("count").reset_index()
 st.bar_chart(counts, x="kind", y="count", color="status")

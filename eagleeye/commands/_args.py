@@ -59,3 +59,15 @@ def output_file(text: str) -> Path:
     if not os.access(folder, os.W_OK):
         raise argparse.ArgumentTypeError(f"cannot write {text}: folder {folder} is not writable")
     return path
+
+
+def address_port(text: str) -> tuple[str, int]:
+    """``ADDR:PORT`` (``[v6]:PORT`` for IPv6; ``:PORT`` is loopback) as (address, port).
+
+    >>> address_port("0.0.0.0:9200"), address_port(":0"), address_port("[::1]:80")
+    (('0.0.0.0', 9200), ('127.0.0.1', 0), ('::1', 80))
+    """
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected ADDR:PORT, got {text!r}")
+    return (host.strip("[]") or "127.0.0.1", port(port_text))

@@ -61,6 +61,14 @@ def add_parser(sub: Any) -> None:
         "category scored held out, beside Numenta HTM's published score on it",
     )
     n.add_argument(
+        "--family",
+        choices=("record", "cad", "fusion"),
+        default="record",
+        help="with --loco: the detector family whose constants are chosen: the shipped "
+        "record detector, CAD OSE, or both joined by a rule the protocol chooses "
+        "(default: record)",
+    )
+    n.add_argument(
         "--uncapped-probation",
         action="store_true",
         help="probation = 15%% of every file, without NAB's 750-row cap",
@@ -194,19 +202,26 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _loco(args: argparse.Namespace) -> int:
+    from detectors.eval.nab_families import CadFamily, FusionFamily, RecordFamily
     from detectors.eval.nab_loco import leave_one_out
 
-    result = leave_one_out(args.root)
+    families = {"record": RecordFamily, "cad": CadFamily, "fusion": FusionFamily}
+    result = leave_one_out(args.root, families[args.family]())
     print(f"{'profile':<20}{'held-out category':<24}{'score':>8}{'HTM':>8}{'FP':>5}")
     for h in result.held:
         print(f"{h.profile:<20}{h.category:<24}{h.score:8.2f}{h.htm:8.2f}{h.false_positives:5d}")
     for name in result.mean:
-        print(f"{name:<20}mean {result.mean[name]:.2f}  pooled {result.pooled[name]:.2f}")
+        print(
+            f"{name:<20}mean {result.mean[name]:.2f}  pooled {result.pooled[name]:.2f}  "
+            f"whole corpus (best setting, not held out) {result.whole[name]:.2f}"
+        )
     _emit(
         {
+            "family": args.family,
             "held": [h.__dict__ for h in result.held],
             "mean": dict(result.mean),
             "pooled": dict(result.pooled),
+            "whole": dict(result.whole),
         },
         args,
     )

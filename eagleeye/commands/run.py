@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from eagleeye.commands._args import non_negative, port, positive, seconds
+from eagleeye.commands._args import address_port, non_negative, port, positive, seconds
 from eagleeye.commands.hang_flags import add_hang_arguments
+from ft_runtime.replica import config as replica_config
 
 
 def add_parser(sub: Any) -> None:
@@ -60,10 +61,11 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--min-replicas",
         type=positive,
-        default=1,
+        default=replica_config.MIN_REPLICAS,
         metavar="N",
         help="under --recovery replica: fewer healthy replicas than N left and the whole "
-        "job restarts from its newest checkpoint; at most --replicas (default: 1)",
+        "job restarts from its newest checkpoint; at most --replicas "
+        f"(default: {replica_config.MIN_REPLICAS})",
     )
     g.add_argument(
         "--master-addr",
@@ -92,8 +94,9 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "--max_restarts",
         dest="max_restarts",
         type=non_negative,
-        default=3,
-        help="restart budget of the job (default: 3)",
+        default=replica_config.MAX_RESTARTS,
+        help="restart budget of the job, or of each replica under --recovery replica "
+        f"(default: {replica_config.MAX_RESTARTS})",
     )
     g.add_argument(
         "--recovery",
@@ -132,12 +135,49 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="keep serving the run's final metrics for S seconds after it ends, so that "
         "Prometheus scrapes the last state (default: 0)",
     )
+    g = p.add_argument_group("host sources (read on a period, labelled with the hostname)")
     g.add_argument(
         "--gpu-metrics",
-        choices=("off", "nvml"),
-        default="off",
-        help="poll every node's GPUs through NVML (pynvml) into the metrics, under "
-        "dcgm-exporter's names; leave off where dcgm-exporter runs (default: off)",
+        choices=("auto", "off", "nvml"),
+        default="auto",
+        help="read the host's GPUs through NVML (pynvml): thermal throttles, XIDs and ECC "
+        "errors become findings on the rank using the GPU, and the metrics get the GPUs "
+        "under dcgm-exporter's names; auto: when pynvml finds a GPU and no --dcgm-url is "
+        "given (default: auto)",
+    )
+    g.add_argument(
+        "--dcgm-url",
+        default=None,
+        metavar="URL",
+        help="read this host's GPUs from a dcgm-exporter instead (its /metrics URL)",
+    )
+    g.add_argument(
+        "--kernel-log",
+        default=None,
+        metavar="FILE",
+        help="tail this kernel log (dmesg output, kern.log) for XID lines from the start "
+        "of the run",
+    )
+    g.add_argument(
+        "--nccl-dump-dir",
+        default=None,
+        metavar="DIR",
+        help="the ranks' NCCL flight recorders dump here on a timeout "
+        "(TORCH_NCCL_DEBUG_INFO_TEMP_FILE); a rank a dump shows behind is a hang finding",
+    )
+    g.add_argument(
+        "--host-metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        dest="host_counters",
+        help="record the host's CPU, memory, disk and NIC counters (default: on)",
+    )
+    g.add_argument(
+        "--sources-period",
+        type=seconds,
+        default=2.0,
+        metavar="S",
+        help="how often the host's sources are read (default: 2)",
     )
     g.add_argument(
         "--alerts-port",
@@ -155,7 +195,17 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="address of the alert webhook (default: 127.0.0.1)",
     )
     g.add_argument(
+        "--webhook",
+        type=address_port,
+        default=None,
+        metavar="ADDR:PORT",
+        help="serve Alertmanager's webhook on ADDR:PORT (the same as --alerts-address ADDR "
+        "--alerts-port PORT); an alert naming this host (dcgm-exporter's Hostname) lands on "
+        "the job's node here, or on the rank using its gpu",
+    )
+    g.add_argument(
         "--alerts-token-file",
+        "--webhook-token-file",
         default=None,
         metavar="FILE",
         help="file with the bearer token Alertmanager sends (the config's credentials_file)",

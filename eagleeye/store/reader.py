@@ -144,7 +144,7 @@ class RunReader:
         return self.query(
             "SELECT a.*, f.kind AS finding_kind, f.scope AS finding_scope, "
             "f.rank AS finding_rank, f.time AS finding_time "
-            "FROM actions a LEFT JOIN findings f ON a.finding_id = f.id ORDER BY a.time"
+            "FROM actions a LEFT JOIN findings f ON a.finding_id = f.id ORDER BY a.time, a.id"
         )
 
     def events(self) -> pd.DataFrame:

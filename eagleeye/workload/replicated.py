@@ -39,6 +39,7 @@ from ft_runtime.ftar import ExchangeResult, ReplicaComm
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_SERVE_NICE
 from ft_runtime.quorum import ENV_QUORUM
 from ft_runtime.replica import restore_priority
+from ft_runtime.replica.protocol import Failed, Refused, Restored, Saved, Skipped
 
 ENV_LR_SCALING = "EAGLEEYE_LR_SCALING"
 """``sqrt`` (default): lr × √(contributing/total replicas) while some are missing; ``none``."""
@@ -253,32 +254,29 @@ class _Replica:
             if command.kind == CHECKPOINT:
 
                 def saved(path: str, command: Command = command, step: int = step) -> None:
-                    self.comm.answer(command, {"saved": step, "path": path})
+                    self.comm.answer(command, Saved(step, path))
 
                 if not self.checkpoint(step, saved):
-                    self.comm.answer(command, {"saved": -1, "path": ""})
+                    self.comm.answer(command, Refused("not the epoch's source: it saves"))
             elif command.kind == ROLLBACK:
                 try:
                     restored = self.restore(command.step)
                 except CheckpointsUnusable as exc:  # the rollback fails; training goes on
-                    self.comm.answer(command, {"error": str(exc)})
+                    self.comm.answer(command, Failed(str(exc)[:1000]))
                     continue
                 if restored == -2:
-                    self.comm.answer(
-                        command, {"error": f"no checkpoint at or before {command.step}"}
-                    )
+                    self.comm.answer(command, Failed(f"no checkpoint at or before {command.step}"))
                     continue
                 self.lr_factor *= command.lr_factor
-                answer = {"restored": restored, "from": step, "lr_factor": self.lr_factor}
-                self.comm.answer(command, answer)
+                self.comm.answer(command, Restored(restored, step, self.lr_factor))
                 step = restored
             elif command.applies_to(self.comm.replica):  # skip_batch
                 self.comm.skip_batch(self.batch)
-                self.comm.answer(command, {"skipped": self.batch})
+                self.comm.answer(command, Skipped(self.batch))
                 self.ee.hook.event("event.skip_batch", float(self.batch))
                 self.seek(self.batch + 1)
             else:
-                self.comm.answer(command, {"skipped": -1})
+                self.comm.answer(command, Refused("skip_batch names other replicas"))
         return step
 
 

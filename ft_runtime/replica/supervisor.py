@@ -9,43 +9,62 @@ restart budget per replica ends restart loops on a deterministic bug, and an evi
 gets no more ranks (its replicas move to spare nodes). When a replica's budget is spent, or
 fewer than the minimum replicas are left, the whole job restarts from its newest checkpoint
 (the last resort). Checkpoint, rollback and skip_batch reach the ranks as commands through
-the quorum's store (``ft_runtime.commands``), and the quorum's coordinator can be replaced
-by one that resumes from its membership log (``restart_coordinator``).
+the quorum's store (``ft_runtime.commands``) without blocking: ``execute`` returns a pending
+Outcome and a later ``poll`` yields the final one (``outcomes()``). The quorum's
+coordinator can be replaced by one that resumes from its membership log
+(``restart_coordinator``).
+
+The supervisor is composed, not derived: it is given a ``Launcher`` (``ft_runtime.launcher``)
+that starts, signals and stops the ranks, and a ``QuorumService`` that decides membership.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
-import queue
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ft_runtime import procstat
-from ft_runtime.commands import KEY_COMMANDS, Command, key_answer, key_command
+from ft_runtime.launcher import Launcher, LocalLauncher
 from ft_runtime.layout import RankSpec
 from ft_runtime.membership import Membership
-from ft_runtime.priority import process_thread_ids
 from ft_runtime.procstat import ProcSample
-from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService
+from ft_runtime.quorum import ENV_QUORUM, MembershipLog, QuorumService, StallReport
+from ft_runtime.replica import config
+from ft_runtime.replica.inflight import Finished, InFlight, answer_json
+from ft_runtime.replica.protocol import CHECKPOINT, ROLLBACK, Failed, Restored, Saved, Skipped
+from ft_runtime.replica.state import ReplicaState
 from ft_runtime.storehost import StoreHost
-from ft_runtime.supervisor import JobSupervisor, LaunchSpec, _Rank, _signal
+from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 
 log = logging.getLogger(__name__)
-ENV_BASE_NICE = "EAGLEEYE_BASE_NICE"
-"""Niceness a joining rank returns to once caught up (set when it starts lowered)."""
 Looks = dict[int, tuple[ProcSample | None, ProcSample | None]]
-"""Per live rank: its previous and its current look in /proc."""
+"""Per live rank: its previous and its current look (state, CPU time)."""
 
 
-class ReplicaSupervisor(JobSupervisor):
+@dataclass
+class _Rank:
+    """The supervisor's bookkeeping of one rank's current process."""
+
+    spec: RankSpec
+    incarnation: int
+    pid: int
+    log_path: Path
+    expected_stop: bool = False  # stopped on purpose: its exit is no failure
+    exit_collected: bool = False  # its exit was seen: only then is it not live
+    culprit: bool = False  # its failure (or hang) dropped the replica
+    clean: bool = False  # it exited 0: trained to the end
+
+
+class ReplicaSupervisor:
     """Owns the ranks of a job whose replicas fail, restart and rejoin independently.
+    Not thread-safe: drive it from one thread.
 
     Args:
         launch: what to start.
@@ -55,44 +74,65 @@ class ReplicaSupervisor(JobSupervisor):
         max_job_restarts: budget of full-job restarts from the newest checkpoint, the last
             resort when a replica's budget is spent or too few replicas are left.
         command_timeout_s: how long a control command (checkpoint, rollback, skip_batch)
-            waits for the replicas' answers.
+            waits for the replicas' answers before its outcome is failed.
         joiner_nice: how much lower a relaunched replica's ranks run until they caught up
             (0: not at all), so their start-up does not slow the replicas that train.
         straggler_factor: a replica the quorum finds stalled whose late ranks are all
             running (``ft_runtime.procstat``) is given up to this many stall limits before
             it counts as hung; a stopped or blocked rank counts at once.
+        launcher: starts, signals and stops the ranks (default: on this machine).
+        timer: monotonic seconds, for command deadlines.
     """
 
     def __init__(
         self,
         launch: LaunchSpec,
         quorum: QuorumService,
-        max_restarts: int = 3,
+        max_restarts: int = config.MAX_RESTARTS,
         clock: Callable[[], float] = time.time,
-        max_job_restarts: int = 1,
-        command_timeout_s: float = 30.0,
-        joiner_nice: int = 10,
-        straggler_factor: float = 5.0,
+        max_job_restarts: int = config.MAX_JOB_RESTARTS,
+        command_timeout_s: float = config.COMMAND_TIMEOUT_S,
+        joiner_nice: int = config.JOINER_NICE,
+        straggler_factor: float = config.STRAGGLER_FACTOR,
+        launcher: Launcher | None = None,
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(launch, max_restarts, clock)
+        self.launch = launch
         self.quorum = quorum
+        self.max_restarts = max_restarts
+        self.clock = clock
+        self.launcher: Launcher = LocalLauncher(clock) if launcher is None else launcher
         self.max_job_restarts = max_job_restarts
-        self.job_restarts = 0
         self.command_timeout_s = command_timeout_s
         self.joiner_nice = joiner_nice
         self.straggler_factor = straggler_factor
-        self._looks: dict[int, ProcSample] = {}  # by pid: the last look at each rank
-        replicas = launch.layout.replicas
-        self.incarnation = dict.fromkeys(range(replicas), 0)
-        self.replica_restarts = dict.fromkeys(range(replicas), 0)
-        self.replica_phase = dict.fromkeys(range(replicas), Phase.LAUNCH)
+        self.attempt = -1
+        self.restarts = 0
+        self.job_restarts = 0
+        self.phase = Phase.LAUNCH
+        self.replicas = {r: ReplicaState() for r in range(launch.layout.replicas)}
         self.evicted_nodes: set[str] = set()
-        self._spares = 0
-        self._failed_at: dict[int, float] = {}
-        self._culprits: set[int] = set()
-        self._clean: set[int] = set()
-        self._lost: set[int] = set()
         self.store_host: StoreHost | None = None
+        self.no_restart: str | None = None  # a crash loop's reason, kept for the record
+        # Variables of an attempt that only the caller knows (unused: ranks resume through
+        # their replicas, or from the checkpoint the quorum's restart names).
+        self.attempt_env: Callable[[int], Mapping[str, str]] = lambda attempt: {}
+        self._ranks: dict[int, _Rank] = {}
+        self._looks: dict[int, ProcSample] = {}  # by pid: the last look at each rank
+        self._lost: set[int] = set()
+        self._events: list[LifecycleEvent] = []
+        self._done_keys: set[str] = set()
+        self._inflight = InFlight(command_timeout_s, timer)
+        self._finished: list[Outcome] = []
+
+    @property
+    def incarnation(self) -> dict[int, int]:
+        """Each replica's current incarnation."""
+        return {r: s.incarnation for r, s in self.replicas.items()}
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
     # ---- launching ---------------------------------------------------------------------
     def start(self) -> None:
@@ -104,52 +144,51 @@ class ReplicaSupervisor(JobSupervisor):
         self.quorum.start()
         self._emit("job", Phase.LAUNCH, world_size=self.launch.layout.world_size)
         self._emit_membership(self.quorum.current)
-        for replica in range(self.launch.layout.replicas):
+        for replica in self.replicas:
             self._launch_replica(replica)
         self.phase = Phase.RUNNING
 
+    def _set(self, replica: int, state: ReplicaState) -> None:
+        self.replicas[replica] = state
+
     def _launch_replica(self, replica: int) -> None:
-        incarnation = self.incarnation[replica]
-        log_dir = Path(self.launch.log_dir) / f"replica-{replica}-{incarnation}"
+        state = self.replicas[replica]
+        log_dir = Path(self.launch.log_dir) / f"replica-{replica}-{state.incarnation}"
         log_dir.mkdir(parents=True, exist_ok=True)
         specs = [self._placed(s) for s in self.launch.layout.ranks() if s.replica == replica]
-        joiner = incarnation > 0 and replica not in self.quorum.healthy
-        self._emit(f"replica:{replica}", Phase.LAUNCH, incarnation=incarnation)
-        self.replica_phase[replica] = Phase.PRE_CHECK
+        joiner = state.incarnation > 0 and replica not in self.quorum.healthy
+        self._emit(f"replica:{replica}", Phase.LAUNCH, incarnation=state.incarnation)
+        self._set(replica, state.with_phase(Phase.PRE_CHECK))
+        argv = [self.launch.python or _python(), *self.launch.command]
         for spec in specs:
             env = {
-                **os.environ,
                 **self.launch.env,
                 **self.launch.layout.environment(
-                    spec, self.launch.master_addr, 0, incarnation, self.launch.run_id
+                    spec, self.launch.master_addr, 0, state.incarnation, self.launch.run_id
                 ),
                 "EAGLEEYE_NODE": spec.node,
                 ENV_QUORUM: self.quorum.address,
             }
-            if joiner and self.joiner_nice:
-                env[ENV_BASE_NICE] = str(os.getpriority(os.PRIO_PROCESS, 0))
-            rank = self._spawn(spec, env, log_dir / f"rank-{spec.rank}.log")
-            if joiner and self.joiner_nice:
-                _lower_priority(rank.process.pid, self.joiner_nice)
-            rank.attempt = incarnation
-            self._ranks[spec.rank] = rank
-            self._clean.discard(spec.rank)
+            log_path = log_dir / f"rank-{spec.rank}.log"
+            nice = self.joiner_nice if joiner else 0
+            pid = self.launcher.start(spec, state.incarnation, argv, env, log_path, nice)
+            self._ranks[spec.rank] = _Rank(spec, state.incarnation, pid, log_path)
             self._emit(
                 f"rank:{spec.rank}",
                 Phase.LAUNCH,
                 node=spec.node,
                 replica=replica,
-                pid=rank.process.pid,
-                attempt=incarnation,  # the rank's own attempt: its samples carry it
+                pid=pid,
+                attempt=state.incarnation,  # the rank's own attempt: its samples carry it
             )
         # Pre-check: the processes started on nodes that are not evicted.
-        alive = all(self._ranks[s.rank].process.poll() is None for s in specs)
+        alive = all(self.launcher.running(s.rank) for s in specs)
         self._emit(f"replica:{replica}", Phase.PRE_CHECK, passed=alive, nodes=_nodes(specs))
         # A relaunched replica runs once the quorum admits it; after a job restart every
         # replica is a member at once.
-        if incarnation == 0 or replica in self.quorum.healthy:
-            self.replica_phase[replica] = Phase.RUNNING
-            self._emit(f"replica:{replica}", Phase.RUNNING, incarnation=incarnation)
+        if state.incarnation == 0 or replica in self.quorum.healthy:
+            self._set(replica, self.replicas[replica].with_phase(Phase.RUNNING))
+            self._emit(f"replica:{replica}", Phase.RUNNING, incarnation=state.incarnation)
 
     def _placed(self, spec: RankSpec) -> RankSpec:
         if spec.node not in self.evicted_nodes:
@@ -158,49 +197,47 @@ class ReplicaSupervisor(JobSupervisor):
 
     # ---- watching ----------------------------------------------------------------------
     def poll(self) -> list[LifecycleEvent]:
-        """Collects exits, drops dead and hung replicas from the quorum, admits joiners."""
+        """Collects exits, drops dead and hung replicas from the quorum, admits joiners,
+        and collects the answers to commands in flight. Never waits on a rank."""
         if self.phase is Phase.RUNNING and self.store_host and not self.store_host.alive:
             self._store_lost()  # before the exits it caused, whose handling needs the store
             return self._take_events()
-        while True:
-            try:
-                rank_id, attempt, code, when = self._exits.get_nowait()
-            except queue.Empty:
-                break
-            rank = self._ranks.get(rank_id)
-            if rank is None or attempt != rank.attempt:
+        for ended in self.launcher.exits():
+            rank = self._ranks.get(ended.rank)
+            if rank is None or ended.generation != rank.incarnation:
                 continue
             rank.exit_collected = True
             if not rank.expected_stop:
-                self._on_exit(rank, code, when)
+                self._on_exit(rank, ended.code, ended.time)
         try:
-            stalled = self.quorum.stalled()
+            report = self.quorum.stalled()
         except RuntimeError as exc:  # the coordinator lost its store connection
             if self._store_gone():
                 self._store_lost()  # a new coordinator would wait out its connect timeout
                 return self._take_events()
             self.restart_coordinator(f"coordinator failed: {exc}")
-            stalled = []
+            report = StallReport()
         looks = self._look_at_ranks()
-        for replica in stalled:
-            if self._straggling(replica, looks):
+        for replica in report.replicas:
+            if self._straggling(replica, report, looks):
                 continue  # running, only slow: a busy machine, not a hang (yet)
-            if self._exiting(replica, looks):
+            if self._exiting(replica, report, looks):
                 continue  # dead, its exit not collected yet: the next poll names the cause
             self.isolate(
                 replica,
                 "hung: never entered the exchange the others wait in",
-                late_ranks=self._late_ranks(replica),
-                waited_s=self.quorum.waited_s,
-                limit_s=self.quorum.stall_limit() or 0.0,
+                late_ranks=self._late_ranks(replica, report),
+                waited_s=report.waited_s,
+                limit_s=report.limit_s or 0.0,
             )
         joined = self.quorum.poll_joins()
         if joined is not None:
             self._emit_membership(joined)
             for replica in joined.joining:
-                self.replica_phase[replica] = Phase.RUNNING
+                self._set(replica, self.replicas[replica].with_phase(Phase.RUNNING))
                 self._emit(f"replica:{replica}", Phase.RUNNING, joined_epoch=joined.epoch)
         self.quorum.settle_joins()
+        self._collect_answers()
         self._check_finished()
         return self._take_events()
 
@@ -225,51 +262,50 @@ class ReplicaSupervisor(JobSupervisor):
         for rank in self._ranks.values():
             if not rank.exit_collected:
                 rank.expected_stop = True
-                _signal(rank.process, signal.SIGKILL)
+                self.launcher.signal(rank.spec.rank, signal.SIGKILL)
         self.phase = Phase.FAILED
         reason = f"the quorum's store process exited with {code}: every rank lost its store"
         self._emit("job", Phase.FAILED, reason=reason)
 
     def _look_at_ranks(self) -> Looks:
-        """Each live rank's previous and current look (state, CPU time) from /proc."""
+        """Each live rank's previous and current look (state, CPU time), by the launcher."""
         looks = {}
         for rank_id, rank in self._ranks.items():
             if rank.exit_collected:
                 continue
-            pid = rank.process.pid  # a relaunched rank is a new process: a fresh history
-            now = procstat.sample(pid)
-            looks[rank_id] = (self._looks.get(pid), now)
+            now = self.launcher.sample(rank_id)  # a relaunched rank: a new pid, new history
+            looks[rank_id] = (self._looks.get(rank.pid), now)
             if now is not None:
-                self._looks[pid] = now
+                self._looks[rank.pid] = now
         return looks
 
-    def _straggling(self, replica: int, looks: Looks) -> bool:
+    def _straggling(self, replica: int, report: StallReport, looks: Looks) -> bool:
         """Whether every late rank of ``replica`` is running (runnable, or it got CPU time
         since the last look) and the others have waited less than ``straggler_factor``
         stall limits: such a rank is slow, not hung. A stopped or blocked one is hung."""
-        limit = self.quorum.stall_limit()
-        if limit is None or self.quorum.waited_s >= self.straggler_factor * limit:
+        if report.limit_s is None or report.waited_s >= self.straggler_factor * report.limit_s:
             return False
-        late = self._late_ranks(replica)
+        late = self._late_ranks(replica, report)
         return bool(late) and all(procstat.running(*looks.get(r, (None, None))) for r in late)
 
-    def _exiting(self, replica: int, looks: Looks) -> bool:
+    def _exiting(self, replica: int, report: StallReport, looks: Looks) -> bool:
         """Whether a late rank of ``replica`` has ended but its exit is not collected."""
-        return any(r in looks and procstat.exited(looks[r][1]) for r in self._late_ranks(replica))
+        late = self._late_ranks(replica, report)
+        return any(r in looks and procstat.exited(looks[r][1]) for r in late)
 
-    def _late_ranks(self, replica: int) -> list[int]:
-        """The ranks of ``replica`` that the quorum's last stall found missing."""
-        return [r for r in self.quorum.late_ranks if self.launch.layout.rank(r).replica == replica]
+    def _late_ranks(self, replica: int, report: StallReport) -> list[int]:
+        """The ranks of ``replica`` that the stall report found missing."""
+        return [r for r in report.late_ranks if self.launch.layout.rank(r).replica == replica]
 
     def _on_exit(self, rank: _Rank, code: int, when: float) -> None:
         replica = rank.spec.replica
         if code == 0:
-            self._clean.add(rank.spec.rank)
-        collateral = code != 0 and replica in self._failed_at
+            rank.clean = True
+        collateral = code != 0 and self.replicas[replica].dropped_at is not None
         if code != 0 and not collateral:
             self._fail(replica, when, f"rank {rank.spec.rank} exited with {code}")
-            self._culprits.add(rank.spec.rank)
-        collateral = collateral and rank.spec.rank not in self._culprits
+            rank.culprit = True
+        collateral = collateral and not rank.culprit
         self._emit(
             f"rank:{rank.spec.rank}",
             Phase.EXITED,
@@ -283,35 +319,37 @@ class ReplicaSupervisor(JobSupervisor):
     def _fail(self, replica: int, when: float, reason: str, **evidence: object) -> None:
         """Takes the replica out of the quorum and stops its other ranks; ``evidence`` (of a
         stall: the late ranks, how long the others waited, the limit) goes with the event."""
-        self._failed_at[replica] = when
+        self._set(replica, self.replicas[replica].dropped(when))
         self._lost.add(replica)
         membership = self.quorum.remove(replica, reason)
         if membership is not None:
             self._emit_membership(membership, removed=replica, reason=reason)
         self._emit(f"replica:{replica}", Phase.EXITED, reason=reason, evidence=evidence)
-        for rank in self._replica_ranks(replica):
-            _signal(rank.process, signal.SIGKILL)  # fencing: a dropped replica must not go on
+        for rank in self._replica_ranks(replica):  # fencing: a dropped replica must not go on
+            self.launcher.signal(rank.spec.rank, signal.SIGKILL)
 
     def isolate(self, replica: int, reason: str, **evidence: object) -> bool:
         """Drops a live replica (hung, or asked to): its ranks are killed; their exits follow."""
-        if replica in self._failed_at or replica not in self.quorum.current.members:
+        if self.replicas[replica].dropped_at is not None:
             return False
-        late = [r.spec.rank for r in self._replica_ranks(replica)]
-        self._culprits.update(late)
+        if replica not in self.quorum.current.members:
+            return False
+        for rank in self._replica_ranks(replica):
+            rank.culprit = True
         self._fail(replica, self.clock(), reason, **evidence)
         return True
 
     def _check_finished(self) -> None:
         if self.phase is not Phase.RUNNING:
             return
-        # Live until its exit is collected: a process the waiter thread has reaped but not
-        # yet queued would otherwise end the job before its exit code is known.
+        # Live until its exit is collected: a process the launcher has reaped but not yet
+        # reported would otherwise end the job before its exit code is known.
         live = [r for r in self._ranks.values() if not r.exit_collected]
         healthy_done = [r for r in self.quorum.healthy if self._replica_clean(r)]
         if live and healthy_done and all(r.spec.replica not in self.quorum.healthy for r in live):
             for rank in live:  # joiners the job finished without: nobody left to catch up from
                 rank.expected_stop = True
-                _signal(rank.process, signal.SIGKILL)
+                self.launcher.signal(rank.spec.rank, signal.SIGKILL)
             live = []
         if live:
             return
@@ -321,9 +359,10 @@ class ReplicaSupervisor(JobSupervisor):
         else:
             self.phase = Phase.FAILED
             self._emit("job", Phase.FAILED, reason="no replica finished training")
+        self._collect_answers(final=True)
 
     def _replica_clean(self, replica: int) -> bool:
-        return all(r.spec.rank in self._clean for r in self._replica_ranks(replica))
+        return all(r.clean for r in self._replica_ranks(replica))
 
     def _replica_ranks(self, replica: int) -> list[_Rank]:
         return [r for r in self._ranks.values() if r.spec.replica == replica]
@@ -356,17 +395,7 @@ class ReplicaSupervisor(JobSupervisor):
                 "give the QuorumService a log (the run store) before start()"
             )
         old.close()
-        self.quorum = QuorumService(
-            old.replicas,
-            old.replica_size,
-            host=old.host,
-            min_replicas=old.min_replicas,
-            stall_factor=old.stall_factor,
-            stall_floor_s=old.stall_floor_s,
-            lateness_factor=old.lateness_factor,
-            clock=old.clock,
-            log=log,
-        )
+        self.quorum = old.successor(log)
         self.quorum.start()
         self._emit_membership(self.quorum.current, resumed=True, reason=reason)
 
@@ -383,8 +412,9 @@ class ReplicaSupervisor(JobSupervisor):
 
     def restart_replica(self, replica: int, reason: str) -> bool:
         """Relaunches one replica to catch up; False once its budget is spent (evicted)."""
-        if self.replica_restarts[replica] >= self.max_restarts:
-            self.replica_phase[replica] = Phase.EVICTED
+        state = self.replicas[replica]
+        if state.restarts >= self.max_restarts:
+            self._set(replica, state.with_phase(Phase.EVICTED))
             self._emit(
                 f"replica:{replica}",
                 Phase.EVICTED,
@@ -393,20 +423,16 @@ class ReplicaSupervisor(JobSupervisor):
             return False
         if replica in self.quorum.current.members:
             self.isolate(replica, reason)
-        for rank in self._replica_ranks(replica):
+        ranks = self._replica_ranks(replica)
+        for rank in ranks:
             rank.expected_stop = True
-            _signal(rank.process, signal.SIGKILL)
-            rank.process.wait()
-        self.replica_restarts[replica] += 1
+        self.launcher.stop([r.spec.rank for r in ranks], 0.0)
         self.restarts += 1
-        self.incarnation[replica] += 1
-        self.replica_phase[replica] = Phase.RECOVERING
+        self._set(replica, self.replicas[replica].relaunched())
         self._emit(f"replica:{replica}", Phase.RECOVERING, reason=reason)
-        self._failed_at.pop(replica, None)
-        ranks = [s.rank for s in self.launch.layout.ranks() if s.replica == replica]
-        self._culprits.difference_update(ranks)
-        self.quorum.forget_heartbeats(ranks)
-        self.quorum.expect(replica, self.incarnation[replica])
+        numbers = [s.rank for s in self.launch.layout.ranks() if s.replica == replica]
+        self.quorum.forget_heartbeats(numbers)
+        self.quorum.expect(replica, self.replicas[replica].incarnation)
         self._launch_replica(replica)
         return True
 
@@ -427,21 +453,14 @@ class ReplicaSupervisor(JobSupervisor):
         self._emit("job", Phase.RECOVERING, reason=reason, source="newest checkpoint")
         for rank in self._ranks.values():
             rank.expected_stop = True
-            _signal(rank.process, signal.SIGCONT)
-            _signal(rank.process, signal.SIGKILL)
-        for rank in self._ranks.values():
-            rank.process.wait()
+        self.launcher.stop(list(self._ranks), 0.0)
         self.job_restarts += 1
         self.restarts += 1
         self.attempt += 1
         membership = self.quorum.restart_all(reason)
         self._emit_membership(membership)
-        self._failed_at.clear()
-        self._culprits.clear()
-        self._clean.clear()
-        for replica in range(self.launch.layout.replicas):
-            self.replica_restarts[replica] = 0
-            self.incarnation[replica] += 1
+        for replica, state in self.replicas.items():
+            self._set(replica, state.relaunched(budgeted=False))
             self._launch_replica(replica)
         self.phase = Phase.RUNNING
         return True
@@ -462,10 +481,12 @@ class ReplicaSupervisor(JobSupervisor):
     # ---- the control protocol ------------------------------------------------------------
     def execute(self, action: Action) -> Outcome:
         """Runtime protocol: restart(replica|rank|job), isolate(replica), evict(node),
-        checkpoint, rollback(step:N|job), skip_batch(job|replica|rank), notify."""
+        checkpoint, rollback(step:N|job), skip_batch(job|replica|rank), notify. The
+        commands to the ranks (checkpoint, rollback, skip_batch) return a pending outcome;
+        their final one comes from ``outcomes()`` after a later ``poll``."""
         if action.key in self._done_keys:
             return self._outcome(action, OutcomeStatus.SKIPPED, "duplicate of an executed action")
-        if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
+        if self.finished:
             return self._outcome(action, OutcomeStatus.SKIPPED, f"job already {self.phase.value}")
         kind, (scope, _, name) = action.kind, action.target.partition(":")
         self._done_keys.add(action.key)
@@ -474,7 +495,13 @@ class ReplicaSupervisor(JobSupervisor):
             return self._outcome(action, OutcomeStatus.DONE, "logged")
         if kind is ActionKind.EVICT and scope == "node":
             moved = self.evict(name, action.reason)
-            return self._outcome(action, OutcomeStatus.DONE, f"node {name} evicted; moved {moved}")
+            return self._outcome(
+                action,
+                OutcomeStatus.DONE,
+                f"node {name} evicted; moved {moved}",
+                node=name,
+                moved=moved,
+            )
         if kind in (ActionKind.CHECKPOINT, ActionKind.ROLLBACK, ActionKind.SKIP_BATCH):
             return self._command(action, scope, name)
         if kind is ActionKind.RESTART and scope == "job":
@@ -483,6 +510,7 @@ class ReplicaSupervisor(JobSupervisor):
                     action,
                     OutcomeStatus.DONE,
                     f"restarted every replica from the newest checkpoint as attempt {self.attempt}",
+                    attempt=self.attempt,
                 )
             return self._outcome(action, OutcomeStatus.FAILED, "full-job restart budget spent")
         replica = self._replica_of(scope, name)
@@ -495,33 +523,47 @@ class ReplicaSupervisor(JobSupervisor):
         if kind is ActionKind.ISOLATE:
             done = self.isolate(replica, action.reason)
             status = OutcomeStatus.DONE if done else OutcomeStatus.SKIPPED
-            return self._outcome(action, status, f"replica {replica} isolated" if done else "")
+            return self._outcome(
+                action, status, f"replica {replica} isolated" if done else "", replica=replica
+            )
         if kind is ActionKind.RESTART:
-            if self.quorum.healthy == (replica,):
-                return self._outcome(
-                    action,
-                    OutcomeStatus.SKIPPED,
-                    f"replica {replica} is the only healthy one: nobody to catch up from",
-                )
-            if not self.restart_replica(replica, action.reason):
-                spent = f"replica {replica} evicted: budget spent"
-                if self.restart_job(f"{spent}: {action.reason}"):
-                    return self._outcome(
-                        action,
-                        OutcomeStatus.DONE,
-                        f"{spent}; the whole job restarted from its newest checkpoint "
-                        f"as attempt {self.attempt}",
-                    )
-                return self._outcome(
-                    action, OutcomeStatus.FAILED, f"{spent}; full-job restart budget spent"
-                )
+            return self._restart(action, replica)
+        return self._outcome(action, OutcomeStatus.SKIPPED, f"{kind.value} not supported")
+
+    def _restart(self, action: Action, replica: int) -> Outcome:
+        if self.quorum.healthy == (replica,):
             return self._outcome(
                 action,
-                OutcomeStatus.DONE,
-                f"restarted replica {replica} as incarnation {self.incarnation[replica]}; "
-                f"it catches up from replica {self.quorum.current.source}",
+                OutcomeStatus.SKIPPED,
+                f"replica {replica} is the only healthy one: nobody to catch up from",
+                replica=replica,
             )
-        return self._outcome(action, OutcomeStatus.SKIPPED, f"{kind.value} not supported")
+        if not self.restart_replica(replica, action.reason):
+            spent = f"replica {replica} evicted: budget spent"
+            if self.restart_job(f"{spent}: {action.reason}"):
+                return self._outcome(
+                    action,
+                    OutcomeStatus.DONE,
+                    f"{spent}; the whole job restarted from its newest checkpoint "
+                    f"as attempt {self.attempt}",
+                    replica=replica,
+                    evicted=True,
+                    attempt=self.attempt,
+                )
+            return self._outcome(
+                action, OutcomeStatus.FAILED, f"{spent}; full-job restart budget spent"
+            )
+        incarnation = self.replicas[replica].incarnation
+        source = self.quorum.current.source
+        return self._outcome(
+            action,
+            OutcomeStatus.DONE,
+            f"restarted replica {replica} as incarnation {incarnation}; "
+            f"it catches up from replica {source}",
+            replica=replica,
+            incarnation=incarnation,
+            source=source,
+        )
 
     # ---- commands to the ranks ------------------------------------------------------------
     def _command(self, action: Action, scope: str, name: str) -> Outcome:
@@ -538,7 +580,7 @@ class ReplicaSupervisor(JobSupervisor):
                     OutcomeStatus.FAILED,
                     f"rollback target {action.target!r} is not step:N or job",
                 )
-            busy = [r for r, p in self.replica_phase.items() if p is Phase.RECOVERING]
+            busy = [r for r, s in self.replicas.items() if s.phase is Phase.RECOVERING]
             if self.quorum.current.joining or busy:
                 return self._outcome(
                     action,
@@ -556,124 +598,171 @@ class ReplicaSupervisor(JobSupervisor):
                 )
             replicas = (replica,)
         members = self.quorum.healthy
-        if not members:
+        store = self.quorum.store
+        if not members or store is None:
             return self._outcome(action, OutcomeStatus.FAILED, "no healthy replica to run it")
-        command = self.send_command(kind.value, step, replicas, action.param("lr_factor", 1.0))
-        answers = self.await_answers(command, members)
-        return self._command_outcome(action, command, members, answers)
+        lr_factor = action.param("lr_factor", 1.0)
+        command = self._inflight.send(store, action, kind.value, members, step, replicas, lr_factor)
+        return self._outcome(
+            action,
+            OutcomeStatus.PENDING,
+            f"{command.kind} #{command.number} sent to replicas {list(members)}",
+            command=command.number,
+            replicas=list(members),
+        )
 
-    def send_command(
-        self, kind: str, step: int = -1, replicas: tuple[int, ...] = (), lr_factor: float = 1.0
-    ) -> Command:
-        """Writes the next command; every member runs it after the step whose exchange
-        first carries it."""
-        store = self.quorum.store
-        assert store is not None, "start() the supervisor first"
-        command = Command(int(store.add(KEY_COMMANDS, 0)) + 1, kind, step, replicas, lr_factor)
-        store.set(key_command(command.number), command.to_json())
-        store.add(KEY_COMMANDS, 1)
-        return command
+    def outcomes(self) -> list[Outcome]:
+        """Final outcomes of the commands that ended since the last call (``poll`` collects
+        their answers)."""
+        found, self._finished = self._finished, []
+        return found
 
-    def await_answers(
-        self, command: Command, members: tuple[int, ...]
-    ) -> dict[int, dict[str, object]]:
-        """The members' answers to ``command``, as many as came within the timeout."""
-        store = self.quorum.store
-        assert store is not None
-        answers: dict[int, dict[str, object]] = {}
-        deadline = time.monotonic() + self.command_timeout_s
-        while len(answers) < len(members) and time.monotonic() < deadline:
-            for replica in members:
-                key = key_answer(command.number, replica)
-                if replica not in answers and store.check([key]):
-                    answers[replica] = json.loads(store.get(key))
-            time.sleep(0.01)
-        return answers
+    def pending(self) -> int:
+        """How many commands are in flight."""
+        return len(self._inflight)
 
-    def _command_outcome(
-        self,
-        action: Action,
-        command: Command,
-        members: tuple[int, ...],
-        answers: dict[int, dict[str, object]],
-    ) -> Outcome:
-        missing = sorted(set(members) - set(answers))
-        if missing:
+    def _collect_answers(self, final: bool = False) -> None:
+        """The commands whose answers are all in, or whose deadline passed, end; at the
+        job's end every command still in flight ends with the answers it has."""
+        members = () if final else self.quorum.current.members
+        for over in self._inflight.poll(self.quorum.store, members):
+            outcome = self._command_outcome(over)
+            self._finished.append(outcome)
+            # The answers, kept with the run's lifecycle (the store's record of them).
+            done = outcome.status is OutcomeStatus.DONE
+            self._emit(
+                f"command:{over.command.number}",
+                Phase.SUCCEEDED if done else Phase.FAILED,
+                key=over.action.key,
+                outcome=outcome.detail,
+                **outcome.data,
+            )
+
+    def _command_outcome(self, over: Finished) -> Outcome:
+        command, action = over.command, over.action
+        data: dict[str, object] = {
+            "command": command.number,
+            "kind": command.kind,
+            "answers": {str(r): answer_json(a) for r, a in sorted(over.answers.items())},
+            "missing": list(over.missing),
+            "left": list(over.left),
+            "waited_s": round(over.waited_s, 3),
+        }
+        name = f"{command.kind} #{command.number}"
+        if over.missing:
             return self._outcome(
                 action,
                 OutcomeStatus.FAILED,
-                f"{command.kind} #{command.number}: no answer from replicas {missing} "
+                f"{name}: no answer from replicas {list(over.missing)} "
                 f"within {self.command_timeout_s:.0f} s",
+                **data,
             )
-        errors = {r: a["error"] for r, a in answers.items() if "error" in a}
+        errors = {r: a.error for r, a in over.answers.items() if isinstance(a, Failed)}
         if errors:
-            return self._outcome(action, OutcomeStatus.FAILED, f"{command.kind}: {errors}")
-        if command.kind == "checkpoint":
-            saved = [(r, a) for r, a in answers.items() if int(str(a["saved"])) >= 0]
+            return self._outcome(action, OutcomeStatus.FAILED, f"{command.kind}: {errors}", **data)
+        if not over.answers:
+            left = list(over.left)
+            return self._outcome(
+                action,
+                OutcomeStatus.FAILED,
+                f"{name}: replicas {left} left the quorum or ended before answering",
+                **data,
+            )
+        if command.kind == CHECKPOINT:
+            saved = [(r, a) for r, a in sorted(over.answers.items()) if isinstance(a, Saved)]
             if not saved:
-                return self._outcome(action, OutcomeStatus.FAILED, "no replica saved")
-            replica, answer = saved[0]
+                return self._outcome(action, OutcomeStatus.FAILED, "no replica saved", **data)
+            replica, first = saved[0]
             return self._outcome(
                 action,
                 OutcomeStatus.DONE,
-                f"replica {replica} saved step {answer['saved']} to {answer['path']}",
+                f"replica {replica} saved step {first.step} to {first.path}",
+                step=first.step,
+                path=first.path,
+                **data,
             )
-        if command.kind == "rollback":
-            restored = sorted({int(str(a["restored"])) for a in answers.values()})
+        if command.kind == ROLLBACK:
+            restored = sorted({a.step for a in over.answers.values() if isinstance(a, Restored)})
             lowered = f", learning rate x{command.lr_factor:g}" if command.lr_factor != 1 else ""
             return self._outcome(
                 action,
                 OutcomeStatus.DONE,
-                f"replicas {sorted(answers)} rolled back to the checkpoint of step {restored}"
+                f"replicas {sorted(over.answers)} rolled back to the checkpoint of step {restored}"
                 + lowered,
+                restored=restored,
+                **data,
             )
-        skipped = {r: a["skipped"] for r, a in answers.items() if int(str(a["skipped"])) >= 0}
-        return self._outcome(action, OutcomeStatus.DONE, f"skipped batches {skipped}")
+        skipped = {r: a.batch for r, a in sorted(over.answers.items()) if isinstance(a, Skipped)}
+        return self._outcome(action, OutcomeStatus.DONE, f"skipped batches {skipped}", **data)
 
     def _replica_of(self, scope: str, name: str) -> int | None:
         try:
             index = int(name)
         except ValueError:
             return None
-        if scope == "replica" and index in self.incarnation:
+        if scope == "replica" and index in self.replicas:
             return index
         if scope == "rank" and 0 <= index < self.launch.layout.world_size:
             return self.launch.layout.rank(index).replica
         return None
 
+    # ---- stopping ----------------------------------------------------------------------------
+    def stop(self, reason: str, grace_s: float = 0.0) -> None:
+        """Ends the job on request: every rank gets SIGTERM and at least ``grace_s`` seconds
+        before SIGKILL; the job is recorded as failed with ``reason``."""
+        self.stop_all(max(grace_s, self.launch.stop_grace_s))
+        if not self.finished:
+            self.phase = Phase.FAILED
+            self._emit("job", Phase.FAILED, reason=reason, stopped=True)
+
     def stop_all(self, grace_s: float | None = None) -> None:
-        super().stop_all(grace_s)
+        """Stops every rank (SIGCONT and SIGTERM, SIGKILL after ``grace_s``; default: the
+        launch's), then the quorum and the store's own process."""
+        for rank in self._ranks.values():
+            rank.expected_stop = True
+        grace = self.launch.stop_grace_s if grace_s is None else grace_s
+        self.launcher.stop(list(self._ranks), grace)
         self.quorum.close()
         if self.store_host is not None:
             self.store_host.close()
 
+    def stop_restarting(self, reason: str) -> None:
+        """Replica restarts are budgeted per replica; a crash loop's reason is kept."""
+        self.no_restart = reason
 
-def _lower_priority(pid: int, nice: int) -> None:
-    """A joiner's start-up (imports) and catch-up must not take CPU from the survivors."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + nice)
-    except OSError as exc:  # it exited already, or the system refuses
-        log.warning("could not lower the priority of joining rank pid %d: %s", pid, exc)
+    # ---- state -----------------------------------------------------------------------------
+    def log_path(self, rank: int) -> Path | None:
+        """The log file of the rank's current process."""
+        found = self._ranks.get(rank)
+        return None if found is None else found.log_path
 
+    def alive(self) -> int:
+        return sum(1 for rank in self._ranks if self.launcher.running(rank))
 
-def restore_priority() -> None:
-    """Called by a joining rank once caught up: every thread of the process goes back to
-    the priority the rank was launched with (``ENV_BASE_NICE``). A nice value belongs to
-    a thread, and threads started while the rank ran lowered (torch's, the hook's) inherit
-    the lowered value, so each is restored, not only the caller. Raising a priority may
-    need privileges; without them the rank stays lower and says so."""
-    base = os.environ.get(ENV_BASE_NICE)
-    if base is None:
-        return
-    for tid in process_thread_ids():
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, int(base))
-        except ProcessLookupError:
-            continue  # the thread ended meanwhile
-        except OSError as exc:
-            log.warning("joined at a lowered priority; could not restore it: %s", exc)
-            return
+    def pids(self) -> dict[int, int]:
+        return {rank: r.pid for rank, r in self._ranks.items()}
+
+    def _emit(
+        self, subject: str, phase: Phase, time: float | None = None, **detail: object
+    ) -> None:
+        when = self.clock() if time is None else time
+        self._events.append(LifecycleEvent(subject, phase, when, self.attempt, detail))
+
+    def _take_events(self) -> list[LifecycleEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def _outcome(
+        self, action: Action, status: OutcomeStatus, detail: str, **data: object
+    ) -> Outcome:
+        return Outcome(action, status, detail, self.clock(), data)
 
 
 def _nodes(specs: list[RankSpec]) -> list[str]:
     return sorted({s.node for s in specs})
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable

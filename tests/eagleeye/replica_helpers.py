@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -10,6 +12,7 @@ import torch
 from eagleeye.launch import JobConfig, JobResult, run_job
 from eagleeye.store import RunReader
 from ft_runtime.layout import JobLayout
+from ft_runtime.types import Outcome
 
 
 def workload(steps: int, params_out: Path, preset: str = "small") -> list[str]:
@@ -77,3 +80,18 @@ def events(run_dir: Path) -> pd.DataFrame:
         return reader.events()
     finally:
         reader.close()
+
+
+def finish(sup: Any, sent: Outcome, timeout_s: float = 90.0) -> Outcome:
+    """The final outcome of ``sent`` (a command answered as pending), polling the supervisor
+    as the controller's ticks do."""
+    if sent.final:
+        return sent
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sup.poll()
+        for outcome in sup.outcomes():
+            if outcome.action.key == sent.action.key:
+                return outcome
+        time.sleep(0.01)
+    raise AssertionError(f"{sent.action} did not end within {timeout_s} s: {sent.detail}")

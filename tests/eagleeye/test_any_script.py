@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from eagleeye.failures import CrashLoop, RankFailure, rank_error
 from eagleeye.injector import FaultFired, OutsideInjector
 from eagleeye.rank_output import RankOutput, parse_ranks
 from eagleeye.resume import KnownCheckpoints
-from eagleeye.stopping import CheckpointRequest, request_checkpoint
+from eagleeye.stopping import CheckpointRequest, request_checkpoint, request_step
 from eagleeye.store import RunReader
 from ft_runtime.faults import EVENT_INJECTOR_ARMED, FaultSpec, parse_specs
 
@@ -215,6 +216,31 @@ def test_a_checkpoint_request_reaches_the_ranks_through_the_run_folder(tmp_path)
     request_checkpoint(tmp_path, "SIGTERM")
     assert request.requested()
     assert not CheckpointRequest({}).requested()
+
+
+def test_a_checkpoint_request_names_the_step_every_rank_leaves_at(tmp_path) -> None:
+    env = {"EAGLEEYE_RUN_DIR": str(tmp_path)}
+    early, late = CheckpointRequest(env, every_s=0.0), CheckpointRequest(env, every_s=0.0)
+    request_checkpoint(tmp_path, "SIGTERM", at_step=40)
+    assert not early.requested(38)
+    assert not late.requested(39)
+    assert early.requested(40)
+    assert late.requested(40)
+    assert early.requested(None)  # a loop without step numbers is asked at once
+
+
+def test_an_unreadable_checkpoint_request_asks_at_once(tmp_path) -> None:
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "checkpoint-request").write_text("1764000000.0 SIGTERM\n")
+    assert CheckpointRequest({"EAGLEEYE_RUN_DIR": str(tmp_path)}).requested(3)
+
+
+def test_the_step_asked_for_is_about_a_second_of_training_ahead() -> None:
+    assert request_step(None, 0.01) is None
+    assert request_step(100, 0.01) == 200
+    assert request_step(100, 5.0) == 103  # slow steps: still a few steps of margin
+    assert request_step(100, None) == 103
+    assert request_step(100, math.nan) == 103
 
 
 def test_time_faults_are_only_the_ones_fired_from_outside() -> None:

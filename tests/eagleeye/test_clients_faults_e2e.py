@@ -170,6 +170,28 @@ def test_sigterm_with_a_grace_period_lets_the_job_checkpoint_and_leaves_no_proce
     assert "preempted at iteration" in (run / "logs" / "attempt-0" / "rank-0.log").read_text()
 
 
+@pytest.mark.timeout(240)
+def test_sigterm_with_a_grace_period_asks_a_hooked_loop_to_save_at_one_step(tmp_path) -> None:
+    """Ranks that all-reduce every few milliseconds leave their loop at the same step."""
+    hooked = Path(__file__).parents[1] / "fixtures" / "scripts" / "hooked_loop.py"
+    job = _start(tmp_path, "--grace-period", "60", "--stream", "none", str(hooked))
+    pids = _rank_pids(tmp_path, wait_for_step=50)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert all(_gone(pid) for pid in pids)
+    run = newest_run(tmp_path / "runs")
+    logs = [(run / "logs" / "attempt-0" / f"rank-{r}.log").read_text() for r in (0, 1)]
+    left = [line for log in logs for line in log.splitlines() if " left at step " in line]
+    assert len(left) == 2, logs  # both ranks got out of the loop, neither was killed in it
+    assert left[0].split()[-1] == left[1].split()[-1]
+    with RunReader(run) as reader:
+        saved = reader.checkpoints()
+    assert sorted(saved["rank"]) == [0, 1], saved
+    assert saved["step"].nunique() == 1
+    assert int(saved["step"].iloc[0]) > 50
+
+
 @pytest.mark.timeout(120)
 def test_sigint_ends_every_rank_even_a_stopped_one(tmp_path) -> None:
     job = _start(tmp_path, str(CLIENTS / "print_only.py"), "--seconds", "300", "--every", "1")

@@ -20,6 +20,7 @@ from ft_runtime import _dist as dist
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
+from ft_runtime.replica.protocol import Heartbeat, decode, key_heartbeat
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
 from tests.eagleeye.replica_helpers import final_params_identical, workload
@@ -29,8 +30,8 @@ STEPS = 160
 
 
 def _step_of(store: dist.TCPStore, rank: int) -> int:
-    key = f"hb/{rank}"
-    return int(store.get(key).decode().split()[0]) if store.check([key]) else -1
+    key = key_heartbeat(rank)
+    return decode(Heartbeat, store.get(key)).step if store.check([key]) else -1
 
 
 def _drive(sup: ReplicaSupervisor, until, timeout_s: float = 90.0) -> list:

@@ -11,6 +11,15 @@ from eagleeye.store import RunReader, RunStore, StoreMembershipLog
 from ft_runtime import _dist as dist
 from ft_runtime.membership import Membership, QuorumRecord
 from ft_runtime.quorum import QuorumService, key_members
+from ft_runtime.replica.protocol import (
+    KEY_EPOCH,
+    EpochPointer,
+    JoinRequest,
+    decode,
+    decode_membership,
+    encode,
+    key_join,
+)
 
 
 def test_a_record_reads_back_as_it_was_written(tmp_path) -> None:
@@ -45,13 +54,13 @@ def test_a_new_coordinator_on_the_same_run_resumes_the_epochs_and_the_store(tmp_
     assert second.start() == address
     assert second.resumed
     assert second.current == Membership(1, (0, 2))
-    ranks.set("q/join/1", "1")  # the relaunched replica says it is ready
+    ranks.set(key_join(1), encode(JoinRequest(1, 1)))  # the relaunched replica says it is ready
     deadline = time.monotonic() + 5  # the SET arrives over another connection
     while (admitted := second.poll_joins()) is None and time.monotonic() < deadline:
         time.sleep(0.01)  # admitted only because the expected incarnation came from the log
     assert admitted == Membership(2, (0, 1, 2), joining=(1,))
-    assert ranks.get("q/epoch") == b"2"
-    assert Membership.from_json(2, ranks.get(key_members(2))) == admitted
+    assert decode(EpochPointer, ranks.get(KEY_EPOCH)) == EpochPointer(2)
+    assert decode_membership(2, ranks.get(key_members(2))) == admitted
     second_store.close()
     del held
 

@@ -14,17 +14,30 @@ from ft_runtime import _dist as dist
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
+from ft_runtime.replica.protocol import (
+    SKIPPED,
+    TRAINED,
+    Heartbeat,
+    LedgerMark,
+    decode,
+    key_heartbeat,
+    key_ledger,
+)
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
-from tests.eagleeye.replica_helpers import final_params_identical, workload
+from tests.eagleeye.replica_helpers import final_params_identical, finish, workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 STEPS = 120
 
 
 def _step_of(store: dist.TCPStore, rank: int) -> int:
-    key = f"hb/{rank}"
-    return int(store.get(key).decode().split()[0]) if store.check([key]) else -1
+    key = key_heartbeat(rank)
+    return decode(Heartbeat, store.get(key)).step if store.check([key]) else -1
+
+
+def _mark(store: dist.TCPStore, replica: int, batch: int) -> str:
+    return decode(LedgerMark, store.get(key_ledger(replica, batch))).outcome
 
 
 def _wait_for_step(sup: ReplicaSupervisor, store: dist.TCPStore, step: int) -> None:
@@ -52,14 +65,19 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
         store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
 
         _wait_for_step(sup, store, 10)
-        skip = sup.execute(Action(ActionKind.SKIP_BATCH, "replica:1", "loss spike", "s1"))
+        skip = finish(
+            sup, sup.execute(Action(ActionKind.SKIP_BATCH, "replica:1", "loss spike", "s1"))
+        )
         assert skip.status is OutcomeStatus.DONE, skip.detail
         skipped = re.fullmatch(r"skipped batches \{1: (\d+)\}", skip.detail)
         assert skipped is not None, skip.detail
-        assert store.get(f"data/1/{skipped.group(1)}") == b"skipped"  # consumed, untrained
-        assert store.get(f"data/0/{skipped.group(1)}") == b"1"  # the others trained theirs
+        batch = int(skipped.group(1))
+        assert _mark(store, 1, batch) == SKIPPED  # consumed, untrained
+        assert _mark(store, 0, batch) == TRAINED  # the others trained theirs
 
-        save = sup.execute(Action(ActionKind.CHECKPOINT, "job", "before a risky stretch", "c1"))
+        save = finish(
+            sup, sup.execute(Action(ActionKind.CHECKPOINT, "job", "before a risky stretch", "c1"))
+        )
         assert save.status is OutcomeStatus.DONE, save.detail
         saved = re.fullmatch(r"replica 0 saved step (\d+) to (.+)", save.detail)
         assert saved is not None, save.detail
@@ -68,7 +86,7 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
 
         _wait_for_step(sup, store, saved_step + 15)
         target = f"step:{saved_step + 5}"  # the newest checkpoint at or before it
-        back = sup.execute(Action(ActionKind.ROLLBACK, target, "bad stretch", "r1"))
+        back = finish(sup, sup.execute(Action(ActionKind.ROLLBACK, target, "bad stretch", "r1")))
         assert back.status is OutcomeStatus.DONE, back.detail
         assert back.detail.endswith(f"rolled back to the checkpoint of step [{saved_step}]")
         # The answer comes before the next exchange's heartbeat: wait for that heartbeat.
@@ -77,10 +95,10 @@ def test_checkpoint_skip_batch_and_rollback_run_on_every_replica(tmp_path: Path)
             time.sleep(0.005)
         assert now <= saved_step + 3  # training resumed right after the checkpoint
 
-        none = sup.execute(Action(ActionKind.ROLLBACK, "step:2", "too early", "r2"))
+        none = finish(sup, sup.execute(Action(ActionKind.ROLLBACK, "step:2", "too early", "r2")))
         assert none.status is OutcomeStatus.FAILED
         assert "no checkpoint at or before 2" in none.detail
-        bad = sup.execute(Action(ActionKind.ROLLBACK, "rank:1", "wrong target", "r3"))
+        bad = finish(sup, sup.execute(Action(ActionKind.ROLLBACK, "rank:1", "wrong target", "r3")))
         assert bad.status is OutcomeStatus.FAILED
 
         deadline = time.monotonic() + 120

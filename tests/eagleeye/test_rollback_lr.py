@@ -19,7 +19,7 @@ from ft_runtime.replica import ReplicaSupervisor
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, OutcomeStatus
 from remediation.config import parse_policy
-from tests.eagleeye.replica_helpers import workload
+from tests.eagleeye.replica_helpers import finish, workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 POLICY = """
@@ -58,11 +58,13 @@ def test_a_rollback_with_lr_factor_halves_the_learning_rate(tmp_path: Path) -> N
         host, _, port = sup.quorum.address.rpartition(":")
         dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
         drain_until(8)
-        save = sup.execute(Action(ActionKind.CHECKPOINT, "job", "before", "c1"))
+        save = finish(sup, sup.execute(Action(ActionKind.CHECKPOINT, "job", "before", "c1")))
         assert save.status is OutcomeStatus.DONE, save.detail
         saved = int(re.search(r"saved step (\d+)", save.detail).group(1))  # type: ignore[union-attr]
         drain_until(saved + 6)
-        back = sup.execute(Action(ActionKind.ROLLBACK, "job", "spike", "r1", (params,)))
+        back = finish(
+            sup, sup.execute(Action(ActionKind.ROLLBACK, "job", "spike", "r1", (params,)))
+        )
         assert back.status is OutcomeStatus.DONE, back.detail
         assert back.detail.endswith("learning rate x0.5")
         deadline = time.monotonic() + 60

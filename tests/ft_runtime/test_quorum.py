@@ -11,6 +11,27 @@ import pytest
 
 from ft_runtime import _dist as dist
 from ft_runtime.quorum import Membership, QuorumService, key_broken, key_members, key_start
+from ft_runtime.replica.protocol import (
+    KEY_EPOCH,
+    EpochBroken,
+    EpochPointer,
+    EpochStart,
+    Heartbeat,
+    JoinRequest,
+    decode,
+    decode_membership,
+    encode,
+    key_heartbeat,
+    key_join,
+)
+
+_SEQ: dict[tuple[int, int], int] = {}
+
+
+def set_beat(store, rank: int, step: int) -> None:
+    """What a rank writes as it enters the exchange of ``step``: a new beat, no time."""
+    seq = _SEQ[id(store), rank] = _SEQ.get((id(store), rank), 0) + 1
+    store.set(key_heartbeat(rank), encode(Heartbeat(seq, step)))
 
 
 @pytest.fixture
@@ -39,16 +60,16 @@ def client(service: QuorumService) -> dist.TCPStore:
 
 def test_epoch_zero_holds_every_replica_and_ranks_can_read_it(quorum) -> None:
     store = client(quorum)
-    assert store.get("q/epoch") == b"0"
-    assert Membership.from_json(0, store.get(key_members(0))).members == (0, 1, 2)
+    assert decode(EpochPointer, store.get(KEY_EPOCH)) == EpochPointer(0)
+    assert decode_membership(0, store.get(key_members(0))).members == (0, 1, 2)
 
 
 def test_removing_a_replica_breaks_the_epoch_and_publishes_the_next(quorum) -> None:
     store = client(quorum)
     new = quorum.remove(1, "rank 3 exited")
     assert new == Membership(1, (0, 2))
-    assert store.get(key_broken(0)) == b"rank 3 exited"
-    assert eventually(lambda: store.get("q/epoch") == b"1" or None)
+    assert decode(EpochBroken, store.get(key_broken(0))) == EpochBroken("rank 3 exited")
+    assert eventually(lambda: decode(EpochPointer, store.get(KEY_EPOCH)).epoch == 1 or None)
     assert not store.check([key_broken(1)])
     assert quorum.remove(1, "again") is None  # not a member any more
 
@@ -58,14 +79,16 @@ def test_a_relaunched_replica_is_admitted_as_joining_then_healthy(quorum) -> Non
     quorum.remove(2, "died")
     quorum.expect(2, incarnation=1)
     assert quorum.poll_joins() is None  # its ranks have not said they are ready
-    store.set("q/join/2", "0")  # a stale incarnation does not count
+    store.set(key_join(2), encode(JoinRequest(2, 0)))  # a stale incarnation does not count
     assert quorum.poll_joins() is None
-    store.set("q/join/2", "1")
+    store.set(key_join(2), "1")  # nor a value that is no join request
+    assert quorum.poll_joins() is None
+    store.set(key_join(2), encode(JoinRequest(2, 1)))
     joined = eventually(quorum.poll_joins)
     assert joined == Membership(2, (0, 1, 2), (2,))
     assert joined.source == 0
     assert quorum.healthy == (0, 1)
-    store.set(key_start(2), "40")  # the source published its state: the join is done
+    store.set(key_start(2), encode(EpochStart(40)))  # the source published: the join is done
     # A SET on another connection is not acknowledged: the service sees it on a later poll.
     deadline = time.monotonic() + 5
     while quorum.healthy != (0, 1, 2) and time.monotonic() < deadline:
@@ -79,18 +102,19 @@ def test_a_replica_that_never_enters_the_exchange_is_found_stalled(quorum, clock
 
     def beat(step: int, ranks: range) -> None:
         for rank in ranks:
-            store.set(f"hb/{rank}", f"{step} {clock()}")
+            set_beat(store, rank, step)
 
     for step in range(5):  # steady state: 0.1 s per step for everyone
         beat(step, range(6))
-        assert quorum.stalled() == []
+        assert quorum.stalled().replicas == ()
         clock.advance(0.1)
     beat(5, range(4))  # replicas 0 and 1 wait at step 5; replica 2 (ranks 4, 5) is stuck
+    assert quorum.stalled().replicas == ()  # seen as they arrive: the wait counts on this clock
     clock.advance(0.08)
-    assert quorum.stalled() == []  # within the limit of one median step
+    assert quorum.stalled().replicas == ()  # within the limit of one median step
     clock.advance(0.04)
     assert quorum.stall_limit() == pytest.approx(0.1)
-    assert quorum.stalled() == [2]
+    assert quorum.stalled().replicas == (2,)
 
 
 def lateness_run(quorum, clock, lateness: float, steps: int = 8) -> None:
@@ -99,12 +123,12 @@ def lateness_run(quorum, clock, lateness: float, steps: int = 8) -> None:
     store = quorum.store
     for step in range(steps):
         for rank in range(4):
-            store.set(f"hb/{rank}", f"{step} {clock()}")
-        assert quorum.stalled() == []
+            set_beat(store, rank, step)
+        assert quorum.stalled().replicas == ()
         clock.advance(lateness)
         for rank in (4, 5):
-            store.set(f"hb/{rank}", f"{step} {clock()}")
-        assert quorum.stalled() == []
+            set_beat(store, rank, step)
+        assert quorum.stalled().replicas == ()
         clock.advance(0.1 - lateness)
 
 
@@ -114,22 +138,23 @@ def test_the_stall_limit_widens_with_the_lateness_of_healthy_members(quorum, clo
     # lateness seen (0.16 s) does not.
     assert quorum.stall_limit() == pytest.approx(0.16)
     for rank in range(4):
-        quorum.store.set(f"hb/{rank}", f"8 {clock()}")
+        set_beat(quorum.store, rank, 8)
+    assert quorum.stalled().replicas == ()
     clock.advance(0.12)
-    assert quorum.stalled() == []
+    assert quorum.stalled().replicas == ()
     clock.advance(0.05)
-    assert quorum.stalled() == [2]
+    assert quorum.stalled().replicas == (2,)
 
 
 def test_start_up_steps_are_no_sample_of_lateness(quorum, clock) -> None:
     store = quorum.store
     for rank in range(6):  # the ranks start seconds apart: step 0 is no sign of noise
-        store.set(f"hb/{rank}", f"0 {clock()}")
+        set_beat(store, rank, 0)
         quorum.stalled()
         clock.advance(1.0)
     for step in range(1, 6):
         for rank in range(6):
-            store.set(f"hb/{rank}", f"{step} {clock()}")
+            set_beat(store, rank, step)
         quorum.stalled()
         clock.advance(0.1)
     assert quorum.stall_limit() == pytest.approx(0.1)
@@ -141,8 +166,8 @@ def test_a_steady_job_has_the_floor_as_its_least_limit(clock) -> None:
     try:
         for step in range(5):
             for rank in range(2):
-                service.store.set(f"hb/{rank}", f"{step} {clock()}")
-            assert service.stalled() == []
+                set_beat(service.store, rank, step)
+            assert service.stalled().replicas == ()
             clock.advance(0.1)
         assert service.stall_limit() == pytest.approx(0.3)
     finally:
@@ -161,17 +186,17 @@ def test_after_a_gap_in_its_own_looks_the_coordinator_gives_a_grace_period(quoru
 
     def beat(step: int, ranks: range) -> None:
         for rank in ranks:
-            store.set(f"hb/{rank}", f"{step} {clock()}")
+            set_beat(store, rank, step)
 
     for step in range(5):
         beat(step, range(6))
-        assert quorum.stalled() == []
+        assert quorum.stalled().replicas == ()
         clock.advance(0.1)
     beat(5, range(4))  # replica 2 is late at step 5 ...
     clock.advance(6.0)  # ... while the coordinator was paused for 6 s
-    assert quorum.stalled() == []  # what it missed is no evidence: a grace period
+    assert quorum.stalled().replicas == ()  # what it missed is no evidence: a grace period
     for _ in range(11):  # looking steadily again, within the grace (as long as the gap)
         clock.advance(0.5)
-        assert quorum.stalled() == []
+        assert quorum.stalled().replicas == ()
     clock.advance(0.6)
-    assert quorum.stalled() == [2]  # seen stuck after the grace: a stall
+    assert quorum.stalled().replicas == (2,)  # seen stuck after the grace: a stall

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ft_runtime.launcher import LocalLauncher
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
@@ -27,13 +28,13 @@ sys.exit(3 if (rank, inc) == ("1", "0") else 0)
 
 
 def supervisor(
-    tmp_path: Path, restarts: int = 1, script_text: str = SCRIPT, kind=ReplicaSupervisor
+    tmp_path: Path, restarts: int = 1, script_text: str = SCRIPT, launcher=None
 ) -> ReplicaSupervisor:
     script = tmp_path / "rank.py"
     script.write_text(script_text)
     layout = JobLayout(2, 1, 2)
     spec = LaunchSpec([str(script)], layout, "test", str(tmp_path / "logs"), stop_grace_s=1.0)
-    return kind(spec, QuorumService(2, 1), max_restarts=restarts)
+    return ReplicaSupervisor(spec, QuorumService(2, 1), max_restarts=restarts, launcher=launcher)
 
 
 def poll_until(sup: ReplicaSupervisor, done, timeout_s: float = 20.0) -> list:
@@ -92,17 +93,17 @@ def test_evicting_a_node_moves_its_replica_to_a_spare(tmp_path) -> None:
         sup.stop_all()
 
 
-class _LateExits(ReplicaSupervisor):
+class _LateExits(LocalLauncher):
     """Queues each exit well after the process was reaped, as a loaded host may."""
 
-    def _wait(self, rank) -> None:
-        rank.process.wait()
+    def _wait(self, rank, generation, process) -> None:
+        process.wait()
         time.sleep(0.5)
-        super()._wait(rank)
+        super()._wait(rank, generation, process)
 
 
 def test_an_exit_reaped_but_not_yet_queued_does_not_end_the_job(tmp_path) -> None:
-    sup = supervisor(tmp_path, script_text="import time; time.sleep(0.2)", kind=_LateExits)
+    sup = supervisor(tmp_path, script_text="import time; time.sleep(0.2)", launcher=_LateExits())
     sup.start()
     try:
         events = poll_until(sup, lambda ev: sup.finished)
