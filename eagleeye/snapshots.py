@@ -196,9 +196,22 @@ class Holders:
         self._stopping.set()
         if self._watcher is not None:
             self._watcher.join()
-        with ExitStack() as stack:
-            for p in self.processes:
-                stack.callback(p.stop)
+        try:
+            with ExitStack() as stack:
+                for p in self.processes:
+                    stack.callback(p.stop)
+        finally:
+            self._remove_segments()
+
+    def _remove_segments(self) -> None:
+        """Once every holder has exited: segments of the job that one left behind (a
+        holder SIGKILLed, or killed after it did not stop in time, deletes nothing)."""
+        for cfg in self.configs:
+            for path in Path(cfg.shm_dir).glob(f"eeckpt.{cfg.job}.{cfg.node}.*"):
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    log.warning("could not remove the snapshot segment %s: %s", path, exc)
 
     def _watch(self) -> None:
         """Starts again every holder that exited, up to ``max_restarts`` in all."""

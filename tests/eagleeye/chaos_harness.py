@@ -361,8 +361,10 @@ class ChaosRun(Forgeries):
                         self.outcome.skipped.append(f"{fault.kind} (the run had ended)")
                         continue
                     self._watch()
+                    skipped = len(self.outcome.skipped)
                     getattr(self, fault.kind)()
-                    self.outcome.done.append(fault.kind)
+                    if len(self.outcome.skipped) == skipped:  # done, not skipped
+                        self.outcome.done.append(fault.kind)
                     killed = killed or fault.kind == "kill_controller"
             while self.controller is not None and self.controller.poll() is None:
                 self._watch()
@@ -560,7 +562,8 @@ def check_invariants(outcome: Outcome) -> None:
         worrying = set(findings["kind"]) & ACTED_KINDS
         assert not worrying, f"{where}: findings with no real fault: {findings}\n{tail}"
         assert actions.empty, f"{where}: actions with no real fault: {actions}\n{tail}"
-    if outcome.forged and any(k == "forge_telemetry" for k in outcome.done):
+    forged_then_killed = "kill_controller" in outcome.done  # it may have died first
+    if "forge_telemetry" in outcome.done and not forged_then_killed:
         assert sum((meta.get("telemetry_rejected") or {}).values()) >= 1, (where, meta)
     for _held, kept in outcome.holder_pids_after_forgery:
         assert kept, f"{where}: a holder died of forged requests"

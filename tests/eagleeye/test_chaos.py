@@ -64,7 +64,11 @@ def _run(schedule: Schedule, root, replay: str) -> None:
             f"chaos seed {schedule.seed}: did {outcome.done}, skipped {outcome.skipped}, "
             f"{time.monotonic() - started:.1f} s"
         )
-        check_invariants(outcome)  # before close(): it unmounts the tmpfs, continues stops
+        try:
+            check_invariants(outcome)  # before close(): it unmounts the tmpfs, continues stops
+        except AssertionError as exc:
+            print(f"chaos seed {schedule.seed} FAILED: {str(exc)[:4000]}")  # seen at once
+            raise
     finally:
         run.close()
 

@@ -63,3 +63,21 @@ def test_the_holders_keep_their_segments_where_ee_ckpt_shm_dir_says(tmp_path, mo
             session.save_checkpoint({"w": torch.arange(10)}, 1)
         assert list(shm.glob("eeckpt.*"))  # the snapshot's segment, not in /dev/shm
     assert not list(shm.glob("eeckpt.*"))  # deleted when the holders stop
+
+
+def test_segments_a_holder_left_behind_are_removed_when_the_holders_stop(
+    tmp_path, monkeypatch
+) -> None:
+    """A holder SIGKILLed (or killed after it did not stop in time) deletes nothing; the
+    job's segments must not stay in shared memory after it (chaos seed 27)."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv(ENV_SHM_DIR, str(shm))
+    layout = JobLayout(nnodes=2, nproc_per_node=1, replicas=1)
+    with Holders(layout, "t-left", tmp_path / "snapshots"):
+        left = shm / "eeckpt.t-left.node1.7.0"  # what a killed holder's table held
+        left.write_bytes(b"\0" * 4096)
+        other = shm / "eeckpt.another-job.node1.7.0"
+        other.write_bytes(b"\0" * 4096)
+    assert not left.exists()
+    assert other.exists()  # another job's segments are its own
