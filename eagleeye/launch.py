@@ -38,6 +38,7 @@ from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
+from eagleeye.tls import TlsFiles, tls_files
 from ft_runtime.faults import ENV_INJECT, FaultSpec, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE, JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
@@ -89,6 +90,8 @@ class JobConfig:
     alerts_port: int | None = None  # Alertmanager's webhook into this run (0: a free port)
     alerts_address: str = "127.0.0.1"
     alerts_token_file: str | None = None  # the bearer token Alertmanager sends
+    tls: TlsFiles | None = None  # the metrics and the webhook over HTTPS
+    telemetry_address: str = "127.0.0.1"  # where the ranks' telemetry is received
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
     resume_args: Sequence[str] = ()  # the script's own resume flags, added on restarts
     grace_period_s: float = 0.0  # on SIGTERM/SIGINT: checkpoint, then this long to exit
@@ -190,6 +193,8 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         alerts_port=_webhook(args)[1],
         alerts_address=_webhook(args)[0],
         alerts_token_file=getattr(args, "alerts_token_file", None),
+        tls=tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None)),
+        telemetry_address=getattr(args, "telemetry_address", "127.0.0.1"),
         hang=hang_flags(args),
         instrument=getattr(args, "instrument", True),
         resume_args=_split_args(getattr(args, "resume_args", "")),
@@ -325,7 +330,7 @@ def _run_in(
 ) -> JobResult:
     store = RunStore(run_dir)
     telemetry_key = secrets.token_hex(32)  # ranks sign telemetry; unsigned is dropped
-    receiver = TelemetryReceiver(key=telemetry_key.encode())
+    receiver = TelemetryReceiver(f"tcp://{config.telemetry_address}", key=telemetry_key.encode())
     env = {
         **config.env,
         ENV_TELEMETRY: receiver.address,
@@ -588,6 +593,7 @@ def _metrics(config: JobConfig, run_id: str) -> RunMetrics | None:
         config.metrics_address,
         config.gpu_metrics,
         config.metrics_linger_s,
+        config.tls,
     )
 
 
@@ -602,7 +608,8 @@ def _alerts(config: JobConfig, metrics: RunMetrics | None) -> RunAlerts | None:
                 "--alerts-port needs --alerts-token-file, the file with the token "
                 "Alertmanager sends (eagleeye alerts alertmanager --token-file)"
             )
-        alerts = RunAlerts(config.alerts_token_file, config.alerts_port, config.alerts_address)
+        tls = None if config.tls is None else config.tls.context()
+        alerts = RunAlerts(config.alerts_token_file, config.alerts_port, config.alerts_address, tls)
     except EagleEyeError:
         if metrics is not None:
             metrics.linger_s = 0.0
