@@ -74,6 +74,10 @@ class NetHosts:
         self._procs.append(proc)
         return proc
 
+    def ifname(self, host: int) -> str:
+        """The name of host ``host``'s network interface (GLOO_SOCKET_IFNAME)."""
+        return self._links[host][1]
+
     def pids(self, host: int) -> list[int]:
         """Every process living in host ``host``'s namespace."""
         out = _ip("netns", "pids", self.names[host], check=False).stdout
