@@ -182,7 +182,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         metrics_port=args.metrics_port,
         metrics_address=getattr(args, "metrics_address", "127.0.0.1"),
         metrics_linger_s=getattr(args, "metrics_linger", 0.0),
-        gpu_metrics=_gpu_metrics(
+        gpu_metrics=nvml_source(
             getattr(args, "gpu_metrics", "off"), getattr(args, "dcgm_url", None)
         ),
         dcgm_url=getattr(args, "dcgm_url", None),
@@ -656,7 +656,7 @@ def _nccl_dump_env(config: JobConfig, env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in wanted.items() if name not in env}
 
 
-def _gpu_metrics(source: str, dcgm_url: str | None = None) -> NvmlFactory | None:
+def nvml_source(source: str, dcgm_url: str | None = None) -> NvmlFactory | None:
     """``--gpu-metrics``: off, NVML (pynvml) on every node, or auto: NVML when pynvml finds
     a GPU and no dcgm-exporter is read instead."""
     if source == "off":

@@ -7,7 +7,10 @@ of an attempt is a ``process_exit`` finding; its answer is a restart of the whol
 every agent, within the restart budget; the exits that follow it in the same attempt are
 its collateral. An agent lost (``Membership.lost``) is a ``host_lost`` finding: with no
 spare host the job stops, the other agents' ranks ended (do no harm: nothing is
-restarted onto a host that is gone). Every rank exiting 0 ends the job as succeeded.
+restarted onto a host that is gone). Every rank exiting 0 ends the job as succeeded. The
+samples the agents forward from their hosts' sources are stored and read by the host
+rules; their findings (XIDs, ECC errors, thermal throttles) are recorded, not yet acted
+on.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from collector.types import Subject
+from collector.types import Sample, Subject
+from detectors.base import Detector
 from detectors.types import Finding, Severity
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
+from eagleeye.detection import host_detectors
+from eagleeye.hostsources import host_frames
 from eagleeye.store import RunStore
 from ft_runtime.layout import JobLayout
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -51,6 +57,7 @@ class JobCoordinator:
     _succeeded: set[int] = field(default_factory=set)
     _failed_attempts: set[int] = field(default_factory=set)
     _stop: str | None = None
+    _host_rules: list[Detector] = field(default_factory=host_detectors)
 
     def request_stop(self, cause: str) -> None:
         """Ends the job from outside (a signal): every agent stops its ranks; recorded."""
@@ -109,8 +116,25 @@ class JobCoordinator:
             self._event(f"rank:{body['rank']}", Phase.LAUNCH, agent=report.agent, **body)
         elif report.kind == "exit":
             self._exit(report.agent, int(body["rank"]), int(body["code"]), int(body["attempt"]))
+        elif report.kind == "samples":
+            self._host_samples(report)
         elif report.kind == "outcome":
             self.on_update(report)
+
+    def _host_samples(self, report: AgentReport) -> None:
+        """A host's samples: stored, and read by the host rules (an XID, an ECC error, a
+        thermal throttle is a finding on the rank using the GPU, or on the node)."""
+        try:
+            samples = [Sample.from_json(row) for row in report.body.get("samples", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("dropped the samples of %s: %s", report.agent, exc)
+            return
+        self.store.add_samples(samples)
+        for frame in host_frames(samples):
+            for detector in self._host_rules:
+                for finding in detector.process(frame):
+                    self.store.add_finding(finding)
+                    self.on_update(finding)
 
     def _exit(self, agent: str, rank: int, code: int, attempt: int) -> None:
         collateral = code != 0 and attempt in self._failed_attempts

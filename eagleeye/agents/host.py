@@ -1,6 +1,8 @@
 """An agent's work on its host: start the host's ranks with torchrun's environment, watch
 them, and do what the controller asks (launch, restart, kill, stop), reporting each rank's
-launch and exit and each action's outcome.
+launch and exit and each action's outcome. With sources configured, the host's sources
+(``eagleeye.hostsources``: GPUs, kernel log, NCCL dumps, host counters) are read on their
+period and their samples forwarded to the controller.
 
 The ranks of node rank ``n`` of an ``nnodes × nproc_per_node`` job are its ranks
 ``n·nproc_per_node`` to ``(n+1)·nproc_per_node - 1``, with the controller's
@@ -22,9 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from eagleeye.agents.link import AgentLink
+from eagleeye.hostsources import HostSources, HostSourcesConfig
 from ft_runtime.layout import JobLayout, RankSpec
 
 log = logging.getLogger(__name__)
+#: Host samples per message to the controller (well under the wire's 1 MiB).
+CHUNK = 1000
 
 
 @dataclass
@@ -60,6 +65,8 @@ class HostAgent:
     layout: JobLayout = field(default_factory=JobLayout)  # the controller's, at launch
     _ranks: dict[int, _Rank] = field(default_factory=dict)
     stop_requested: bool = False  # a signal: end the ranks and leave
+    sources: HostSourcesConfig | None = None  # this host's sources, read once launched
+    _sources: HostSources | None = None
 
     @property
     def specs(self) -> list[RankSpec]:
@@ -72,12 +79,16 @@ class HostAgent:
             for message in self.link.take():
                 if message.kind == "stop":
                     self.stop_all()
+                    self._forward()
+                    self._close_sources()
                     self.link.report("outcome", {"action": "stop", "status": "done"})
                     return 0
                 self._act(message.kind, message.body)
             self._watch()
+            self._forward()
             time.sleep(0.05)
         self.stop_all()
+        self._close_sources()
         if self.stop_requested:
             self.link.report("outcome", {"action": "stop", "status": "stopped by a signal"})
         return 1
@@ -86,6 +97,7 @@ class HostAgent:
         if kind in ("launch", "restart"):
             self.stop_all()
             self.layout = JobLayout(int(body["nnodes"]), int(body["nproc_per_node"]))
+            self._open_sources()
             self._launch(int(body["attempt"]), str(body["master_addr"]), int(body["master_port"]))
             status = "done"
         elif kind == "kill":
@@ -116,6 +128,27 @@ class HostAgent:
                 )
             self._ranks[spec.rank] = _Rank(spec, proc, attempt)
             self.link.report("launched", {"rank": spec.rank, "pid": proc.pid, "attempt": attempt})
+
+    def _open_sources(self) -> None:
+        """This host's sources, for its node of the layout (once: the layout is fixed)."""
+        if self.sources is None or self._sources is not None or not self.sources.any:
+            return
+        node = f"node{self.node_rank}"
+        self._sources = HostSources(self.sources, self.layout, nodes=[node]).__enter__()
+
+    def _forward(self) -> None:
+        """The host's samples to the controller, in messages of at most ``CHUNK``."""
+        if self._sources is None:
+            return
+        samples = self._sources.take()
+        for start in range(0, len(samples), CHUNK):
+            rows = [s.to_json() for s in samples[start : start + CHUNK]]
+            self.link.report("samples", {"samples": rows})
+
+    def _close_sources(self) -> None:
+        if self._sources is not None:
+            self._sources.close()
+            self._sources = None
 
     def _watch(self) -> None:
         for rank in self._ranks.values():

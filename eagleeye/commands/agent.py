@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
-from eagleeye.commands._args import address_port, non_negative
+from eagleeye.commands._args import address_port, non_negative, seconds
 from eagleeye.commands._cluster import add_common
 
 
@@ -43,6 +44,31 @@ def add_parser(sub: Any) -> None:
         "default: its hostname)",
     )
     a.add_argument("--log-dir", default="agent-logs", help="where the ranks' output goes")
+    a.add_argument(
+        "--dcgm-url", default=None, metavar="URL", help="this host's dcgm-exporter /metrics"
+    )
+    a.add_argument(
+        "--kernel-log", default=None, metavar="FILE", help="a kernel log tailed for XIDs"
+    )
+    a.add_argument(
+        "--nccl-dump-dir", default=None, metavar="DIR", help="the ranks' NCCL dumps land here"
+    )
+    a.add_argument(
+        "--gpu-metrics",
+        choices=("auto", "off", "nvml"),
+        default="auto",
+        help="read the GPUs through NVML (auto: when pynvml finds one and no --dcgm-url)",
+    )
+    a.add_argument(
+        "--host-metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        dest="host_counters",
+        help="forward the host's CPU, memory, disk and NIC counters (default: on)",
+    )
+    a.add_argument(
+        "--sources-period", type=seconds, default=2.0, metavar="S", help="read them every S"
+    )
     a.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module")
     a.add_argument("script", metavar="SCRIPT")
     a.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...")
@@ -52,6 +78,8 @@ def add_parser(sub: Any) -> None:
 def _agent(args: argparse.Namespace) -> int:
     from eagleeye.agents import AgentLink, read_secret
     from eagleeye.agents.host import HostAgent
+    from eagleeye.hostsources import HostSourcesConfig
+    from eagleeye.launch import NCCL_DUMP_ENV, nvml_source
 
     secret = read_secret(args.secret_file)
     host, port = args.controller
@@ -69,6 +97,20 @@ def _agent(args: argparse.Namespace) -> int:
         script_args = script_args[1:]
     target = ["-m", args.script] if args.module else [str(Path(args.script).resolve())]
     agent = HostAgent(link, args.node_rank, [*target, *script_args], Path(args.log_dir))
+    agent.sources = HostSourcesConfig(
+        every_s=args.sources_period,
+        nvml=nvml_source(args.gpu_metrics, args.dcgm_url),
+        dcgm_url=args.dcgm_url,
+        kernel_log=args.kernel_log,
+        nccl_dump_dir=args.nccl_dump_dir,
+        host_counters=args.host_counters,
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    if args.nccl_dump_dir is not None:  # every rank's flight recorder dumps there
+        folder = Path(args.nccl_dump_dir).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        wanted = {**NCCL_DUMP_ENV, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl_trace_rank_"}
+        agent.env = {k: v for k, v in wanted.items() if k not in os.environ}
 
     def stop(signum: int, frame: object) -> None:
         agent.stop_requested = True

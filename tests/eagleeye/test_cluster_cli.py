@@ -19,7 +19,7 @@ import pytest
 from eagleeye.store import RunReader
 from ft_runtime.ports import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200)]
 
 RANK = """
 import os, sys, time
@@ -33,7 +33,7 @@ EAGLEEYE = [sys.executable, "-m", "eagleeye"]
 
 
 class Cluster:
-    def __init__(self, tmp: Path, seconds: str) -> None:
+    def __init__(self, tmp: Path, seconds: str, extra: tuple[str, ...] = ()) -> None:
         (tmp / "secret").write_text("0123456789abcdef0123456789abcdef\n")
         (tmp / "rank.py").write_text(RANK)
         self.tmp = tmp
@@ -50,6 +50,7 @@ class Cluster:
         self.agents = [
             subprocess.Popen(
                 [*EAGLEEYE, "agent", "--controller", self.listen, "--node-rank", str(n), *common]
+                + ["--no-host-metrics", *(extra if n == 1 else ())]
                 + ["--log-dir", str(tmp / f"logs{n}"), str(tmp / "rank.py"), seconds],
                 stderr=subprocess.DEVNULL,
             )
@@ -153,4 +154,27 @@ def test_an_agent_gone_silent_is_a_lost_host_and_the_job_stops(tmp_path: Path) -
         assert cluster.agents[0].wait(timeout=30) == 0  # told to stop its ranks
     finally:
         cluster.close()
+    cluster.no_rank_left()
+
+
+def test_an_agents_kernel_log_xid_is_a_finding_at_the_controller(tmp_path: Path) -> None:
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, before the job\n")
+    extra = ("--kernel-log", str(kernel_log), "--sources-period", "0.2")
+    cluster = Cluster(tmp_path, "60", extra)
+    try:
+        cluster.launched({0, 1}, 0)  # the agents read their sources from the launch on
+        with kernel_log.open("a") as f:
+            f.write("[ 99.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=7, GPU has fallen off the bus\n")
+        finding = cluster.read(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["node"]) == ("xid", "node1")
+        assert (finding["severity"], finding["evidence"]["xid"]) == ("critical", 79.0)
+        cluster.controller.send_signal(signal.SIGTERM)
+        assert cluster.ended()["phase"] == "failed"
+        assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
+    finally:
+        cluster.close()
+    with RunReader(tmp_path / "runs" / "r") as run:
+        xids = run.query("SELECT node, value FROM samples WHERE name = 'gpu_xid'")
+    assert list(zip(xids["node"], xids["value"], strict=True)) == [("node1", 79.0)]
     cluster.no_rank_left()
