@@ -82,6 +82,9 @@ class JobConfig:
     metrics_address: str = "127.0.0.1"
     metrics_linger_s: float = 0.0  # the final state stays scrapable this long after the run
     gpu_metrics: NvmlFactory | None = None  # each node's NVML module, when GPUs are polled
+    # False: NVML's readings are only exported (Prometheus's rules alert on them), not read
+    # by the host rules of the run
+    gpu_findings: bool = True
     dcgm_url: str | None = None  # a dcgm-exporter on this host, read by the host's sources
     kernel_log: str | None = None  # a kernel-log file tailed for XID lines
     nccl_dump_dir: str | None = None  # where the ranks' NCCL flight-recorder dumps land
@@ -393,7 +396,7 @@ def _run_in(
     if metrics is not None:
         metrics.remediator = remediator
         metrics.watch(detectors)
-        if sources is not None and config.gpu_metrics is not None:
+        if sources is not None and sources.config.nvml is not None:
             metrics.gpu_of = sources.gpu_of
     controller = Controller(
         supervisor,
@@ -629,7 +632,7 @@ def _host_sources(config: JobConfig, env: Mapping[str, str]) -> HostSources | No
     """This host's source loop, when the run reads any of its sources."""
     wanted = HostSourcesConfig(
         every_s=config.sources_period_s,
-        nvml=config.gpu_metrics,
+        nvml=config.gpu_metrics if config.gpu_findings else None,
         dcgm_url=config.dcgm_url,
         kernel_log=config.kernel_log,
         nccl_dump_dir=config.nccl_dump_dir,
