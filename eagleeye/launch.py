@@ -351,11 +351,6 @@ def _run_in(
     env.update(holders.env if holders is not None else {})
     env.update(_nccl_dump_env(config, env))
     sources = _host_sources(config, env)
-    if alerts is not None:
-        visible = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        places = sources.places if sources is not None else None
-        places = places or HostPlaces(socket.gethostname(), config.layout.ranks(), visible)
-        alerts.locate = places.locate
     launch = LaunchSpec(
         command,
         config.layout,
@@ -618,6 +613,9 @@ def _alerts(config: JobConfig, metrics: RunMetrics | None) -> RunAlerts | None:
             metrics.linger_s = 0.0
             metrics.close()
         raise
+    # an alert naming this host lands on the job's node here (set before it serves)
+    visible = config.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    alerts.locate = HostPlaces(socket.gethostname(), config.layout.ranks(), visible).locate
     return alerts.start()
 
 
