@@ -445,15 +445,24 @@ class EagleEyeExporter:
         """The exposition text (what ``/metrics`` serves)."""
         return generate_latest(self.registry)
 
-    def serve(self, port: int = 0, addr: str = "127.0.0.1") -> tuple[Any, Thread]:
-        """Serves ``/metrics`` on ``addr:port`` (loopback by default; 0 picks a port).
+    def serve(
+        self,
+        port: int = 0,
+        addr: str = "127.0.0.1",
+        certfile: str | None = None,
+        keyfile: str | None = None,
+    ) -> tuple[Any, Thread]:
+        """Serves ``/metrics`` on ``addr:port`` (loopback by default; 0 picks a port), over
+        HTTPS when a certificate and its key are given.
 
         Returns the server (``server.server_port``, ``server.shutdown()``) and its thread.
 
         Raises:
             OSError: the address cannot be bound (in use, not an address of this host).
         """
-        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        server, thread = start_http_server(
+            port, addr=addr, registry=self.registry, certfile=certfile, keyfile=keyfile
+        )
         return server, thread
 
 

@@ -45,6 +45,8 @@ LABEL_SOURCE = "source"
 HOST_MARKER = "host_poll"
 #: Event samples: each is its own frame (two XIDs in one poll are two events).
 EVENT_NAMES = frozenset({"gpu_xid", "nccl_rank_behind", "nccl_pending_collective"})
+#: The shortest polling period (a period of 0 must not spin the thread).
+MIN_PERIOD_S = 0.05
 #: Most samples waiting for the controller; beyond it the oldest are dropped (counted).
 MAX_QUEUED = 100_000
 
@@ -361,7 +363,7 @@ class HostSources:
             self._safely("nvml", group.source.close)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.config.every_s):
+        while not self._stop.wait(max(self.config.every_s, MIN_PERIOD_S)):
             self.poll()
 
 

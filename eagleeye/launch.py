@@ -38,6 +38,7 @@ from eagleeye.runmetrics import RunMetrics
 from eagleeye.snapshots import Holders
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run_id
+from eagleeye.tls import TlsFiles, tls_files
 from ft_runtime.base import Supervisor
 from ft_runtime.faults import ENV_INJECT, FaultSpec, load_scenario, parse_specs
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE, JobLayout
@@ -87,6 +88,9 @@ class JobConfig:
     metrics_address: str = "127.0.0.1"
     metrics_linger_s: float = 0.0  # the final state stays scrapable this long after the run
     gpu_metrics: NvmlFactory | None = None  # each node's NVML module, when GPUs are polled
+    # False: NVML's readings are only exported (Prometheus's rules alert on them), not read
+    # by the host rules of the run
+    gpu_findings: bool = True
     dcgm_url: str | None = None  # a dcgm-exporter on this host, read by the host's sources
     kernel_log: str | None = None  # a kernel-log file tailed for XID lines
     nccl_dump_dir: str | None = None  # where the ranks' NCCL flight-recorder dumps land
@@ -95,6 +99,8 @@ class JobConfig:
     alerts_port: int | None = None  # Alertmanager's webhook into this run (0: a free port)
     alerts_address: str = "127.0.0.1"
     alerts_token_file: str | None = None  # the bearer token Alertmanager sends
+    tls: TlsFiles | None = None  # the metrics and the webhook over HTTPS
+    telemetry_address: str = "127.0.0.1"  # where the ranks' telemetry is received
     snapshots: bool = False  # one snapshot holder per node; checkpoints go to memory
     resume_args: Sequence[str] = ()  # the script's own resume flags, added on restarts
     grace_period_s: float = 0.0  # on SIGTERM/SIGINT: checkpoint, then this long to exit
@@ -185,7 +191,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         metrics_port=args.metrics_port,
         metrics_address=getattr(args, "metrics_address", "127.0.0.1"),
         metrics_linger_s=getattr(args, "metrics_linger", 0.0),
-        gpu_metrics=_gpu_metrics(
+        gpu_metrics=nvml_source(
             getattr(args, "gpu_metrics", "off"), getattr(args, "dcgm_url", None)
         ),
         dcgm_url=getattr(args, "dcgm_url", None),
@@ -196,6 +202,8 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         alerts_port=_webhook(args)[1],
         alerts_address=_webhook(args)[0],
         alerts_token_file=getattr(args, "alerts_token_file", None),
+        tls=tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None)),
+        telemetry_address=getattr(args, "telemetry_address", "127.0.0.1"),
         hang=hang_flags(args),
         instrument=getattr(args, "instrument", True),
         resume_args=_split_args(getattr(args, "resume_args", "")),
@@ -338,7 +346,7 @@ def _run_in(
 ) -> JobResult:
     store = RunStore(run_dir)
     telemetry_key = secrets.token_hex(32)  # ranks sign telemetry; unsigned is dropped
-    receiver = TelemetryReceiver(key=telemetry_key.encode())
+    receiver = TelemetryReceiver(f"tcp://{config.telemetry_address}", key=telemetry_key.encode())
     env = {
         **config.env,
         ENV_TELEMETRY: receiver.address,
@@ -356,11 +364,6 @@ def _run_in(
     env.update(holders.env if holders is not None else {})
     env.update(_nccl_dump_env(config, env))
     sources = _host_sources(config, env)
-    if alerts is not None:
-        visible = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        places = sources.places if sources is not None else None
-        places = places or HostPlaces(socket.gethostname(), config.layout.ranks(), visible)
-        alerts.locate = places.locate
     launch = LaunchSpec(
         command,
         config.layout,
@@ -401,7 +404,7 @@ def _run_in(
     if metrics is not None:
         metrics.remediator = remediator
         metrics.watch(detectors)
-        if sources is not None and config.gpu_metrics is not None:
+        if sources is not None and sources.config.nvml is not None:
             metrics.gpu_of = sources.gpu_of
     controller = Controller(
         supervisor,
@@ -608,6 +611,7 @@ def _metrics(config: JobConfig, run_id: str) -> RunMetrics | None:
         config.metrics_address,
         config.gpu_metrics,
         config.metrics_linger_s,
+        config.tls,
     )
 
 
@@ -622,12 +626,16 @@ def _alerts(config: JobConfig, metrics: RunMetrics | None) -> RunAlerts | None:
                 "--alerts-port needs --alerts-token-file, the file with the token "
                 "Alertmanager sends (eagleeye alerts alertmanager --token-file)"
             )
-        alerts = RunAlerts(config.alerts_token_file, config.alerts_port, config.alerts_address)
+        tls = None if config.tls is None else config.tls.context()
+        alerts = RunAlerts(config.alerts_token_file, config.alerts_port, config.alerts_address, tls)
     except EagleEyeError:
         if metrics is not None:
             metrics.linger_s = 0.0
             metrics.close()
         raise
+    # an alert naming this host lands on the job's node here (set before it serves)
+    visible = config.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    alerts.locate = HostPlaces(socket.gethostname(), config.layout.ranks(), visible).locate
     return alerts.start()
 
 
@@ -642,7 +650,7 @@ def _host_sources(config: JobConfig, env: Mapping[str, str]) -> HostSources | No
     """This host's source loop, when the run reads any of its sources."""
     wanted = HostSourcesConfig(
         every_s=config.sources_period_s,
-        nvml=config.gpu_metrics,
+        nvml=config.gpu_metrics if config.gpu_findings else None,
         dcgm_url=config.dcgm_url,
         kernel_log=config.kernel_log,
         nccl_dump_dir=config.nccl_dump_dir,
@@ -669,7 +677,7 @@ def _nccl_dump_env(config: JobConfig, env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in wanted.items() if name not in env}
 
 
-def _gpu_metrics(source: str, dcgm_url: str | None = None) -> NvmlFactory | None:
+def nvml_source(source: str, dcgm_url: str | None = None) -> NvmlFactory | None:
     """``--gpu-metrics``: off, NVML (pynvml) on every node, or auto: NVML when pynvml finds
     a GPU and no dcgm-exporter is read instead."""
     if source == "off":

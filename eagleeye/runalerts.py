@@ -12,6 +12,7 @@ that host, or on the rank using its ``gpu`` (``locate``).
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -31,7 +32,13 @@ class RunAlerts:
         EagleEyeError: the token file is missing or empty, or the address cannot be bound.
     """
 
-    def __init__(self, token_file: str, port: int = 0, address: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        token_file: str,
+        port: int = 0,
+        address: str = "127.0.0.1",
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         token = read_token_file(token_file)
         self._lock = threading.Lock()
         self._queue: list[Finding] = []
@@ -39,7 +46,9 @@ class RunAlerts:
         #: (subject, gpu) -> where in the job it is (a hostname becomes the job's node)
         self.locate: Callable[[Subject, str | None], Subject] = lambda subject, gpu: subject
         try:
-            self.webhook = AlertWebhook(self._queue_finding, token, host=address, port=port)
+            self.webhook = AlertWebhook(
+                self._queue_finding, token, host=address, port=port, tls=tls
+            )
         except OSError as exc:
             raise EagleEyeError(
                 f"cannot serve the alert webhook on {address}:{port}: "

@@ -19,6 +19,7 @@ from detectors.types import Finding
 from eagleeye.errors import EagleEyeError
 from eagleeye.exporter import EagleEyeExporter
 from eagleeye.gpus import GpuPolling, NvmlFactory
+from eagleeye.tls import TlsFiles
 from ft_runtime.layout import JobLayout
 from ft_runtime.types import LifecycleEvent, Phase
 from remediation.remediator import Decision, Remediator
@@ -54,6 +55,7 @@ class RunMetrics:
         self.linger_s = linger_s
         self.say = say
         self.remediator: Remediator | None = None
+        self.scheme = "http"
         #: a rank -> the GPU it uses (the host's sources' map), when GPUs are read there
         self.gpu_of: Callable[[int], str] | None = None
 
@@ -66,6 +68,7 @@ class RunMetrics:
         address: str = "127.0.0.1",
         gpus: NvmlFactory | None = None,
         linger_s: float = 0.0,
+        tls: TlsFiles | None = None,
     ) -> RunMetrics:
         """Binds ``address:port`` (0 picks a free port) and serves the run's metrics.
 
@@ -77,18 +80,27 @@ class RunMetrics:
             raise EagleEyeError(f"--metrics-port {port} is not a port; give 1-65535, or 0")
         exporter = EagleEyeExporter(run=run_id, replicas=layout.replicas)
         try:
-            server, _ = exporter.serve(port, addr=address)
+            if tls is not None:
+                tls.context()  # a bad pair is one clear error, before the server starts
+            server, _ = exporter.serve(
+                port,
+                addr=address,
+                certfile=None if tls is None else tls.cert,
+                keyfile=None if tls is None else tls.key,
+            )
         except OSError as exc:
             reason = exc.strerror or str(exc)
             raise EagleEyeError(
                 f"cannot serve metrics on {address}:{port}: {reason}; pick a free "
                 "--metrics-port (0 picks one) or another --metrics-address"
             ) from None
-        return cls(exporter, server, layout, address, gpus, linger_s)
+        metrics = cls(exporter, server, layout, address, gpus, linger_s)
+        metrics.scheme = "http" if tls is None else "https"
+        return metrics
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.server.server_port}/metrics"
+        return f"{self.scheme}://{self.address}:{self.server.server_port}/metrics"
 
     def polling(self) -> AbstractContextManager[Any]:
         """Polls the GPUs while the run lasts (nothing without an NVML source)."""

@@ -18,6 +18,7 @@ import hmac
 import json
 import logging
 import math
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -189,6 +190,7 @@ class AlertWebhook:
         on_decision: Callable[[Decision], None] = lambda d: None,
         approvals: Remediator | None = None,
         approval_token: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not token:
             raise EagleEyeError("the alert webhook needs a token (EAGLEEYE_TOKEN)")
@@ -209,12 +211,18 @@ class AlertWebhook:
         self.host = host
         self.approvals = approvals
         self.received: list[Finding] = []
+        self.refused = 0  # requests without the right bearer token
         self._server = _BoundedServer((host, port), _handler(self))
+        self.scheme = "http" if tls is None else "https"
+        if tls is not None:  # the handshake runs in the request's thread, not the acceptor
+            self._server.socket = tls.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self._server.server_port}/alerts"
+        return f"{self.scheme}://{self.host}:{self._server.server_port}/alerts"
 
     def start(self) -> AlertWebhook:
         self._thread.start()
@@ -232,6 +240,17 @@ class AlertWebhook:
             return False
         expected = f"Bearer {token}".encode()
         return hmac.compare_digest((header or "").encode(), expected)
+
+    def refuse(self, client: str, path: str) -> None:
+        """Counts a request without the right token; the first few are logged."""
+        self.refused += 1
+        if self.refused <= 16:
+            log.warning(
+                "alert webhook refused %s %s: missing or wrong bearer token (refusal %d)",
+                client,
+                path,
+                self.refused,
+            )
 
     def pending(self) -> list[dict[str, Any]]:
         if self.approvals is None:
@@ -319,6 +338,7 @@ def _handler(hook: AlertWebhook) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if not hook.authorised(self.headers.get("Authorization"), approving=True):
+                hook.refuse(self.client_address[0], self.path)
                 return self._reply(401, {"error": "missing or wrong bearer token"})
             if self.path != "/pending":
                 return self._reply(404, {"error": f"no such path {self.path}; use /pending"})
@@ -327,6 +347,7 @@ def _handler(hook: AlertWebhook) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             approving = self.path.startswith("/pending/")
             if not hook.authorised(self.headers.get("Authorization"), approving):
+                hook.refuse(self.client_address[0], self.path)
                 return self._reply(401, {"error": "missing or wrong bearer token"})
             if approving:
                 try:

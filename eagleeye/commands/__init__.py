@@ -4,8 +4,10 @@ its parser and sets ``func`` to a callable taking the parsed arguments."""
 from __future__ import annotations
 
 from eagleeye.commands import (
+    agent,
     alerts,
     collect,
+    controller,
     dashboard,
     demo,
     detect,
@@ -15,6 +17,6 @@ from eagleeye.commands import (
     run,
 )
 
-COMMANDS = (run, demo, collect, detect, eval, plan, dashboard, alerts, grafana)
+COMMANDS = (run, demo, controller, agent, collect, detect, eval, plan, dashboard, alerts, grafana)
 
 __all__ = ["COMMANDS"]

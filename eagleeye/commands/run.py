@@ -211,6 +211,24 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         help="file with the bearer token Alertmanager sends (the config's credentials_file)",
     )
     g.add_argument(
+        "--telemetry-address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the ranks' telemetry is received on (ZeroMQ, a free port); every "
+        "message must carry the run's HMAC, an unsigned or forged one is dropped and logged "
+        "(default: 127.0.0.1)",
+    )
+    g.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="FILE",
+        help="serve the metrics and the webhook over HTTPS with this certificate (PEM); "
+        "with --tls-key",
+    )
+    g.add_argument(
+        "--tls-key", default=None, metavar="FILE", help="the private key of --tls-cert (PEM)"
+    )
+    g.add_argument(
         "--policy",
         default=None,
         metavar="FILE",

@@ -91,6 +91,7 @@ class Job:
             run_id=f"run-{name}",
             metrics_port=self.port,
             gpu_metrics=(lambda node: self.nvml[node]) if gpus else None,
+            gpu_findings=False,  # the XID reaches the run through Alertmanager only
             policy=str(policy) if alerts else None,
             alerts_port=self.alerts_port if alerts else None,
             alerts_token_file=str(tmp / "alert.token") if alerts else None,

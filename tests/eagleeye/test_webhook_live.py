@@ -16,7 +16,7 @@ import pytest
 
 from detectors.types import Finding
 from eagleeye.cli import build_parser
-from eagleeye.launch import JobConfig, job_config_from_args, run_job
+from eagleeye.launch import JobConfig, _alerts, job_config_from_args, run_job
 from eagleeye.store import RunReader
 from ft_runtime.layout import JobLayout
 from ft_runtime.ports import free_port
@@ -34,6 +34,14 @@ kind = "xid"
 min_severity = "critical"
 do = ["restart:job"]
 """
+
+
+def step(metrics: str) -> float:
+    """The steps the job completed, as its exporter says (0 before the first)."""
+    for line in metrics.splitlines():
+        if line.startswith("eagleeye_steps_total"):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def post(url: str, token: str, alerts: list[dict]) -> int:
@@ -60,6 +68,29 @@ def test_the_webhook_flag_takes_an_address_and_a_port() -> None:
     )
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--webhook", "no-port", "x.py"])
+
+
+def test_the_runs_webhook_places_an_alert_on_this_hosts_rank_from_its_first_request(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "token").write_text("alert-token\n")
+    config = JobConfig(
+        script="x.py",
+        layout=JobLayout(1, 2),
+        alerts_port=0,
+        alerts_token_file=str(tmp_path / "token"),
+    )
+    alerts = _alerts(config, None)  # what run_job serves before the run exists
+    assert alerts is not None
+    try:
+        labels = {"alertname": "A", "kind": "xid", "severity": "critical", "gpu": "1"}
+        here = {**labels, "Hostname": HOST}
+        there = {**labels, "Hostname": "another-host"}
+        assert post(alerts.url, "alert-token", [{"labels": here}, {"labels": there}]) == 200
+        placed = [(f.subject.rank, f.subject.node) for f in alerts.take()]
+    finally:
+        alerts.close()
+    assert placed == [(1, "node0"), (None, "another-host")]
 
 
 @pytest.mark.slow
@@ -89,7 +120,7 @@ def test_a_dcgm_alert_naming_this_host_restarts_the_job_through_the_rank_of_its_
     refused: list[int] = []
 
     def alertmanager() -> None:
-        until("steps", lambda: "eagleeye_steps_total" in scrape(port))
+        until("steps", lambda: step(scrape(port)) >= 3)
         refused.append(post(url, "wrong-token", [alert]))
         until("the webhook", lambda: post(url, "alert-token", [alert]) == 200)
 

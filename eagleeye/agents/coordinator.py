@@ -1,0 +1,212 @@
+"""The controller's job loop across hosts, synchronous recovery (``--recovery job``).
+
+It waits for one agent per node rank, launches the job through them (the agent of node
+rank 0 names ``MASTER_ADDR``, the controller picks ``MASTER_PORT`` per attempt), and
+records every launch, exit, finding and action in the run store. The first failed rank
+of an attempt is a ``process_exit`` finding; its answer is a restart of the whole job on
+every agent, within the restart budget; the exits that follow it in the same attempt are
+its collateral. An agent lost (``Membership.lost``) is a ``host_lost`` finding: with no
+spare host the job stops, the other agents' ranks ended (do no harm: nothing is
+restarted onto a host that is gone). Every rank exiting 0 ends the job as succeeded. The
+samples the agents forward from their hosts' sources are stored and read by the host
+rules; their findings (XIDs, ECC errors, thermal throttles) are recorded, not yet acted
+on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from collector.types import Sample, Subject
+from detectors.base import Detector
+from detectors.types import Finding, Severity
+from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
+from eagleeye.detection import host_detectors
+from eagleeye.hostsources import host_frames
+from eagleeye.store import RunStore
+from ft_runtime.layout import JobLayout
+from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobCoordinator:
+    """Args:
+    members: the agents' membership.
+    layout: the job's layout (one agent per node rank).
+    store: the run store.
+    max_restarts: the job's restart budget.
+    master_port: the port of rank 0's store for an attempt.
+    on_update: called with every event, finding and outcome (the console).
+    """
+
+    members: Membership
+    layout: JobLayout
+    store: RunStore
+    max_restarts: int = 3
+    master_port: Callable[[int], int] = lambda attempt: 29500 + attempt
+    on_update: Callable[[object], None] = lambda item: None
+    clock: Callable[[], float] = time.time
+    attempt: int = 0
+    phase: Phase = Phase.PRE_CHECK
+    _by_node: dict[int, AgentState] = field(default_factory=dict)
+    _succeeded: set[int] = field(default_factory=set)
+    _failed_attempts: set[int] = field(default_factory=set)
+    _stop: str | None = None
+    _host_rules: list[Detector] = field(default_factory=host_detectors)
+
+    def request_stop(self, cause: str) -> None:
+        """Ends the job from outside (a signal): every agent stops its ranks; recorded."""
+        self._stop = cause
+
+    def run(self, join_timeout_s: float = 120.0, limit_s: float = float("inf")) -> Phase:
+        """Runs the job to its end; returns SUCCEEDED or FAILED."""
+        deadline = self.clock() + join_timeout_s
+        while len(self._by_node) < self.layout.nnodes:
+            if self._stop is not None:
+                return self._end(Phase.FAILED, f"stopped by {self._stop}")
+            if self.clock() > deadline:
+                missing = sorted(set(range(self.layout.nnodes)) - set(self._by_node))
+                return self._end(Phase.FAILED, f"no agent joined for node ranks {missing}")
+            self._poll()
+        self._launch("launch")
+        end = self.clock() + limit_s
+        while self.phase is Phase.RUNNING and self.clock() < end:
+            if self._stop is not None:
+                return self._end(Phase.FAILED, f"stopped by {self._stop}")
+            self._poll()
+            for gone in self.members.lost():
+                self._host_lost(gone)
+        if self.phase is Phase.RUNNING:
+            self._end(Phase.FAILED, "time limit")
+        return self.phase
+
+    def _poll(self) -> None:
+        for got in self.members.poll(timeout_s=0.05):
+            if isinstance(got, AgentState):
+                self._joined(got)
+            elif isinstance(got, AgentReport):
+                self._report(got)
+
+    def _joined(self, agent: AgentState) -> None:
+        self._by_node[agent.node_rank] = agent
+        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, node=agent.node_rank)
+
+    def _launch(self, kind: str) -> None:
+        master = self._by_node[0]
+        body = {
+            "attempt": self.attempt,
+            "master_addr": str(master.info.get("address") or master.host),
+            "master_port": self.master_port(self.attempt),
+            "nnodes": self.layout.nnodes,
+            "nproc_per_node": self.layout.nproc_per_node,
+        }
+        self.phase = Phase.RUNNING
+        self._event("job", Phase.LAUNCH, **body)
+        for agent in self._by_node.values():
+            self.members.send(agent.agent, kind, body)
+
+    def _report(self, report: AgentReport) -> None:
+        body = report.body
+        if report.kind == "launched":
+            self._event(f"rank:{body['rank']}", Phase.LAUNCH, agent=report.agent, **body)
+        elif report.kind == "exit":
+            self._exit(report.agent, int(body["rank"]), int(body["code"]), int(body["attempt"]))
+        elif report.kind == "samples":
+            self._host_samples(report)
+        elif report.kind == "outcome":
+            self.on_update(report)
+
+    def _host_samples(self, report: AgentReport) -> None:
+        """A host's samples: stored, and read by the host rules (an XID, an ECC error, a
+        thermal throttle is a finding on the rank using the GPU, or on the node)."""
+        try:
+            samples = [Sample.from_json(row) for row in report.body.get("samples", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("dropped the samples of %s: %s", report.agent, exc)
+            return
+        self.store.add_samples(samples)
+        for frame in host_frames(samples):
+            for detector in self._host_rules:
+                for finding in detector.process(frame):
+                    self.store.add_finding(finding)
+                    self.on_update(finding)
+
+    def _exit(self, agent: str, rank: int, code: int, attempt: int) -> None:
+        collateral = code != 0 and attempt in self._failed_attempts
+        self._event(
+            f"rank:{rank}", Phase.EXITED, agent=agent, exit_code=code, collateral=collateral
+        )
+        if attempt != self.attempt:
+            return
+        if code == 0:
+            self._succeeded.add(rank)
+            if len(self._succeeded) == self.layout.world_size:
+                self._end(Phase.SUCCEEDED, "every rank exited 0")
+            return
+        if collateral:
+            return
+        self._failed_attempts.add(attempt)
+        spec = self.layout.rank(rank)
+        finding = Finding(
+            "process_exit",
+            Subject(replica=spec.replica, rank=rank, node=spec.node),
+            1.0,
+            Severity.CRITICAL,
+            self.clock(),
+            None,
+            {"exit_code": float(code), "attempt": float(attempt)},
+            "process_exit",
+        )
+        finding_id = self.store.add_finding(finding)
+        self.on_update(finding)
+        if self.attempt >= self.max_restarts:
+            self._outcome(finding_id, ActionKind.RESTART, OutcomeStatus.SKIPPED, "budget spent")
+            self._end(Phase.FAILED, f"rank {rank} failed and the restart budget is spent")
+            return
+        self.attempt += 1
+        self._succeeded.clear()
+        self._event("job", Phase.RECOVERING, reason=f"rank {rank} exited {code}")
+        self._launch("restart")
+        self._outcome(finding_id, ActionKind.RESTART, OutcomeStatus.DONE, "every agent restarted")
+
+    def _host_lost(self, gone: AgentLost) -> None:
+        finding = Finding(
+            "host_lost",
+            Subject(node=f"node{gone.node_rank}"),
+            1.0,
+            Severity.CRITICAL,
+            gone.at,
+            None,
+            {"silent_s": gone.at - gone.last_seen, "pings": float(gone.pings)},
+            "agent_heartbeat",
+        )
+        finding_id = self.store.add_finding(finding)
+        self.on_update(finding)
+        self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, node=gone.node_rank)
+        self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, "no spare host: stopped")
+        self._end(Phase.FAILED, f"host {gone.host} (node rank {gone.node_rank}) was lost")
+
+    def _end(self, phase: Phase, reason: str) -> Phase:
+        self.phase = phase
+        for agent in self.members.alive():
+            self.members.send(agent.agent, "stop", {})
+        self._event("job", phase, reason=reason)
+        return phase
+
+    def _outcome(self, finding_id: int, kind: ActionKind, status: OutcomeStatus, why: str) -> None:
+        now = self.clock()
+        action = Action(kind, "job", why, f"{kind}:job:{self.attempt}")
+        self.store.add_outcome(Outcome(action, status, why, now), finding_id, False, now)
+
+    def _event(self, subject: str, phase: Phase, **detail: object) -> None:
+        event = LifecycleEvent(subject, phase, self.clock(), self.attempt, detail)
+        self.store.add_event(event)
+        self.on_update(event)
+
+
+__all__ = ["JobCoordinator"]

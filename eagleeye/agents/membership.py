@@ -1,0 +1,219 @@
+"""The controller's side of the agents: who is in the job, and who was lost.
+
+``Membership`` binds a ZeroMQ ROUTER socket on an explicit address (loopback by default)
+and admits agents that say ``hello`` with the job's shared secret. It stamps every message
+with the controller's own clock: an agent's heartbeat period is the controller's to judge,
+never the agent's clock. An agent is lost when nothing at all came from it (heartbeats,
+reports, replies to the controller's pings) for ``missed`` periods: the pings are the
+evidence that the silence is the host's, not a quiet moment. A refused message (no or a
+wrong secret, a replay, a broken schema) is counted by reason, logged (the first few per
+reason) and never acted on; a sender is never admitted by one.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentState:
+    """One admitted agent as the controller sees it."""
+
+    agent: str
+    host: str
+    node_rank: int
+    identity: bytes
+    admitted_at: float
+    last_seen: float
+    lost_at: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLost:
+    """An agent silent for ``missed`` periods despite the controller's pings."""
+
+    agent: str
+    host: str
+    node_rank: int
+    last_seen: float
+    at: float
+    pings: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReport:
+    """Something an admitted agent reported (a rank's exit, an action's outcome)."""
+
+    agent: str
+    kind: str
+    body: Mapping[str, Any]
+    at: float
+
+
+class Membership:
+    """Args:
+    secret: the job's shared secret.
+    address: ``tcp://ADDR:PORT`` to bind (an explicit address; loopback by default).
+    period_s: the agents' heartbeat period.
+    missed: periods of silence that lose an agent.
+    clock: the controller's clock.
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        address: str = "tcp://127.0.0.1:0",
+        period_s: float = 1.0,
+        missed: int = 3,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.secret = secret
+        self.period_s = period_s
+        self.missed = missed
+        self.clock = clock
+        self.session = secrets.token_hex(8)
+        self.agents: dict[str, AgentState] = {}
+        self.refused: Counter[str] = Counter()
+        self._seq = 0
+        self._sequencer = Sequencer()
+        self._pinged: dict[str, float] = {}
+        self._pings: Counter[str] = Counter()
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        host, _, port = address.rpartition(":")
+        if port == "0":
+            self.address = f"{host}:{self._socket.bind_to_random_port(host)}"
+        else:
+            self._socket.bind(address)
+            self.address = address
+
+    # ---- receiving ------------------------------------------------------------------------
+    def poll(self, timeout_s: float = 0.0) -> list[AgentState | AgentReport]:
+        """Takes every message that arrived (waiting up to ``timeout_s`` for the first):
+        newly admitted agents and their reports, in order."""
+        out: list[AgentState | AgentReport] = []
+        if not self._socket.poll(int(timeout_s * 1000)):
+            return out
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            identity, rest = frames[0], frames[1:]
+            try:
+                message = unseal(self.secret, rest)
+                self._sequencer.check(message)
+            except Refused as exc:
+                self._refuse(exc, identity)
+                continue
+            got = self._take(identity, message)
+            if got is not None:
+                out.append(got)
+
+    def _take(self, identity: bytes, message: Message) -> AgentState | AgentReport | None:
+        now = self.clock()
+        if message.kind == "hello":
+            return self._admit(identity, message, now)
+        state = self.agents.get(message.sender)
+        if state is None or state.identity != identity:
+            self._refuse(Refused(f"{message.sender} is not admitted", "not_admitted"), identity)
+            return None
+        state.last_seen = now
+        self._pinged.pop(message.sender, None)
+        if message.kind in ("heartbeat", "pong"):
+            return None
+        return AgentReport(message.sender, message.kind, message.body, now)
+
+    def _admit(self, identity: bytes, message: Message, now: float) -> AgentState:
+        body = message.body
+        state = AgentState(
+            agent=message.sender,
+            host=str(body.get("host", "")),
+            node_rank=int(body.get("node_rank", -1)),
+            identity=identity,
+            admitted_at=now,
+            last_seen=now,
+            info=dict(body),
+        )
+        self.agents[message.sender] = state
+        self._pinged.pop(message.sender, None)
+        self.send(message.sender, "welcome", {"period_s": self.period_s})
+        log.info("agent %s on %s admitted (node rank %d)", state.agent, state.host, state.node_rank)
+        return state
+
+    def _refuse(self, exc: Refused, identity: bytes) -> None:
+        self.refused[exc.reason] += 1
+        if self.refused[exc.reason] <= 8:
+            log.warning(
+                "refused a message (connection %s): %s; not acted on", identity.hex()[:16], exc
+            )
+
+    # ---- judging --------------------------------------------------------------------------
+    def lost(self) -> list[AgentLost]:
+        """Agents that went silent: pinged after one period of silence, lost after
+        ``missed`` periods with no answer. Each is reported once."""
+        now = self.clock()
+        lost = []
+        for state in self.agents.values():
+            if state.lost_at is not None:
+                continue
+            silent = now - state.last_seen
+            if (
+                silent >= self.period_s
+                and now - self._pinged.get(state.agent, 0.0) >= self.period_s
+            ):
+                self._pinged[state.agent] = now
+                self._pings[state.agent] += 1
+                self.send(state.agent, "ping", {})
+            if silent >= self.missed * self.period_s and self._pings[state.agent] > 0:
+                state.lost_at = now
+                lost.append(
+                    AgentLost(
+                        state.agent,
+                        state.host,
+                        state.node_rank,
+                        state.last_seen,
+                        now,
+                        self._pings[state.agent],
+                    )
+                )
+        return lost
+
+    def alive(self) -> list[AgentState]:
+        return [s for s in self.agents.values() if s.lost_at is None]
+
+    # ---- sending --------------------------------------------------------------------------
+    def send(self, agent: str, kind: str, body: Mapping[str, Any]) -> bool:
+        """Sends ``kind`` to an admitted agent; False when it is not connected."""
+        state = self.agents.get(agent)
+        if state is None:
+            return False
+        self._seq += 1
+        frames = seal(self.secret, Message(kind, "controller", self.session, self._seq, body))
+        try:
+            self._socket.send_multipart([state.identity, *frames], zmq.NOBLOCK)
+        except (zmq.Again, zmq.ZMQError):
+            return False
+        return True
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+
+
+__all__ = ["AgentLost", "AgentReport", "AgentState", "Membership"]

@@ -1,0 +1,46 @@
+"""What `eagleeye controller` and `eagleeye agent` share: the secret and heartbeat flags,
+and one JSON line per event on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
+
+from eagleeye.commands._args import seconds
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--secret-file",
+        required=True,
+        metavar="FILE",
+        help="the job's shared secret (16 bytes or more); every message carries its HMAC",
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=seconds,
+        default=1.0,
+        metavar="S",
+        help="the agents' heartbeat period; 3 missed periods lose a host (default: 1)",
+    )
+
+
+def show(item: object) -> None:
+    """One JSON line per event, finding and report."""
+    to_json = getattr(item, "to_json", None)
+    if to_json is not None:
+        data = to_json()
+    elif is_dataclass(item) and not isinstance(item, type):
+        data = {f.name: getattr(item, f.name) for f in fields(item)}
+    else:
+        data = dict(item) if isinstance(item, dict) else {}
+    line = json.dumps({"type": type(item).__name__, **data}, default=_plain)
+    print(line, flush=True)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Mapping):
+        return dict(value)
+    return str(value)

@@ -1,0 +1,125 @@
+"""`eagleeye controller` and `eagleeye agent`: one job across hosts (--recovery job).
+
+The controller listens on an explicit address for the agents (one per host, one node
+rank each), authenticated by the job's shared secret from a file; it launches the job
+through them, restarts it on every host when a rank fails, finds a lost host from its
+agent's silence on the controller's clock, and records everything in the run store. Each
+agent starts its host's ranks with torchrun's environment. Both print one JSON line per
+event on stdout. SIGTERM or SIGINT to either ends its ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from eagleeye.commands._args import address_port, non_negative, seconds
+from eagleeye.commands._cluster import add_common
+
+
+def add_parser(sub: Any) -> None:
+    a = sub.add_parser(
+        "agent",
+        help="run this host's ranks of a job for an `eagleeye controller`",
+        description=__doc__,
+    )
+    a.add_argument(
+        "--controller", type=address_port, required=True, metavar="HOST:PORT", help="controller"
+    )
+    add_common(a)
+    a.add_argument(
+        "--node-rank", type=non_negative, required=True, help="this host's node rank (0: master)"
+    )
+    a.add_argument(
+        "--advertise",
+        default=None,
+        metavar="ADDR",
+        help="this host's address the other hosts reach (MASTER_ADDR when node rank 0; "
+        "default: its hostname)",
+    )
+    a.add_argument("--log-dir", default="agent-logs", help="where the ranks' output goes")
+    a.add_argument(
+        "--dcgm-url", default=None, metavar="URL", help="this host's dcgm-exporter /metrics"
+    )
+    a.add_argument(
+        "--kernel-log", default=None, metavar="FILE", help="a kernel log tailed for XIDs"
+    )
+    a.add_argument(
+        "--nccl-dump-dir", default=None, metavar="DIR", help="the ranks' NCCL dumps land here"
+    )
+    a.add_argument(
+        "--gpu-metrics",
+        choices=("auto", "off", "nvml"),
+        default="auto",
+        help="read the GPUs through NVML (auto: when pynvml finds one and no --dcgm-url)",
+    )
+    a.add_argument(
+        "--host-metrics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        dest="host_counters",
+        help="forward the host's CPU, memory, disk and NIC counters (default: on)",
+    )
+    a.add_argument(
+        "--sources-period", type=seconds, default=2.0, metavar="S", help="read them every S"
+    )
+    a.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module")
+    a.add_argument("script", metavar="SCRIPT")
+    a.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...")
+    a.set_defaults(func=_agent)
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from eagleeye.agents import AgentLink, read_secret
+    from eagleeye.agents.host import HostAgent
+    from eagleeye.hostsources import HostSourcesConfig
+    from eagleeye.launch import NCCL_DUMP_ENV, nvml_source
+
+    secret = read_secret(args.secret_file)
+    host, port = args.controller
+    advertise = args.advertise or socket.gethostname()
+    link = AgentLink(
+        f"tcp://{host}:{port}",
+        secret,
+        agent=f"{socket.gethostname()}-{args.node_rank}",
+        node_rank=args.node_rank,
+        period_s=args.heartbeat,
+        info={"address": advertise},
+    ).start()
+    script_args = list(args.script_args)
+    if script_args[:1] == ["--"]:
+        script_args = script_args[1:]
+    target = ["-m", args.script] if args.module else [str(Path(args.script).resolve())]
+    agent = HostAgent(link, args.node_rank, [*target, *script_args], Path(args.log_dir))
+    agent.sources = HostSourcesConfig(
+        every_s=args.sources_period,
+        nvml=nvml_source(args.gpu_metrics, args.dcgm_url),
+        dcgm_url=args.dcgm_url,
+        kernel_log=args.kernel_log,
+        nccl_dump_dir=args.nccl_dump_dir,
+        host_counters=args.host_counters,
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+    )
+    if args.nccl_dump_dir is not None:  # every rank's flight recorder dumps there
+        folder = Path(args.nccl_dump_dir).resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        wanted = {**NCCL_DUMP_ENV, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl_trace_rank_"}
+        agent.env = {k: v for k, v in wanted.items() if k not in os.environ}
+
+    def stop(signum: int, frame: object) -> None:
+        agent.stop_requested = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+    try:
+        code = agent.run()
+    finally:
+        link.close()
+    print(json.dumps({"type": "AgentEnded", "code": code}), file=sys.stderr, flush=True)
+    return code

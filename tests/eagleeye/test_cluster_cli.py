@@ -1,0 +1,180 @@
+"""`eagleeye controller` and `eagleeye agent` on one machine (loopback), with plain Python
+ranks: a failing rank restarts the job on both agents as the next attempt, with
+torchrun's environment; SIGTERM to the controller stops every agent's ranks and records
+why; SIGTERM to an agent ends its ranks, and the controller, hearing nothing more from
+it, finds the host lost and stops the job. No rank outlives the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagleeye.store import RunReader
+from ft_runtime.ports import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200)]
+
+RANK = """
+import os, sys, time
+env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK",
+       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")}
+print(env, flush=True)
+time.sleep(float(sys.argv[1]))
+sys.exit(3 if env["RANK"] == "1" and env["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
+"""
+EAGLEEYE = [sys.executable, "-m", "eagleeye"]
+
+
+class Cluster:
+    def __init__(self, tmp: Path, seconds: str, extra: tuple[str, ...] = ()) -> None:
+        (tmp / "secret").write_text("0123456789abcdef0123456789abcdef\n")
+        (tmp / "rank.py").write_text(RANK)
+        self.tmp = tmp
+        self.listen = f"127.0.0.1:{free_port()}"
+        common = ["--secret-file", str(tmp / "secret"), "--heartbeat", "0.2"]
+        self.controller = subprocess.Popen(
+            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *common]
+            + ["--runs-dir", str(tmp / "runs"), "--run-id", "r"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.read(lambda i: "listening" in i)
+        self.agents = [
+            subprocess.Popen(
+                [*EAGLEEYE, "agent", "--controller", self.listen, "--node-rank", str(n), *common]
+                + ["--no-host-metrics", *(extra if n == 1 else ())]
+                + ["--log-dir", str(tmp / f"logs{n}"), str(tmp / "rank.py"), seconds],
+                stderr=subprocess.DEVNULL,
+            )
+            for n in range(2)
+        ]
+        self.pids: list[int] = []
+
+    def read(self, want) -> dict:
+        assert self.controller.stdout is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = self.controller.stdout.readline()
+            assert line, "the controller ended early"
+            item = json.loads(line)
+            if str(item.get("subject")).startswith("rank:") and item.get("phase") == "launch":
+                self.pids.append(int(item["detail"]["pid"]))
+            if want(item):
+                return dict(item)
+        raise AssertionError("not seen in time")
+
+    def launched(self, ranks: set[int], attempt: int) -> None:
+        """Reads until every rank of ``ranks`` was launched as ``attempt``, in any order."""
+        seen: set[int] = set()
+        while seen != ranks:
+            item = self.read(
+                lambda i: (
+                    str(i.get("subject")).startswith("rank:")
+                    and i.get("phase") == "launch"
+                    and i["detail"]["attempt"] == attempt
+                )
+            )
+            seen.add(int(item["detail"]["rank"]))
+
+    def ended(self) -> dict:
+        return self.read(
+            lambda i: i.get("subject") == "job" and i.get("phase") in ("succeeded", "failed")
+        )
+
+    def no_rank_left(self) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            with open(f"/proc/{pid}/stat") as f:  # a zombie of a finished agent is gone
+                assert f.read().split()[2] == "Z", f"rank process {pid} outlived the run"
+
+    def close(self) -> None:
+        for proc in [self.controller, *self.agents]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_a_failed_rank_restarts_the_job_on_every_agent(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "0.5")
+    try:
+        finding = cluster.read(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["rank"]) == ("process_exit", 1)
+        assert cluster.ended()["phase"] == "succeeded"
+        assert cluster.controller.wait(timeout=30) == 0
+        assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
+    finally:
+        cluster.close()
+    second = (tmp_path / "logs1" / "attempt-1" / "rank-1.log").read_text()
+    assert "'TORCHELASTIC_RESTART_COUNT': '1'" in second
+    assert "'GROUP_RANK': '1'" in second
+    assert "'WORLD_SIZE': '2'" in second
+    with RunReader(tmp_path / "runs" / "r") as run:
+        actions = run.actions()
+    assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [
+        ("restart", "process_exit")
+    ]
+    cluster.no_rank_left()
+
+
+def test_sigterm_to_the_controller_stops_every_rank(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "60")
+    try:
+        cluster.launched({0, 1}, 0)
+        cluster.controller.send_signal(signal.SIGTERM)
+        end = cluster.ended()
+        assert end["phase"] == "failed"
+        assert end["detail"]["reason"] == "stopped by SIGTERM"
+        assert cluster.controller.wait(timeout=30) == 1
+        assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
+    finally:
+        cluster.close()
+    cluster.no_rank_left()
+
+
+def test_an_agent_gone_silent_is_a_lost_host_and_the_job_stops(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "60")
+    try:
+        cluster.launched({0, 1}, 0)
+        cluster.agents[1].send_signal(signal.SIGTERM)  # its ranks end with it
+        finding = cluster.read(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["node"]) == ("host_lost", "node1")
+        assert finding["evidence"]["pings"] >= 1
+        assert cluster.ended()["phase"] == "failed"
+        assert cluster.agents[0].wait(timeout=30) == 0  # told to stop its ranks
+    finally:
+        cluster.close()
+    cluster.no_rank_left()
+
+
+def test_an_agents_kernel_log_xid_is_a_finding_at_the_controller(tmp_path: Path) -> None:
+    kernel_log = tmp_path / "kern.log"
+    kernel_log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, before the job\n")
+    extra = ("--kernel-log", str(kernel_log), "--sources-period", "0.2")
+    cluster = Cluster(tmp_path, "60", extra)
+    try:
+        cluster.launched({0, 1}, 0)  # the agents read their sources from the launch on
+        with kernel_log.open("a") as f:
+            f.write("[ 99.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=7, GPU has fallen off the bus\n")
+        finding = cluster.read(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["node"]) == ("xid", "node1")
+        assert (finding["severity"], finding["evidence"]["xid"]) == ("critical", 79.0)
+        cluster.controller.send_signal(signal.SIGTERM)
+        assert cluster.ended()["phase"] == "failed"
+        assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
+    finally:
+        cluster.close()
+    with RunReader(tmp_path / "runs" / "r") as run:
+        xids = run.query("SELECT node, value FROM samples WHERE name = 'gpu_xid'")
+    assert list(zip(xids["node"], xids["value"], strict=True)) == [("node1", 79.0)]
+    cluster.no_rank_left()
