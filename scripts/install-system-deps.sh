@@ -9,6 +9,7 @@ REQUIRED=(
     "chromium:chromium"
     "prometheus-alertmanager:prometheus-alertmanager"
     "faketime:faketime"  # a rank on a skewed clock (tests/ft_runtime/test_clock_skew.py)
+    "ip:iproute2"  # hosts as network namespaces (tests/eagleeye/test_netns_*.py)
 )
 
 missing=()
