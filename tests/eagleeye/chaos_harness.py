@@ -399,8 +399,13 @@ class ChaosRun(Forgeries):
             self.outcome.skipped.append("full_tmpfs (mounting a tmpfs is not allowed here)")
 
     def _resume(self) -> None:
-        """After the controller was killed: its job is gone; go on from its store."""
+        """After the controller was killed: its job is gone; go on from its store (unless
+        the run had recorded its result before the kill landed: nothing is left to do)."""
         self._reap()
+        with RunReader(self.run_dir) as reader:
+            if "result" in reader.meta():
+                self.outcome.skipped.append("resume (the run had ended before the kill)")
+                return
         self._start(["--resume", str(self.run_dir)])
         while self.controller is not None and self.controller.poll() is None:
             self._watch()
