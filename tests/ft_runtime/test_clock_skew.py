@@ -30,16 +30,15 @@ SKEW = "-15m"
 # (an absolute monotonic deadline) fail.
 RANK = """
 import os, select, sys, time
-from datetime import timedelta
 rank = int(os.environ["RANK"])
 if rank == 1 and "FAKETIME" not in os.environ:
     env = dict(os.environ, LD_PRELOAD=sys.argv[1], FAKETIME=sys.argv[2],
                FAKETIME_DONT_FAKE_MONOTONIC="1")
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
-from ft_runtime import _dist as dist
+from ft_runtime.replica.auth import JobSecret
 from ft_runtime.replica.protocol import Heartbeat, decode, encode, key_heartbeat
-host, _, port = os.environ["EAGLEEYE_QUORUM"].rpartition(":")
-store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+from ft_runtime.replica.store import connect
+store = connect(os.environ["EAGLEEYE_QUORUM"], JobSecret.from_env())
 print(f"wall clock {time.time():.3f}", flush=True)
 peer = key_heartbeat(1 - rank)
 for step in range(100000):
