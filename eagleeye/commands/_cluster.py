@@ -10,6 +10,17 @@ from dataclasses import fields, is_dataclass
 
 from eagleeye.commands._args import seconds
 
+CLUSTER_DOC = """`eagleeye controller` and `eagleeye agent`: one job across hosts (--recovery job).
+
+The controller listens on an explicit address for the agents (one per host, one node
+rank each), authenticated by the job's shared secret from a file; it launches the job
+through them, restarts it on every host when a rank fails, finds a lost host from its
+agent's silence on the controller's clock, and records everything in the run store. Each
+agent starts its host's ranks with torchrun's environment. Both print one JSON line per
+event on stdout. SIGTERM or SIGINT to either ends its ranks.
+"""
+"""The help page of both commands."""
+
 
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(

@@ -1,12 +1,5 @@
-"""`eagleeye controller` and `eagleeye agent`: one job across hosts (--recovery job).
-
-The controller listens on an explicit address for the agents (one per host, one node
-rank each), authenticated by the job's shared secret from a file; it launches the job
-through them, restarts it on every host when a rank fails, finds a lost host from its
-agent's silence on the controller's clock, and records everything in the run store. Each
-agent starts its host's ranks with torchrun's environment. Both print one JSON line per
-event on stdout. SIGTERM or SIGINT to either ends its ranks.
-"""
+"""`eagleeye agent`: runs this host's ranks of a job for an `eagleeye controller`
+(the help page, ``CLUSTER_DOC``, describes both commands)."""
 
 from __future__ import annotations
 
@@ -20,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from eagleeye.commands._args import address_port, non_negative, seconds
-from eagleeye.commands._cluster import add_common
+from eagleeye.commands._cluster import CLUSTER_DOC, add_common
 
 
 def add_parser(sub: Any) -> None:
     a = sub.add_parser(
         "agent",
         help="run this host's ranks of a job for an `eagleeye controller`",
-        description=__doc__,
+        description=CLUSTER_DOC,
     )
     a.add_argument(
         "--controller", type=address_port, required=True, metavar="HOST:PORT", help="controller"

@@ -1,12 +1,5 @@
-"""`eagleeye controller` and `eagleeye agent`: one job across hosts (--recovery job).
-
-The controller listens on an explicit address for the agents (one per host, one node
-rank each), authenticated by the job's shared secret from a file; it launches the job
-through them, restarts it on every host when a rank fails, finds a lost host from its
-agent's silence on the controller's clock, and records everything in the run store. Each
-agent starts its host's ranks with torchrun's environment. Both print one JSON line per
-event on stdout. SIGTERM or SIGINT to either ends its ranks.
-"""
+"""`eagleeye controller`: the controller of one job across hosts, its agents connecting
+to it (the help page, ``CLUSTER_DOC``, describes both commands)."""
 
 from __future__ import annotations
 
@@ -16,14 +9,14 @@ import signal
 from typing import Any
 
 from eagleeye.commands._args import address_port, non_negative, positive, seconds
-from eagleeye.commands._cluster import add_common, show
+from eagleeye.commands._cluster import CLUSTER_DOC, add_common, show
 
 
 def add_parser(sub: Any) -> None:
     c = sub.add_parser(
         "controller",
         help="the controller of a job across hosts (agents connect to it)",
-        description=__doc__,
+        description=CLUSTER_DOC,
     )
     c.add_argument(
         "--listen",
