@@ -49,6 +49,16 @@ class Forgeries:
     def _holders(self) -> list[psutil.Process]:
         raise NotImplementedError
 
+    def _ended_soon(self, within_s: float = 10.0) -> bool:
+        """Whether the run ends within ``within_s`` (a holder gone while the run goes on
+        longer than that died of something else than the run's end)."""
+        deadline = time.monotonic() + within_s
+        while not self._ended():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
     def forge_telemetry(self) -> None:
         """Unsigned, wrongly signed and malformed messages, as a stranger on the host (who
         can read a rank's environment for the address, not for the key) sends them."""
@@ -116,7 +126,10 @@ class Forgeries:
             sock.close()
         self.outcome.endpoint_answers["holder"] = answered
         after = {p.pid for p in self._holders()}
-        self.outcome.holder_pids_after_forgery.append((len(before), before <= after))
+        kept = before <= after
+        # up to 5 s pass above: a run may end meanwhile and stop its holders
+        ended = not kept and self._ended_soon()
+        self.outcome.holder_pids_after_forgery.append((len(before), kept, ended))
 
     def _http(self, port: int, raw: bytes) -> bytes:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
