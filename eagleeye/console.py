@@ -113,7 +113,13 @@ class LiveLog:
             self.console.print(f"{stamp} resuming from {source} (EAGLEEYE_RESUME_FROM)")
         if flags:
             self.console.print(f"{stamp} the script is restarted with {escape(flags)}")
-        if not source and not flags:
+        if not source and event.detail.get("launcher") == "torchrun":
+            self.console.print(
+                f"{stamp} [yellow]no checkpoint known[/yellow]: torchrun starts attempt "
+                f"{event.attempt} with the same command; the script resumes only on its own "
+                "(save through the hook to get EAGLEEYE_RESUME_FROM)"
+            )
+        elif not source and not flags:
             self.console.print(
                 f"{stamp} [yellow]no checkpoint known[/yellow]: attempt {event.attempt} "
                 "starts over unless the script resumes on its own (pass its resume flags "

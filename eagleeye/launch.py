@@ -424,7 +424,7 @@ def _run_in(
         host=None if sources is None else sources.take,
         host_detectors=host_detectors() if sources is not None else (),
     )
-    supervisor.attempt_env = _resume_env(controller)
+    supervisor.attempt_env = resume_env(controller)
     if stored is not None:
         _continue(stored, supervisor, controller, store)
     output = RankOutput(run_dir / "logs", config.stream_ranks, skip_existing=stored is not None)
@@ -542,7 +542,7 @@ def resumed_job_config(run_dir: str, **flags: Any) -> JobConfig:
     return JobConfig(**{**fields, **flags})
 
 
-def _resume_env(controller: Controller) -> Callable[[int], dict[str, str]]:
+def resume_env(controller: Controller) -> Callable[[int], dict[str, str]]:
     """A restarted attempt's ranks get the newest complete checkpoint known."""
 
     def env(attempt: int) -> dict[str, str]:
