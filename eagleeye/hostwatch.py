@@ -16,7 +16,7 @@ from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY, ENV_
 from eagleeye.console import LiveLog
 from eagleeye.controller import Controller
 from eagleeye.detection import live_detectors
-from eagleeye.launch import resume_env
+from eagleeye.launch import detector_config, resume_env
 from eagleeye.stacks import StackCapture
 from eagleeye.store import RunStore, create_run_dir, new_run_id
 from ft_runtime.elastic import ElasticWorkers
@@ -49,7 +49,8 @@ class HostWatch:
                 ENV_CHECKPOINT_DIR: str((self.run_dir / "checkpoints").resolve()),
             }
         )
-        detectors = live_detectors()
+        limits, fused = detector_config()  # $EAGLEEYE_DETECTORS_CONFIG, as for `eagleeye run`
+        detectors = live_detectors(limits, fused)
         policy = synchronous_restart_policy()
         self.remediator = Remediator(policy, self.workers, dry_run=not remediate)
         self.store.set_meta("run_id", self.run_dir.name)

@@ -304,7 +304,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     Whatever fails before the launch fails before a run folder is made."""
     command = config.command()
     refuse_replica_without_api(config)
-    limits, fused = _detector_config(config)  # a bad config file fails before any launch
+    limits, fused = detector_config(config.hang)  # a bad config file fails before any launch
     policy = policy_for(config)
     stored = None if config.resume_dir is None else read_stored_run(config.resume_dir)
     run_id = stored.run_id if stored is not None else config.run_id or new_run_id()
@@ -581,13 +581,17 @@ def _stop_on_signals(controller: Controller, grace_s: float) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _detector_config(config: JobConfig) -> tuple[HangLimits, DetectorsConfig | None]:
-    """The hang limits (flags over the config file's ``[hang]`` over the defaults) and the
-    fused detectors: $EAGLEEYE_DETECTORS_CONFIG's when it lists any, else the live ones."""
+def detector_config(
+    hang: Mapping[str, float] | None = None,
+) -> tuple[HangLimits, DetectorsConfig | None]:
+    """The hang limits (``hang`` flags over the config file's ``[hang]`` over the defaults)
+    and the fused detectors: $EAGLEEYE_DETECTORS_CONFIG's when it lists any, else the
+    live ones."""
+    hang = hang or {}
     if not os.environ.get(CONFIG_ENV):
-        return HangLimits.from_mapping(config.hang, "hang flags"), None
+        return HangLimits.from_mapping(hang, "hang flags"), None
     file = load_config()
-    limits = HangLimits.from_mapping({**asdict(file.hang), **config.hang}, "hang flags")
+    limits = HangLimits.from_mapping({**asdict(file.hang), **hang}, "hang flags")
     if file.specs is DEFAULT_SPECS:  # the file sets fusion or limits only
         return limits, DetectorsConfig(live_config().specs, file.fusion, file.hang)
     return limits, file

@@ -124,9 +124,15 @@ class EagleEyeRendezvous:
         self._delegate.set_closed()
 
     def num_nodes_waiting(self) -> int:
+        """Nodes waiting for the next round; one more when Eagle Eye asked for a restart.
+        The agent stops its workers next: a stopped one is continued so it can end."""
         waiting = int(self._delegate.num_nodes_waiting())
-        if self._watch is not None and self._watch.workers.restart_requested:
-            return max(waiting, 1)
+        if self._watch is None:
+            return waiting
+        if self._watch.workers.restart_requested:
+            waiting = max(waiting, 1)
+        if waiting:
+            self._watch.workers.continue_stopped()
         return waiting
 
     def get_run_id(self) -> str:

@@ -75,6 +75,7 @@ class ElasticWorkers:
         self._events: list[LifecycleEvent] = []
         self._first_failure: float | None = None
         self._restart_requested = False
+        self._restart_reason: str | None = None
         self._no_restart: str | None = None
         self._done_keys: set[str] = set()
         self._others: set[int] = set()  # children that are no worker of the run
@@ -86,6 +87,10 @@ class ElasticWorkers:
         """A new rendezvous round: the agent starts this round's workers next. Returns the
         variables its workers are to get (``attempt_env``: the checkpoint to resume from)."""
         with self._lock:
+            if self._restart_requested or self.attempt >= 0:
+                why = self._restart_reason or "torchrun's agent began a new round"
+                self._emit("job", Phase.RECOVERING, reason=why)
+            self._restart_reason = None
             self.attempt += 1
             self.node = node
             self._workers = {}
@@ -170,10 +175,14 @@ class ElasticWorkers:
                 "torchrun's agent restarts the worker group itself after a failure "
                 "(within its --max-restarts)",
             )
-        self._continue_stopped()
+        if self._restart_requested:
+            return self._outcome(
+                action, OutcomeStatus.SKIPPED, "a new rendezvous round is already asked for"
+            )
+        self.continue_stopped()
         self._restart_requested = True
+        self._restart_reason = action.reason
         self.phase = Phase.RECOVERING
-        self._emit("job", Phase.RECOVERING, reason=action.reason)
         return self._outcome(
             action,
             OutcomeStatus.DONE,
@@ -267,8 +276,9 @@ class ElasticWorkers:
                 **detail,
             )
 
-    def _continue_stopped(self) -> None:
-        """A stopped worker gets SIGCONT so the agent's SIGTERM can end it."""
+    def continue_stopped(self) -> None:
+        """A stopped worker gets SIGCONT so that the agent's SIGTERM can end it (before a
+        new round, whichever host asked for it)."""
         for worker in list(self._workers.values()):
             if worker.exit_code is None:
                 try:

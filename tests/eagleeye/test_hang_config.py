@@ -9,7 +9,7 @@ from detectors.errors import DetectorError
 from detectors.progress import HangLimits, ProgressStall
 from eagleeye.cli import build_parser
 from eagleeye.detection import live_config
-from eagleeye.launch import _detector_config, job_config_from_args
+from eagleeye.launch import detector_config, job_config_from_args
 
 
 def config_of(*flags: str):
@@ -22,7 +22,7 @@ def test_flags_set_the_limits_and_instrumentation(monkeypatch) -> None:
     config = config_of("--hang-stopped-s", "0.5", "--hang-idle-s", "30", "--no-instrument")
     assert config.hang == {"stopped_s": 0.5, "idle_s": 30.0}
     assert not config.instrument
-    limits, fused = _detector_config(config)
+    limits, fused = detector_config(config.hang)
     assert limits == HangLimits(stopped_s=0.5, idle_s=30.0)
     assert fused is None
     assert config_of().instrument
@@ -45,7 +45,7 @@ def test_flags_override_the_hang_table_and_a_file_without_detectors_keeps_the_li
     path = tmp_path / "detectors.toml"
     path.write_text("[hang]\nstopped_s = 1.0\nblocked_s = 10\n")
     monkeypatch.setenv(CONFIG_ENV, str(path))
-    limits, fused = _detector_config(config_of("--hang-stopped-s", "0.5"))
+    limits, fused = detector_config(config_of("--hang-stopped-s", "0.5").hang)
     assert (limits.stopped_s, limits.blocked_s) == (0.5, 10.0)
     assert fused is not None
     assert fused.specs == live_config().specs
@@ -53,4 +53,4 @@ def test_flags_override_the_hang_table_and_a_file_without_detectors_keeps_the_li
     assert stall.stopped_limit() == 0.5
     path.write_text("[hang]\nstartup_grace_s = 120\n")
     with pytest.raises(DetectorError, match="unknown hang limit"):
-        _detector_config(config_of())
+        detector_config(config_of().hang)

@@ -19,58 +19,53 @@ import pytest
 from eagleeye.store import RunReader
 from ft_runtime.ports import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "clients" / "ddp_train.py"
 
 
-def _torchrun(root: Path, conf: str, iters: int) -> subprocess.Popen[str]:
+def _torchrun(
+    root: Path,
+    conf: str,
+    iters: int,
+    nodes: int = 1,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
+    """`torchrun` of the client DDP script, 2 ranks over ``nodes`` agents."""
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    endpoint = f"127.0.0.1:{port or free_port('127.0.0.1')}"
+    launcher = (
+        f"--nnodes {nodes} --nproc-per-node {2 // nodes} --rdzv-backend eagleeye "
+        f"--rdzv-endpoint {endpoint} --rdzv-id ddp-job --max-restarts 1"
+    ).split()
+    script = f"--max_iters {iters} --out_dir {root / 'out'} --eval_interval 1000".split()
     return subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-backend",
-            "eagleeye",
-            "--rdzv-endpoint",
-            f"127.0.0.1:{free_port('127.0.0.1')}",
-            "--rdzv-id",
-            "ddp-job",
-            "--rdzv-conf",
-            f"eagleeye_runs_dir={root / 'runs'}{conf}",
-            "--max-restarts",
-            "1",
-            "-m",
-            "eagleeye.boot",
-            str(SCRIPT),
-            "--max_iters",
-            str(iters),
-            "--out_dir",
-            str(root / "out"),
-            "--eval_interval",
-            "1000",
-        ],  # fmt: skip
+            *(sys.executable, "-m", "torch.distributed.run", *launcher),
+            *("--rdzv-conf", f"eagleeye_runs_dir={root / 'runs'}{conf}"),
+            *("-m", "eagleeye.boot", str(SCRIPT), *script),
+        ],
         cwd=root,
-        env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
 
 
-def _run_dir(root: Path, timeout_s: float = 60.0) -> Path:
+def _run_dirs(root: Path, count: int = 1, timeout_s: float = 60.0) -> list[Path]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = [p for p in (root / "runs").glob("ddp-job-*") if (p / "run.db").exists()]
-        if found:
-            return found[0]
+        if len(found) >= count:
+            return sorted(found)
         time.sleep(0.2)
-    raise AssertionError("torchrun made no Eagle Eye run folder")
+    raise AssertionError(f"torchrun made fewer than {count} Eagle Eye run folders")
+
+
+def _run_dir(root: Path) -> Path:
+    return _run_dirs(root)[0]
 
 
 def _steps_of(run_dir: Path, rank: int) -> int:
@@ -93,16 +88,44 @@ def _worker(torchrun: subprocess.Popen[str], rank: int) -> psutil.Process:
     raise AssertionError(f"no worker of rank {rank}")
 
 
-def _stop_rank_once_training(torchrun: subprocess.Popen[str], root: Path, rank: int) -> Path:
-    """SIGSTOPs the rank once the store shows it has trained 5 steps."""
-    run_dir = _run_dir(root)
+def _stop_rank_once_training(
+    torchruns: list[subprocess.Popen[str]], run_dir: Path, rank: int
+) -> None:
+    """SIGSTOPs the rank (a worker of one of ``torchruns``) once ``run_dir``'s store shows
+    it has trained 5 steps."""
     deadline = time.monotonic() + 120
     while _steps_of(run_dir, rank) < 5:
         assert time.monotonic() < deadline, "the rank never trained 5 steps"
-        assert torchrun.poll() is None, torchrun.communicate()[0][-3000:]
+        for torchrun in torchruns:
+            assert torchrun.poll() is None, torchrun.communicate()[0][-3000:]
         time.sleep(0.2)
-    _worker(torchrun, rank).send_signal(signal.SIGSTOP)
-    return run_dir
+    for torchrun in torchruns:
+        try:
+            _worker(torchrun, rank).send_signal(signal.SIGSTOP)
+        except AssertionError:
+            continue
+        return
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+def _launched_ranks(run_dir: Path) -> set[int]:
+    with RunReader(run_dir) as reader:
+        events = reader.events()
+    if events.empty:
+        return set()
+    launched = events[(events["phase"] == "launch") & events["subject"].str.startswith("rank:")]
+    return {int(s.removeprefix("rank:")) for s in launched["subject"]}
+
+
+def _store_of_rank(run_dirs: list[Path], rank: int, timeout_s: float = 60.0) -> Path:
+    """The run folder of the host whose agent launched ``rank``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for run_dir in run_dirs:
+            if rank in _launched_ranks(run_dir):
+                return run_dir
+        time.sleep(0.2)
+    raise AssertionError(f"no host's store shows rank {rank} launched")
 
 
 def _finish(torchrun: subprocess.Popen[str], timeout_s: float = 240) -> str:
@@ -145,7 +168,8 @@ def test_a_healthy_job_is_watched_and_left_alone(tmp_path: Path) -> None:
 
 def test_a_stopped_rank_is_found_by_evidence_and_every_worker_restarted(tmp_path: Path) -> None:
     torchrun = _torchrun(tmp_path, ",eagleeye_remediate=1", iters=60)
-    run_dir = _stop_rank_once_training(torchrun, tmp_path, rank=1)
+    run_dir = _run_dir(tmp_path)
+    _stop_rank_once_training([torchrun], run_dir, rank=1)
     out = _finish(torchrun)
     assert torchrun.returncode == 0, out[-4000:]
     with RunReader(run_dir) as reader:
@@ -167,7 +191,8 @@ def test_a_stopped_rank_is_found_by_evidence_and_every_worker_restarted(tmp_path
 
 def test_without_remediate_the_action_is_only_decided(tmp_path: Path) -> None:
     torchrun = _torchrun(tmp_path, "", iters=40)
-    run_dir = _stop_rank_once_training(torchrun, tmp_path, rank=0)
+    run_dir = _run_dir(tmp_path)
+    _stop_rank_once_training([torchrun], run_dir, rank=0)
     deadline = time.monotonic() + 120
     while True:
         with RunReader(run_dir) as reader:
@@ -185,6 +210,42 @@ def test_without_remediate_the_action_is_only_decided(tmp_path: Path) -> None:
     launches = events[(events["subject"] == "job") & (events["phase"] == "launch")]
     assert len(launches) == 1  # nothing was restarted
     assert meta["result"]["succeeded"] is True
+
+
+def test_two_hosts_restart_together_when_one_rank_stops(tmp_path: Path) -> None:
+    """Two torchrun agents of one job, a rank each. The stopped rank's own host sees every
+    rank it has stopped, which it cannot tell from a suspension of the host: no verdict
+    there. The other host's rank waits in the all-reduce until the collective limit: a
+    hang on the job, whose new rendezvous round restarts the workers of both hosts."""
+    config = tmp_path / "detectors.toml"
+    config.write_text("[hang]\ncollective_s = 15\n")
+    port = free_port("127.0.0.1")
+    env = {"EAGLEEYE_DETECTORS_CONFIG": str(config)}
+    agents = [
+        _torchrun(tmp_path, ",eagleeye_remediate=1", 60, nodes=2, port=port, env=env)
+        for _ in range(2)
+    ]
+    run_dirs = _run_dirs(tmp_path, count=2)
+    stopped_host = _store_of_rank(run_dirs, rank=1)
+    _stop_rank_once_training(agents, stopped_host, rank=1)
+    outs = [_finish(agent) for agent in agents]
+    for agent, out in zip(agents, outs, strict=True):
+        assert agent.returncode == 0, out[-4000:]
+    for run_dir in run_dirs:
+        with RunReader(run_dir) as reader:
+            meta, events = reader.meta(), reader.events()
+        launches = events[(events["subject"] == "job") & (events["phase"] == "launch")]
+        assert list(launches["attempt"]) == [0, 1], (run_dir, events)
+        assert meta["result"]["succeeded"] is True
+    waiting_host = next(d for d in run_dirs if d != stopped_host)
+    with RunReader(waiting_host) as reader:
+        findings, actions = reader.findings(), reader.actions()
+    hangs = findings[findings["kind"] == "hang"]
+    assert len(hangs) == 1, findings
+    assert hangs.iloc[0]["evidence"]["collective_never_completes"] == 1.0
+    assert list(actions[actions["kind"] == "restart"]["status"]) == ["done"], actions
+    for agent in agents:
+        assert not _left_behind(agent)
 
 
 def test_an_unknown_eagleeye_key_stops_torchrun_with_its_name(tmp_path: Path) -> None:

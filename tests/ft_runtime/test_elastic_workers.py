@@ -95,11 +95,17 @@ def test_a_restart_is_a_new_round_asked_of_the_agents_and_a_stopped_worker_is_co
         assert workers.phase is Phase.RECOVERING
         again = workers.execute(Action(ActionKind.RESTART, "job", "hang on rank 0", "r/1"))
         assert again.status is OutcomeStatus.SKIPPED  # the same action, once
+        other = workers.execute(Action(ActionKind.RESTART, "job", "hang, seen again", "r/9"))
+        assert other.status is OutcomeStatus.SKIPPED
+        assert "already asked" in other.detail
         proc.send_signal(signal.SIGTERM)  # as the agent stops its workers
         assert proc.wait(timeout=10) == -signal.SIGTERM  # it was continued, so it ended
         exits = _exits(_events_until(workers, lambda seen: bool(_exits(seen))))
         assert exits["rank:0"].detail["collateral"] is True  # a stop asked for, no failure
+        workers.poll()
         workers.begin_round("node0")
+        job = [(e.phase, e.detail.get("reason")) for e in workers.poll() if e.subject == "job"]
+        assert job == [(Phase.RECOVERING, "hang on rank 0"), (Phase.LAUNCH, None)]
         assert not workers.restart_requested
         assert workers.attempt == 1
         assert workers.phase is Phase.RUNNING
