@@ -540,6 +540,18 @@ class ReplicaSupervisor:
                 f"replica {replica} is the only healthy one: nobody to catch up from",
                 replica=replica,
             )
+        if not self.quorum.healthy:  # e.g. the source died while it served a catch-up
+            reason = f"no healthy replica for replica {replica} to catch up from"
+            if self.restart_job(f"{reason}: {action.reason}"):
+                return self._outcome(
+                    action,
+                    OutcomeStatus.DONE,
+                    f"{reason}; the whole job restarted from its newest checkpoint "
+                    f"as attempt {self.attempt}",
+                    replica=replica,
+                    attempt=self.attempt,
+                )
+            return self._outcome(action, OutcomeStatus.FAILED, f"{reason}; job budget spent")
         if not self.restart_replica(replica, action.reason):
             spent = f"replica {replica} evicted: budget spent"
             if self.restart_job(f"{spent}: {action.reason}"):

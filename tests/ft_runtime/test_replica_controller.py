@@ -222,6 +222,22 @@ def test_a_restart_relaunches_one_replica_as_its_next_incarnation(made) -> None:
     assert 1 in launcher.stopped  # the old process was ended first
 
 
+def test_a_source_lost_while_its_peer_catches_up_restarts_the_job(made) -> None:
+    sup, launcher, _ = made
+    launcher.exit(1, 3)
+    sup.poll()
+    sup.execute(Action(ActionKind.RESTART, "replica:1", "exited", "k1"))
+    assert sup.quorum.healthy == (0,)  # replica 1 catches up from replica 0
+    launcher.exit(0, -9)  # the source dies while it serves
+    sup.poll()
+    outcome = sup.execute(Action(ActionKind.RESTART, "replica:0", "exited", "k2"))
+    assert outcome.status is OutcomeStatus.DONE
+    assert outcome.data == {"replica": 0, "attempt": 1}  # no catch-up from nobody
+    assert sup.attempt == 1
+    assert sup.quorum.healthy == (0, 1)  # every replica a member again, from the checkpoint
+    assert [(rank, gen) for rank, gen, _ in launcher.started][-2:] == [(0, 1), (1, 2)]
+
+
 def test_the_job_supervisor_runs_on_the_same_launcher(tmp_path, clock) -> None:
     from ft_runtime.supervisor import JobSupervisor
 
