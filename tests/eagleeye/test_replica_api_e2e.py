@@ -3,6 +3,11 @@
 from outside. Each run ends with every replica's parameters bitwise identical, and the
 ledger's audit trail (``EAGLEEYE_LEDGER_LOG``) shows every batch of every replica trained
 exactly once (after a job restart: once since the restored checkpoint).
+
+The faults during a catch-up are fired when the rank's log says it began (the lines the
+joiner and the source write), not after a guessed delay; the example's ``--load-seconds``
+(each state load takes that long, as a bigger model's would) keeps the catch-up open long
+enough for the kill to land inside it, and each test checks afterwards that it did.
 """
 
 from __future__ import annotations
