@@ -257,6 +257,28 @@ def test_the_job_supervisor_runs_on_the_same_launcher(tmp_path, clock) -> None:
     assert sup.outcomes() == []  # nothing is ever pending here
 
 
+def test_both_supervisors_stop_on_request_alike(tmp_path, clock) -> None:
+    from ft_runtime.supervisor import JobSupervisor
+
+    replicas, replica_launcher, _ = make(tmp_path / "r", clock)
+    launcher = FakeLauncher(clock)
+    job = JobSupervisor(
+        LaunchSpec(["t.py"], JobLayout(2, 1, 2), "t", str(tmp_path)), launcher=launcher
+    )
+    job.start()
+    job.poll()
+    replicas.poll()
+    for sup, fake in ((job, launcher), (replicas, replica_launcher)):
+        sup.stop("asked to stop", grace_s=5.0)
+        sup.stop("asked again")  # already failed: recorded once
+        assert sorted(set(fake.stopped)) == [0, 1]
+        assert sup.phase is Phase.FAILED
+        events = sup.poll()
+        failed = [e.detail for e in events if e.subject == "job" and e.phase is Phase.FAILED]
+        assert failed == [{"reason": "asked to stop", "stopped": True}]
+        assert not [e for e in events if e.phase is Phase.EXITED]  # no stopped rank "failed"
+
+
 def test_the_controller_side_imports_nothing_private() -> None:
     import ast
 
