@@ -28,6 +28,7 @@ parser.add_argument("--ckpt", default="ckpt.pt")
 parser.add_argument("--checkpoint-every", type=int, default=20)
 parser.add_argument("--params-out", default="")
 parser.add_argument("--step-seconds", type=float, default=0.0)  # stands for a bigger model
+parser.add_argument("--load-seconds", type=float, default=0.0)  # and its load time
 args = parser.parse_args()
 
 dist.init_process_group("gloo")
@@ -46,6 +47,7 @@ def state_dict():
 def load(state):
     model.module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    time.sleep(args.load_seconds)
 
 
 inputs = torch.randn(4096, 16, generator=torch.Generator().manual_seed(1))

@@ -43,8 +43,9 @@ from ft_runtime.errors import LaunchError
 from ft_runtime.layout import RankSpec
 from ft_runtime.priority import ENV_BASE_NICE
 from ft_runtime.procstat import ProcSample
+from ft_runtime.types import Phase
 
-__all__ = ["Launcher", "LocalLauncher", "RankExit"]
+__all__ = ["Launcher", "LocalLauncher", "RankExit", "StopOnRequest"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,40 @@ class Launcher(Protocol):
     def pid(self, rank: int) -> int | None: ...
 
     def sample(self, rank: int) -> ProcSample | None: ...
+
+
+class _Grace(Protocol):
+    @property
+    def stop_grace_s(self) -> float: ...
+
+
+class StopOnRequest:
+    """``stop(reason, grace_s)`` for a supervisor over a launcher (the job's and the
+    replicas' alike): it provides ``launch.stop_grace_s``, ``phase``, ``finished``,
+    ``stop_all(grace_s)`` and ``_emit(subject, phase, **detail)``."""
+
+    launch: _Grace
+    phase: Phase
+
+    def stop(self, reason: str, grace_s: float = 0.0) -> None:
+        """Ends the job on request: every rank gets SIGTERM and at least ``grace_s`` seconds
+        before SIGKILL; the job is recorded as failed with ``reason``."""
+        self.stop_all(max(grace_s, self.launch.stop_grace_s))
+        if not self.finished:
+            self.phase = Phase.FAILED
+            self._emit("job", Phase.FAILED, reason=reason, stopped=True)
+
+    @property
+    def finished(self) -> bool:
+        raise NotImplementedError
+
+    def stop_all(self, grace_s: float | None = None) -> None:
+        raise NotImplementedError
+
+    def _emit(
+        self, subject: str, phase: Phase, time: float | None = None, **detail: object
+    ) -> None:
+        raise NotImplementedError
 
 
 class LocalLauncher:

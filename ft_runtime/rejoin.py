@@ -13,6 +13,7 @@ replay and the set-up of the new group, instead of the whole state transfer.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -56,7 +57,8 @@ class CatchUpSource:
         self.state_fn = state_fn
         # requests to earlier incarnations are done
         self._seen = decode_counter(str(store.add(KEY_CATCHUP_COUNT, 0)))
-        self._open: set[int] = set()
+        # open request -> (its replica, that replica's incarnation, the snapshot's step)
+        self._open: dict[int, tuple[int, int, int]] = {}
 
     def after_step(self, step: int, update: torch.Tensor, lr: float) -> None:
         """Logs this step's update for open requests, then takes new requests."""
@@ -74,8 +76,14 @@ class CatchUpSource:
             except ProtocolError:
                 continue  # never acted on
             if request.source == self.replica:
-                self._open.add(want)
+                self._supersede(request)
+                self._open[want] = (request.replica, request.incarnation, step + 1)
                 self.server.publish(f"w{want}", step + 1, self.state_fn())
+                self._prune()
+                say(
+                    f"replica {self.replica} serves catch-up request {want} of replica "
+                    f"{request.replica} (incarnation {request.incarnation}) from step {step + 1}"
+                )
 
     @property
     def serving(self) -> bool:
@@ -83,10 +91,24 @@ class CatchUpSource:
         return bool(self._open)
 
     def _close_done(self) -> None:
-        done = {w for w in self._open if self.store.check([key_catchup_done(w)])}
-        self._open -= done
+        for want in [w for w in self._open if self.store.check([key_catchup_done(w)])]:
+            del self._open[want]
+        self._prune()
+
+    def _supersede(self, request: CatchUpRequest) -> None:
+        """A joiner's next incarnation asks again: the request of an earlier one (which
+        died during its catch-up, so never says done) is closed."""
+        for want, (replica, incarnation, _) in list(self._open.items()):
+            if replica == request.replica and incarnation < request.incarnation:
+                del self._open[want]
+
+    def _prune(self) -> None:
+        """Keeps only the logged updates an open request still needs (from its snapshot on)."""
         if not self._open or len(self.server.log) > MAX_LOG:
             self.server.log = {}
+            return
+        first = min(start for _, _, start in self._open.values())
+        self.server.log = {s: u for s, u in self.server.log.items() if s >= first}
 
 
 class CatchUpClient:
@@ -109,6 +131,10 @@ class CatchUpClient:
         self.store.wait([key])
         self.want = decode(CatchUpTicket, self.store.get(key)).number
         self.address = decode(ServerAddress, self.store.get(key_address(source_rank))).address
+        say(
+            f"replica {self.replica} (incarnation {incarnation}) catches up from replica "
+            f"{source}: request {self.want}"
+        )
 
     def snapshot(self, deadline: float) -> tuple[int, dict[str, Any]]:
         """The source's state and the step it is the start of."""
@@ -137,5 +163,11 @@ class CatchUpClient:
         return step
 
     def done(self) -> None:
+        say(f"replica {self.replica} caught up: request {self.want} done")
         if self.replica_rank == 0:
             self.store.set(key_catchup_done(self.want), encode(CatchUpDone(self.want)))
+
+
+def say(line: str) -> None:
+    """One line in the rank's log (its stderr): where a catch-up stands, as it happens."""
+    print(f"eagleeye: {line}", file=sys.stderr, flush=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ft_runtime.launcher import Launcher, LocalLauncher
+from ft_runtime.launcher import Launcher, LocalLauncher, StopOnRequest
 from ft_runtime.layout import ENV_RESUME_FROM, JobLayout, RankSpec
 from ft_runtime.ports import free_port
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -52,7 +52,7 @@ class _Rank:
     expected_stop: bool = False
 
 
-class JobSupervisor:
+class JobSupervisor(StopOnRequest):
     """Owns the rank processes of one job. Not thread-safe: drive it from one thread.
 
     Args:
@@ -61,6 +61,8 @@ class JobSupervisor:
         clock: wall-clock time, seconds.
         launcher: starts and stops the ranks (default: on this machine).
     """
+
+    launch: LaunchSpec
 
     def __init__(
         self,
@@ -200,14 +202,6 @@ class JobSupervisor:
         self.restarts += 1
         self.start()
         return True
-
-    def stop(self, reason: str, grace_s: float = 0.0) -> None:
-        """Ends the job on request: every rank gets SIGTERM and at least ``grace_s`` seconds
-        before SIGKILL; the job is recorded as failed with ``reason``."""
-        self.stop_all(max(grace_s, self.launch.stop_grace_s))
-        if not self.finished:
-            self.phase = Phase.FAILED
-            self._emit("job", Phase.FAILED, reason=reason, stopped=True)
 
     def stop_all(self, grace_s: float | None = None) -> None:
         """Stops every live rank and the processes it started: SIGCONT (for stopped ones)

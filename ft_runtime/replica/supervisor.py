@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ft_runtime import procstat
-from ft_runtime.launcher import Launcher, LocalLauncher
+from ft_runtime.launcher import Launcher, LocalLauncher, StopOnRequest
 from ft_runtime.layout import RankSpec
 from ft_runtime.membership import Membership
 from ft_runtime.procstat import ProcSample
@@ -63,7 +63,7 @@ class _Rank:
     clean: bool = False  # it exited 0: trained to the end
 
 
-class ReplicaSupervisor:
+class ReplicaSupervisor(StopOnRequest):
     """Owns the ranks of a job whose replicas fail, restart and rejoin independently.
     Not thread-safe: drive it from one thread.
 
@@ -84,6 +84,8 @@ class ReplicaSupervisor:
         launcher: starts, signals and stops the ranks (default: on this machine).
         timer: monotonic seconds, for command deadlines.
     """
+
+    launch: LaunchSpec
 
     def __init__(
         self,
@@ -540,6 +542,18 @@ class ReplicaSupervisor:
                 f"replica {replica} is the only healthy one: nobody to catch up from",
                 replica=replica,
             )
+        if not self.quorum.healthy:  # e.g. the source died while it served a catch-up
+            reason = f"no healthy replica for replica {replica} to catch up from"
+            if self.restart_job(f"{reason}: {action.reason}"):
+                return self._outcome(
+                    action,
+                    OutcomeStatus.DONE,
+                    f"{reason}; the whole job restarted from its newest checkpoint "
+                    f"as attempt {self.attempt}",
+                    replica=replica,
+                    attempt=self.attempt,
+                )
+            return self._outcome(action, OutcomeStatus.FAILED, f"{reason}; job budget spent")
         if not self.restart_replica(replica, action.reason):
             spent = f"replica {replica} evicted: budget spent"
             if self.restart_job(f"{spent}: {action.reason}"):
@@ -709,14 +723,6 @@ class ReplicaSupervisor:
         return None
 
     # ---- stopping ----------------------------------------------------------------------------
-    def stop(self, reason: str, grace_s: float = 0.0) -> None:
-        """Ends the job on request: every rank gets SIGTERM and at least ``grace_s`` seconds
-        before SIGKILL; the job is recorded as failed with ``reason``."""
-        self.stop_all(max(grace_s, self.launch.stop_grace_s))
-        if not self.finished:
-            self.phase = Phase.FAILED
-            self._emit("job", Phase.FAILED, reason=reason, stopped=True)
-
     def stop_all(self, grace_s: float | None = None) -> None:
         """Stops every rank (SIGCONT and SIGTERM, SIGKILL after ``grace_s``; default: the
         launch's), then the quorum and the store's own process."""

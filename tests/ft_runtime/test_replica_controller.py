@@ -222,6 +222,22 @@ def test_a_restart_relaunches_one_replica_as_its_next_incarnation(made) -> None:
     assert 1 in launcher.stopped  # the old process was ended first
 
 
+def test_a_source_lost_while_its_peer_catches_up_restarts_the_job(made) -> None:
+    sup, launcher, _ = made
+    launcher.exit(1, 3)
+    sup.poll()
+    sup.execute(Action(ActionKind.RESTART, "replica:1", "exited", "k1"))
+    assert sup.quorum.healthy == (0,)  # replica 1 catches up from replica 0
+    launcher.exit(0, -9)  # the source dies while it serves
+    sup.poll()
+    outcome = sup.execute(Action(ActionKind.RESTART, "replica:0", "exited", "k2"))
+    assert outcome.status is OutcomeStatus.DONE
+    assert outcome.data == {"replica": 0, "attempt": 1}  # no catch-up from nobody
+    assert sup.attempt == 1
+    assert sup.quorum.healthy == (0, 1)  # every replica a member again, from the checkpoint
+    assert [(rank, gen) for rank, gen, _ in launcher.started][-2:] == [(0, 1), (1, 2)]
+
+
 def test_the_job_supervisor_runs_on_the_same_launcher(tmp_path, clock) -> None:
     from ft_runtime.supervisor import JobSupervisor
 
@@ -239,6 +255,28 @@ def test_the_job_supervisor_runs_on_the_same_launcher(tmp_path, clock) -> None:
     assert sorted(launcher.stopped) == [0, 1]  # every rank of attempt 0 was stopped first
     assert [(rank, gen) for rank, gen, _ in launcher.started] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     assert sup.outcomes() == []  # nothing is ever pending here
+
+
+def test_both_supervisors_stop_on_request_alike(tmp_path, clock) -> None:
+    from ft_runtime.supervisor import JobSupervisor
+
+    replicas, replica_launcher, _ = make(tmp_path / "r", clock)
+    launcher = FakeLauncher(clock)
+    job = JobSupervisor(
+        LaunchSpec(["t.py"], JobLayout(2, 1, 2), "t", str(tmp_path)), launcher=launcher
+    )
+    job.start()
+    job.poll()
+    replicas.poll()
+    for sup, fake in ((job, launcher), (replicas, replica_launcher)):
+        sup.stop("asked to stop", grace_s=5.0)
+        sup.stop("asked again")  # already failed: recorded once
+        assert sorted(set(fake.stopped)) == [0, 1]
+        assert sup.phase is Phase.FAILED
+        events = sup.poll()
+        failed = [e.detail for e in events if e.subject == "job" and e.phase is Phase.FAILED]
+        assert failed == [{"reason": "asked to stop", "stopped": True}]
+        assert not [e for e in events if e.phase is Phase.EXITED]  # no stopped rank "failed"
 
 
 def test_the_controller_side_imports_nothing_private() -> None:
