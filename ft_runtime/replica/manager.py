@@ -155,6 +155,11 @@ class Manager:
         saves for all."""
         return self.replica_rank == 0 and self.comm.membership.source == self.replica
 
+    def is_saving_replica(self) -> bool:
+        """Whether this rank's replica saves for all (every rank of it saves its share of a
+        sharded checkpoint, such as ``Snapshots``)."""
+        return self.comm.membership.source == self.replica
+
     # ---- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What to save beside the model: the step and every replica's data position, so
