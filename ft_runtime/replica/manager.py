@@ -182,6 +182,7 @@ class Manager:
         mark = marks[self.replica] if self.replica < len(marks) else 0
         self.comm.barrier()  # every rank read the ledger before rank 0 rewrites it
         self.comm.forget_batches(mark)
+        self.comm.barrier()  # and reads it again only once rank 0 has rewritten it
         self.batch = self.comm.next_batch(mark)
         self._restored = True
 
