@@ -18,7 +18,8 @@ from tests.eagleeye.replica_helpers import final_params_identical
 pytest.importorskip("lightning")
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(500)]
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 60
+STEPS = 100  # 0.3 s each: the survivor must not finish before the restarted replica
+# has imported Lightning again (about 12 s on a busy 2-core machine) and caught up
 
 
 def trained_batches(ledger: Path) -> dict[int, list[int]]:
@@ -50,7 +51,7 @@ def test_the_lightning_example_survives_a_sigkill(tmp_path: Path) -> None:
         *("--recovery", "replica", "--remediate", "--replicas", "2", "--nproc-per-node", "4"),
         *("--runs-dir", str(tmp_path / "runs"), "--inject", "kill:rank=3@step=10"),
         str(ROOT / "examples" / "lightning_train_replica.py"),
-        *("--steps", str(STEPS), "--step-seconds", "0.1"),
+        *("--steps", str(STEPS), "--step-seconds", "0.3"),
         *("--params-out", str(tmp_path / "params")),
     ]
     env = {**os.environ, "EAGLEEYE_LEDGER_LOG": str(ledger), "OMP_NUM_THREADS": "1"}
