@@ -209,6 +209,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         resume_args=_split_args(getattr(args, "resume_args", "")),
         grace_period_s=getattr(args, "grace_period", 0.0),
         stream_ranks=getattr(args, "stream", None),
+        snapshots=getattr(args, "snapshots", False),
     )
 
 
@@ -304,6 +305,7 @@ def run_job(config: JobConfig, on_update: Callable[[object], None] | None = None
     Whatever fails before the launch fails before a run folder is made."""
     command = config.command()
     refuse_replica_without_api(config)
+    refuse_snapshots_without_api(config)
     limits, fused = detector_config(config.hang)  # a bad config file fails before any launch
     policy = policy_for(config)
     stored = None if config.resume_dir is None else read_stored_run(config.resume_dir)
@@ -477,6 +479,35 @@ def refuse_replica_without_api(config: JobConfig) -> None:
         "beside it use none of it: run it with --recovery job"
     )
 
+
+def refuse_snapshots_without_api(config: JobConfig) -> None:
+    """Snapshot holders hold only what the ranks save through the checkpoint engine; a
+    script that saves its checkpoints itself (``torch.save``) would restore none of it."""
+    if not config.snapshots:
+        return
+    replica = config.recovery == "replica"
+    names = SNAPSHOT_API_REPLICA if replica else SNAPSHOT_API
+    for source in _script_sources(config):
+        try:
+            text = source.read_text(errors="replace")
+        except OSError:
+            continue
+        if any(name in text for name in names):
+            return
+    if replica:
+        raise EagleEyeError(
+            f"--snapshots with --recovery replica: {config.script} saves its checkpoints "
+            "itself, not through ft_runtime.replica.Snapshots; save through Snapshots "
+            "(docs/replica-api.md) or drop --snapshots"
+        )
+    raise EagleEyeError(
+        f"--snapshots: {config.script} saves its checkpoints itself, not through "
+        "eagleeye.init().save_checkpoint; save through the session or drop --snapshots"
+    )
+
+
+SNAPSHOT_API = ("save_checkpoint", "CheckpointClient", "RankSnapshots")
+SNAPSHOT_API_REPLICA = ("Snapshots", "CheckpointClient")
 
 REPLICA_API = (
     "ft_runtime.replica",

@@ -39,18 +39,14 @@ from ft_runtime.ckpt import (
     Ring,
     shm_dir_from,
 )
-from ft_runtime.layout import JobLayout
+from ft_runtime.ckpt.config import parse_ring, ring_text
+from ft_runtime.layout import ENV_SNAPSHOT_RING, ENV_SNAPSHOT_STORAGE, JobLayout
 
 if TYPE_CHECKING:
     from ft_runtime.ckpt import CheckpointClient
 
 log = logging.getLogger(__name__)
 _NICE = 10
-
-ENV_SNAPSHOT_RING = "EAGLEEYE_SNAPSHOT_RING"
-"""The job's holders as ``node0=tcp://host:port,node1=...``; unset means no snapshots."""
-ENV_SNAPSHOT_STORAGE = "EAGLEEYE_SNAPSHOT_STORAGE"
-"""Where the holders persist snapshots (the last restore tier)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,20 +68,6 @@ class Snapshotted:
     seconds: float
     nbytes: int
     error: str = ""
-
-
-def ring_text(ring: Ring) -> str:
-    return ",".join(f"{node}={endpoint}" for node, endpoint in ring.nodes)
-
-
-def parse_ring(text: str) -> Ring:
-    """The ring of ``ENV_SNAPSHOT_RING``; a clear error when it is malformed."""
-    pairs = [p.split("=", 1) for p in text.split(",") if p]
-    if not pairs or any(len(p) != 2 for p in pairs):
-        raise ValueError(
-            f"{ENV_SNAPSHOT_RING}={text!r}: expected node=endpoint pairs separated by commas"
-        )
-    return Ring(tuple((a, b) for a, b in pairs))
 
 
 class RankSnapshots:

@@ -108,6 +108,15 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "'none' stops the job (default: job)",
     )
     g.add_argument(
+        "--snapshots",
+        action="store_true",
+        help="one snapshot holder per node: the checkpoints the script saves through Eagle "
+        "Eye (eagleeye.init().save_checkpoint; under --recovery replica, "
+        "ft_runtime.replica.Snapshots) go to memory, are backed up to the next node and "
+        "persisted in the run folder; a restart restores from memory, then a peer node, "
+        "then storage",
+    )
+    g.add_argument(
         "--remediate",
         action="store_true",
         help="execute remediation actions; without it they are recorded as dry-run",
@@ -299,6 +308,11 @@ def _run(args: argparse.Namespace) -> int:
         if args.script is not None:
             raise EagleEyeError(
                 "--resume takes the script from the run's store; give RUN_DIR, not SCRIPT"
+            )
+        if args.snapshots:
+            raise EagleEyeError(
+                "--snapshots cannot change a resumed run: --resume goes on with the settings "
+                "in RUN_DIR's store; drop --snapshots"
             )
         config = resumed_job_config(args.resume, stream_ranks=args.stream)
     elif args.script is None:

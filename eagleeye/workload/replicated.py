@@ -8,8 +8,10 @@ untrained one) and the controller's commands; what remains here is the model loo
 workload's own checkpoints, which the manager's callbacks save and restore.
 
 The epoch's source replica checkpoints every ``--checkpoint-every`` steps (with every
-replica's data position); a job relaunched as a whole restores from the newest checkpoint,
-and the supervisor's commands (checkpoint, rollback, skip_batch) run at a step boundary
+replica's data position): into the job's snapshot holders when it has them
+(``eagleeye run --snapshots``), else to disk. A job relaunched as a whole restores from the
+newest checkpoint (with holders: memory, then a peer node, then storage), and the
+supervisor's commands (checkpoint, rollback, skip_batch) run at a step boundary
 every member agreed on.
 """
 
@@ -29,7 +31,8 @@ import eagleeye
 from eagleeye.workload.data import ShardedSampler
 from eagleeye.workload.model import GPT
 from ft_runtime.checkpoint import DiskCheckpointer
-from ft_runtime.replica import Manager
+from ft_runtime.errors import CheckpointError
+from ft_runtime.replica import Manager, Snapshots
 from ft_runtime.replica.manager import ENV_CROSS_TIMEOUT, ENV_LR_SCALING
 
 __all__ = ["ENV_CROSS_TIMEOUT", "ENV_LR_SCALING", "seek", "train"]
@@ -70,7 +73,7 @@ def train(
         save_checkpoint=saver.save_now,
         load_checkpoint=saver.restore,
     )
-    saver.manager = manager
+    saver.attach(manager)
     manager.set_apply(lambda update, lr: _apply(params, optimizer, update, lr))
     joining = manager.comm.must_join
     if joining:
@@ -125,7 +128,7 @@ def train(
         manager.commit(flat, lr)  # serves a catch-up, marks the batch, runs commands
         for batch in manager.skipped[skipped:]:
             ee.hook.event("event.skip_batch", float(batch))
-    saver.flush()
+    saver.close()
     _save_params(args, ee, model)
     manager.close()
     return loss_value
@@ -134,8 +137,9 @@ def train(
 class _Checkpoints:
     """The workload's own checkpoints: one file per rank of the saving replica (the
     epoch's source, which the manager names), written by a background thread so the loop
-    waits only for a memory copy; the manager's state (every replica's data position)
-    goes with them, so a restore resumes each replica's stream where that state left it.
+    waits only for a memory copy; with snapshot holders, each rank's share copied into its
+    node's holder instead. The manager's state (every replica's data position) goes with
+    them, so a restore resumes each replica's stream where that state left it.
     """
 
     def __init__(
@@ -146,6 +150,11 @@ class _Checkpoints:
         self.disk: DiskCheckpointer | None = None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._writes: list[Future[str]] = []
+        self.snapshots: Snapshots | None = None
+
+    def attach(self, manager: Manager) -> None:
+        self.manager = manager
+        self.snapshots = Snapshots.from_env(manager)
 
     def _disk(self) -> DiskCheckpointer:
         assert self.manager is not None
@@ -159,12 +168,13 @@ class _Checkpoints:
             )
         return self.disk
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self, copy: bool = True) -> dict[str, Any]:
         assert self.manager is not None
+        keep = _copied if copy else (lambda state: state)
         with self.ee.section("checkpoint"):
             return {
-                "model": _copied(self.model.state_dict()),
-                "optimizer": _copied(self.optimizer.state_dict()),
+                "model": keep(self.model.state_dict()),
+                "optimizer": keep(self.optimizer.state_dict()),
                 "manager": self.manager.state_dict(),
             }
 
@@ -172,7 +182,10 @@ class _Checkpoints:
         """Saves after ``step`` if this replica saves for all (the others must not wait on
         the disk, nor take a slow save for a hang)."""
         assert self.manager is not None
-        if self.manager.comm.membership.source != self.manager.replica:
+        if not self.manager.is_saving_replica():
+            return
+        if self.snapshots is not None:  # blocks only for the copy into the holder
+            self._snapshot(self._state(copy=False), step)
             return
         state = self._state()
         state["manager"]["step"] = step + 1
@@ -180,9 +193,26 @@ class _Checkpoints:
 
     def save_now(self, step: int) -> str:
         """The controller's checkpoint command: saves after ``step``; returns the path."""
+        if self.snapshots is not None:
+            return self._snapshot(self._state(copy=False), step, strict=True)
         state = self._state()
         state["manager"]["step"] = step + 1
         return self._write(state, step)
+
+    def _snapshot(self, state: dict[str, Any], step: int, strict: bool = False) -> str:
+        """Copies this rank's share into its node's holder; a failed copy is reported (the
+        holder keeps the previous snapshot) and raised only for the controller's command."""
+        assert self.snapshots is not None
+        state["manager"]["step"] = step + 1
+        with self.ee.hook.pause("checkpoint"):
+            saved = self.snapshots.save(state, step)
+        labels = {"bytes": str(saved.nbytes), "seconds": f"{saved.blocking_s:.6f}"}
+        if not saved.ok:
+            labels["error"] = saved.error[:200]
+        self.ee.hook.event("event.checkpoint", float(step), tier="memory", **labels)
+        if strict and not saved.ok:
+            raise CheckpointError(saved.error)
+        return f"memory:{self.snapshots.client.cfg.node}/step_{step}"
 
     def _write(self, state: dict[str, Any], step: int) -> str:
         saved = self._disk().save(state, step)
@@ -195,19 +225,31 @@ class _Checkpoints:
         for write in writes:
             write.result()
 
+    def close(self) -> None:
+        self.flush()
+        if self.snapshots is not None:
+            self.snapshots.close()
+
     def restore(self, at_most: int | None) -> int | None:
         """Loads the newest checkpoint (no later than ``at_most``) with the manager's state
         (the data positions); returns its step, or None when there is none."""
         assert self.manager is not None
         self.flush()
-        restored = self._disk().load(at_most)
-        if restored is None:
-            return None
-        step, state = restored
+        if self.snapshots is not None:
+            got = self.snapshots.load(at_most)
+            if got is None:
+                return None
+            step, state, tier = got.step, got.state, got.tier
+            labels = {"seconds": f"{got.seconds:.6f}"}
+        else:
+            restored = self._disk().load(at_most)
+            if restored is None:
+                return None
+            (step, state), tier, labels = restored, "disk", {}
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.manager.load_state_dict(state["manager"])
-        self.ee.hook.event("event.restore", float(step), tier="disk")
+        self.ee.hook.event("event.restore", float(step), tier=tier, **labels)
         return step
 
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
         ClientConfig,
         HolderConfig,
         Ring,
+        parse_ring,
+        ring_text,
         shm_dir_from,
     )
     from ft_runtime.ckpt.holder import Holder
@@ -41,6 +43,8 @@ _WHERE = {
     "HolderConfig": "config",
     "Ring": "config",
     "shm_dir_from": "config",
+    "parse_ring": "config",
+    "ring_text": "config",
     "Holder": "holder",
     "HolderProcess": "launch",
     "holder_argv": "launch",
@@ -80,5 +84,7 @@ __all__ = [
     "StateWatcher",
     "Tier",
     "holder_argv",
+    "parse_ring",
+    "ring_text",
     "shm_dir_from",
 ]

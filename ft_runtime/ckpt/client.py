@@ -290,13 +290,14 @@ class CheckpointClient:
                 )
         return m
 
-    def load(self, into: Any = None) -> LoadResult | None:
+    def load(self, into: Any = None, at_most: int | None = None) -> LoadResult | None:
         """Restores the newest step whose every shard can be read and verified.
 
         Args:
             into: optionally, a state of the same structure (e.g. the freshly built model's
                 and optimizer's state dicts): its CPU tensors with matching name, dtype and
                 shape are filled in place and returned, which saves allocating them again.
+            at_most: only steps up to this one (a rollback); None: the newest of all.
 
         Returns None when no checkpoint exists anywhere; raises CheckpointsUnusable when
         some exist but none can be loaded (corrupt, or of another shape or dtype than
@@ -310,6 +311,8 @@ class CheckpointClient:
         cat = Catalog(self.cfg, self._rpcs)
         skipped: list[str] = []
         for step, nshards in cat.candidates():
+            if at_most is not None and step > at_most:
+                continue
             got = [cat.read(step, i, nshards, skipped) for i in range(nshards)]
             if any(g is None for g in got):
                 skipped.append(f"step {step}: a shard could not be read from any tier")

@@ -86,6 +86,23 @@ class Ring:
         return self.nodes[(self.index(node) - 1) % len(self.nodes)]
 
 
+def ring_text(ring: Ring) -> str:
+    """The ring as ``node0=tcp://host:port,node1=...`` (what :func:`parse_ring` reads)."""
+    return ",".join(f"{node}={endpoint}" for node, endpoint in ring.nodes)
+
+
+def parse_ring(text: str) -> Ring:
+    """The ring written by :func:`ring_text`.
+
+    Raises:
+        ValueError: the text is not ``node=endpoint`` pairs separated by commas.
+    """
+    pairs = [p.split("=", 1) for p in text.split(",") if p]
+    if not pairs or any(len(p) != 2 for p in pairs):
+        raise ValueError(f"ring {text!r}: expected node=endpoint pairs separated by commas")
+    return Ring(tuple((a, b) for a, b in pairs))
+
+
 @dataclass(frozen=True, slots=True)
 class HolderConfig:
     """One node's snapshot holder.

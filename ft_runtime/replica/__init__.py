@@ -7,7 +7,8 @@ The rank side, for training scripts (docs/replica-api.md):
 - ``OptimizerWrapper``: an optimizer whose ``step()`` applies only what the replicas
   agreed on;
 - ``init_process_group``: the replica's own group, for ``DistributedDataParallel``;
-- ``ReplicaSampler``: the data ledger as a sampler.
+- ``ReplicaSampler``: the data ledger as a sampler;
+- ``Snapshots``: the saving replica's checkpoints through the job's snapshot holders.
 
 The controller side: ``supervisor`` restarts one failed replica while the others keep
 training; ``state`` is its record of each replica; ``inflight`` carries control commands
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ft_runtime.replica.ddp import init_process_group
     from ft_runtime.replica.manager import Manager, StepResult
     from ft_runtime.replica.optim import OptimizerWrapper
+    from ft_runtime.replica.snapshots import Snapshots
     from ft_runtime.replica.supervisor import ReplicaSupervisor
 
 _WHERE = {
@@ -39,6 +41,7 @@ _WHERE = {
     "ReplicaSampler": "data",
     "init_process_group": "ddp",
     "ReplicaSupervisor": "supervisor",
+    "Snapshots": "snapshots",
 }
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "ReplicaSampler",
     "ReplicaState",
     "ReplicaSupervisor",
+    "Snapshots",
     "StepResult",
     "init_process_group",
     "restore_priority",

@@ -155,6 +155,11 @@ class Manager:
         saves for all."""
         return self.replica_rank == 0 and self.comm.membership.source == self.replica
 
+    def is_saving_replica(self) -> bool:
+        """Whether this rank's replica saves for all (every rank of it saves its share of a
+        sharded checkpoint, such as ``Snapshots``)."""
+        return self.comm.membership.source == self.replica
+
     # ---- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """What to save beside the model: the step and every replica's data position, so
@@ -177,6 +182,7 @@ class Manager:
         mark = marks[self.replica] if self.replica < len(marks) else 0
         self.comm.barrier()  # every rank read the ledger before rank 0 rewrites it
         self.comm.forget_batches(mark)
+        self.comm.barrier()  # and reads it again only once rank 0 has rewritten it
         self.batch = self.comm.next_batch(mark)
         self._restored = True
 

@@ -10,6 +10,7 @@ bitwise equal to its source.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,12 +56,15 @@ class OptimizerWrapper:
         self.manager.begin_step()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, closure: None = None) -> bool:
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Averages the gradients across replicas and applies them once the replica
-        committed; returns True (a step that cannot commit raises ``LeftQuorum``, and the
-        rank restarts and catches up)."""
+        committed. A ``closure`` (as ``torch.optim`` takes it: it computes the loss and the
+        gradients) runs first, and its loss is returned; without one, True (a step that
+        cannot commit raises ``LeftQuorum``, and the rank restarts and catches up)."""
+        loss: Any = True
         if closure is not None:
-            raise ValueError("OptimizerWrapper.step takes no closure: compute the loss first")
+            with torch.enable_grad():
+                loss = closure()
         flat = torch.cat(
             [
                 (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
@@ -71,7 +75,7 @@ class OptimizerWrapper:
         lr = float(self.optimizer.param_groups[0]["lr"]) * result.lr_scale
         self._apply(flat, lr)
         self.manager.commit(flat, lr)
-        return True
+        return loss
 
     def _apply(self, flat: torch.Tensor, lr: float) -> None:
         """One optimizer step from an averaged flat gradient at learning rate ``lr`` (the
