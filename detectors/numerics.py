@@ -9,7 +9,7 @@ import numpy as np
 
 from collector.types import JOB, Frame, Subject
 from collector.vocabulary import canonical_name
-from detectors._series import JobSeries, RobustWindow, finite, job_frame
+from detectors._series import JobSeries, RobustWindow, finite, job_frame, job_value
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
@@ -124,8 +124,8 @@ class SeriesSpike(JobSeries):
             return ()
         row = int(np.argmax(np.where(finite_rows, column, -np.inf)))
         values = {self.feature: float(column[row])}
-        if self.confirm and self.confirm in batch.features:
-            values[self.confirm] = float(np.median(batch.column(self.confirm)))
+        if self.confirm and (confirm := job_value(batch, self.confirm)) is not None:
+            values[self.confirm] = confirm
         found = self.process(Frame(JOB, batch.step, batch.time, values))
         return [replace(f, subject=batch.subject(row)) for f in found]
 

@@ -134,3 +134,20 @@ def test_a_gradient_spike_followed_by_a_non_finite_loss_is_confirmed() -> None:
     assert [(f.kind, f.step, f.evidence["loss_non_finite"]) for f in found] == [
         ("grad_spike", 60, 1.0)
     ]
+
+
+def test_the_highest_rank_s_gradient_spike_is_confirmed_by_the_job_s_loss() -> None:
+    from detectors.numerics import grad_norm_spike
+    from tests.detectors._batches import batch
+
+    found = []
+    for reacted in (False, True):
+        det = grad_norm_spike(warmup=20, min_ratio=1.0, reduce="max")
+        found.append([])
+        for frame in _norm_and_loss(60, 2.0 if reacted else 1.0):
+            norm = np.full(4, frame.values["grad_norm"])
+            loss = np.full(4, frame.values["loss"])
+            loss[3] = np.nan  # one rank without a loss: the others' median confirms
+            found[-1] += det.process_step(batch(frame.step, {"grad_norm": norm, "loss": loss}))
+    assert found[0] == []
+    assert [(f.kind, f.step) for f in found[1]] == [("grad_spike", 60)]
