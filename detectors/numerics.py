@@ -3,24 +3,37 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from collector.types import JOB, Frame, Subject
 from collector.vocabulary import canonical_name
-from detectors._series import JobSeries, RobustWindow, finite
+from detectors._series import JobSeries, RobustWindow, finite, job_frame, job_value
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
 
 
 @dataclass
+class _Pending:
+    """A spike waiting for the confirming series to react: the finding it will be, the
+    confirming series' level and noise before it, and its values since."""
+
+    finding: Finding
+    level: float
+    noise: float
+    after: list[float] = field(default_factory=list)
+
+
+@dataclass
 class _State:
     window: RobustWindow
+    confirm: RobustWindow
     above: int = 0
     below: int = 0
     fired: bool = False
+    pending: _Pending | None = None
 
 
 class SeriesSpike(JobSeries):
@@ -36,6 +49,16 @@ class SeriesSpike(JobSeries):
     In step mode it watches the job-wide value: the median over ranks, or with
     ``reduce="max"`` the highest rank's value, so a spike on one rank (its bad batch) is
     seen too and the finding names that rank.
+
+    With a ``confirm`` series (the gradient norm's is the loss) a spike is a finding only
+    when that series reacts: the median of its ``react`` values after the spike exceeds
+    its level before it by ``react_z`` times its noise and by ``react_ratio`` of that
+    level, or one of them is not finite. A gradient norm that jumps tenfold on one hard
+    batch of a small model is clipped and forgotten; one that set training back shows in
+    the loss for longer than a few steps (a quarter above its level over the median of ten
+    steps, by default: the tiny preset's healthy loss rises 20 % for three steps after a
+    clipped hard batch). A frame without the confirming series fires at once, as without
+    ``confirm``.
 
     >>> det = SeriesSpike("loss", "loss_spike", warmup=5)
     >>> from collector.types import Frame, JOB
@@ -56,9 +79,17 @@ class SeriesSpike(JobSeries):
         clear: int = 5,
         reduce: str = "median",
         recent: int = 5,
+        confirm: str | None = None,
+        react: int = 10,
+        react_z: float = 6.0,
+        react_ratio: float = 0.25,
     ) -> None:
         if reduce not in ("median", "max"):
             raise DetectorError(f"reduce must be 'median' or 'max', got {reduce!r}")
+        if react < 1:
+            raise DetectorError(f"react must be at least 1 value, got {react}")
+        self.confirm = canonical_name(confirm) if confirm else None
+        self.react, self.react_z, self.react_ratio = react, react_z, react_ratio
         self.reduce = reduce
         self.feature, self.kind = canonical_name(feature), kind
         self.name = kind
@@ -83,31 +114,77 @@ class SeriesSpike(JobSeries):
             self._state(frame.subject).window.add(value)
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
+        features = (self.feature, self.confirm) if self.confirm else (self.feature,)
         if self.reduce == "median":
-            return super().process_step(batch)
+            frame = job_frame(batch, features)
+            return self.process(frame) if frame is not None else ()
         column = batch.column(self.feature)
         finite_rows = np.isfinite(column)
         if not finite_rows.any():
             return ()
         row = int(np.argmax(np.where(finite_rows, column, -np.inf)))
-        found = self.process(Frame(JOB, batch.step, batch.time, {self.feature: float(column[row])}))
+        values = {self.feature: float(column[row])}
+        if self.confirm and (confirm := job_value(batch, self.confirm)) is not None:
+            values[self.confirm] = confirm
+        found = self.process(Frame(JOB, batch.step, batch.time, values))
         return [replace(f, subject=batch.subject(row)) for f in found]
 
     def process(self, frame: Frame) -> Sequence[Finding]:
+        state = self._state(frame.subject)
+        confirmed = self._react(state, frame)
         value = finite(frame, self.feature)
         if value is None:
-            return ()
-        state = self._state(frame.subject)
+            self._learn_confirm(state, frame)
+            return confirmed
         score = self.score_one(frame)
         if score <= self.z:
             state.window.add(value)
             state.below += 1
             state.fired = state.fired and state.below < self.clear
-            return ()
+            self._learn_confirm(state, frame)
+            return confirmed
         state.below = 0
         if state.fired:
-            return ()
+            self._learn_confirm(state, frame)
+            return confirmed
         state.fired = True
+        finding = self._finding(state, frame, value, score)
+        if self.confirm and len(state.confirm) >= 3 and self.confirm in frame.values:
+            level, noise = state.confirm.local(self.recent)
+            state.pending = _Pending(finding, level, noise)
+            self._learn_confirm(state, frame)
+            return confirmed
+        self._learn_confirm(state, frame)
+        return (*confirmed, finding)
+
+    def _learn_confirm(self, state: _State, frame: Frame) -> None:
+        if self.confirm and (value := finite(frame, self.confirm)) is not None:
+            state.confirm.add(value)
+
+    def _react(self, state: _State, frame: Frame) -> tuple[Finding, ...]:
+        """The pending spike's finding once the confirming series reacted to it."""
+        pending = state.pending
+        if pending is None or self.confirm is None or self.confirm not in frame.values:
+            return ()
+        value = float(frame.values[self.confirm])
+        broke = not np.isfinite(value)
+        if not broke:
+            pending.after.append(value)
+        if not broke and len(pending.after) < self.react:
+            return ()
+        state.pending = None
+        after = float(np.median(pending.after)) if pending.after else pending.level
+        bar = max(self.react_z * pending.noise, self.react_ratio * abs(pending.level))
+        if not broke and after - pending.level <= bar:
+            return ()
+        evidence = {**pending.finding.evidence, f"{self.confirm}_baseline": pending.level}
+        if broke:
+            evidence[f"{self.confirm}_non_finite"] = 1.0
+        else:
+            evidence[f"{self.confirm}_after"] = after
+        return (replace(pending.finding, evidence=evidence),)
+
+    def _finding(self, state: _State, frame: Frame, value: float, score: float) -> Finding:
         med, _ = state.window.local(self.recent)
         evidence = {
             self.feature: value,
@@ -115,23 +192,23 @@ class SeriesSpike(JobSeries):
             "ratio": value / med if med else 0.0,
             "robust_z": score,
         }
-        return (
-            Finding(
-                self.kind,
-                frame.subject,
-                score,
-                Severity.WARN,
-                frame.time,
-                frame.step,
-                evidence,
-                self.name,
-            ),
+        return Finding(
+            self.kind,
+            frame.subject,
+            score,
+            Severity.WARN,
+            frame.time,
+            frame.step,
+            evidence,
+            self.name,
         )
 
     def _state(self, subject: Subject) -> _State:
         state = self._states.get(subject)
         if state is None:
-            state = self._states[subject] = _State(RobustWindow(self.window))
+            state = self._states[subject] = _State(
+                RobustWindow(self.window), RobustWindow(self.window if self.confirm else 1)
+            )
         return state
 
 
@@ -141,7 +218,13 @@ def loss_spike(**params: float) -> SeriesSpike:
 
 
 def grad_norm_spike(**params: float) -> SeriesSpike:
-    """A SeriesSpike on ``grad_norm`` (kind ``grad_spike``)."""
+    """A SeriesSpike on ``grad_norm`` (kind ``grad_spike``) that the loss must confirm.
+
+    A gradient-norm spike the loss does not follow is a hard batch, clipped and forgotten
+    (a small model's healthy norm jumps tenfold now and then); one that set training back
+    raises the loss of the steps after it. ``confirm=""`` judges the norm alone.
+    """
+    params.setdefault("confirm", "loss")  # type: ignore[arg-type]
     return SeriesSpike("grad_norm", "grad_spike", **params)  # type: ignore[arg-type]
 
 

@@ -149,27 +149,64 @@ class LocoResult:
     whole: Mapping[str, float]
 
 
-def leave_one_out(root: Path, family: Family | None = None) -> LocoResult:
+#: How the setting is chosen on the other categories: ``pooled``, their files' verdicts
+#: normalised together (NAB's corpus score; the categories with more windows weigh
+#: more); ``mean``, the mean of their per-category normalised scores (the held-out
+#: statistic reported, each category one vote); ``min``, the worst of those (maximin: the
+#: setting that does least badly on the kind of series it suits least).
+SELECTIONS = ("pooled", "mean", "min")
+
+Table = Mapping[Setting, Mapping[str, list[FileScore]]]
+
+
+def score_table(
+    files: Sequence[NabFile], family: Family
+) -> dict[Setting, dict[str, list[FileScore]]]:
+    """Every setting's per-file scores under every profile."""
+    return {s: score_flags(files, family.flags(files, s)) for s in family.settings()}
+
+
+def leave_one_out(root: Path, family: Family | None = None, select: str = "pooled") -> LocoResult:
     """Every category held out under every profile, constants chosen on the others.
 
     ``family`` (default: the shipped RecordDetector's grid) gives the settings tried and
-    each setting's flags on every file.
+    each setting's flags on every file; ``select`` (``SELECTIONS``) how a setting is
+    judged on the other categories.
     """
-    fam = family or RecordFamily()
     files = list(load_corpus(root))
+    return held_out(files, score_table(files, family or RecordFamily()), select)
+
+
+def _judge(
+    scores: Sequence[FileScore], profile: Profile, groups: Sequence[np.ndarray], select: str
+) -> float:
+    """A setting's score on the categories of ``groups`` (file indices), as ``select`` says."""
+    if select == "pooled":
+        return _score([scores[i] for g in groups for i in g], profile)
+    per = [
+        normalised_score([scores[i] for i in g], profile)
+        for g in groups
+        if sum(scores[i].windows for i in g)
+    ]
+    return float(np.mean(per) if select == "mean" else np.min(per))
+
+
+def held_out(files: Sequence[NabFile], table: Table, select: str = "pooled") -> LocoResult:
+    """The protocol on a table of scores (``score_table``) already computed."""
+    if select not in SELECTIONS:
+        raise ValueError(f"select must be one of {', '.join(SELECTIONS)}, got {select!r}")
     cats = np.array([category(f.name) for f in files])
-    table = {s: score_flags(files, fam.flags(files, s)) for s in fam.settings()}
+    names = sorted(set(cats))
     held, pooled = [], {}
     for profile in PROFILES:
         verdicts: list[FileScore] = []
-        for cat in sorted(set(cats)):
-            inside, outside = np.flatnonzero(cats == cat), np.flatnonzero(cats != cat)
+        for cat in names:
+            inside = np.flatnonzero(cats == cat)
+            groups = [np.flatnonzero(cats == c) for c in names if c != cat]
 
-            def on(setting: Setting, rows: np.ndarray, p: Profile = profile) -> float:
-                scores = table[setting][p.name]
-                return _score([scores[i] for i in rows], p)
-
-            best = max(table, key=lambda s: on(s, outside))
+            best = max(
+                table, key=lambda st: _judge(table[st][profile.name], profile, groups, select)
+            )
             scores = [table[best][profile.name][i] for i in inside]
             verdicts += scores
             held.append(

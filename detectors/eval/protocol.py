@@ -112,19 +112,32 @@ def tune(generator: str, seeds: Sequence[int] | None = None) -> tuple[dict[Key, 
     return chosen, trail
 
 
-def cross(quick: bool = False) -> dict[str, Any]:
-    """Both directions: tuned on one generator, reported on the other's report seeds."""
+def cross(
+    quick: bool = False,
+    report_seeds: Mapping[str, tuple[range, range]] | None = None,
+    tuned_on: Sequence[str] = ("default", "fleet"),
+) -> dict[str, Any]:
+    """Both directions: tuned on one generator, reported on the other's report seeds.
+
+    ``report_seeds`` replaces a generator's (faulty, healthy) report seeds (fresh seeds
+    for a figure no change has seen); ``tuned_on`` names the directions run.
+    """
     out: dict[str, Any] = {}
-    for tuned_on, reported_on in (("default", "fleet"), ("fleet", "default")):
-        tune_seeds = list(TUNE_SEEDS[tuned_on])[: 3 if quick else None]
-        setting, trail = tune(tuned_on, tune_seeds)
-        seeds, healthy = REPORT_SEEDS[reported_on]
+    chosen = {**REPORT_SEEDS, **(report_seeds or {})}
+    for source in tuned_on:
+        if source not in TUNE_SEEDS:
+            raise ValueError(f"no generator {source!r}: tune on one of {', '.join(TUNE_SEEDS)}")
+    directions = [(a, b) for a, b in (("default", "fleet"), ("fleet", "default")) if a in tuned_on]
+    for tuned_on_, reported_on in directions:
+        tune_seeds = list(TUNE_SEEDS[tuned_on_])[: 3 if quick else None]
+        setting, trail = tune(tuned_on_, tune_seeds)
+        seeds, healthy = chosen[reported_on]
         spec = GeneratedEval(
             seeds=tuple(seeds)[: 4 if quick else None],
             healthy_seeds=tuple(healthy)[: 1 if quick else None],
             generator=reported_on,
         )
-        out[f"tuned_on_{tuned_on}"] = {
+        out[f"tuned_on_{tuned_on_}"] = {
             "setting": {f"{d}.{p}": v for (d, p), v in setting.items()},
             "tuning_trail": [
                 ({f"{d}.{p}": v for (d, p), v in s.items()}, list(o)) for s, o in trail

@@ -93,6 +93,25 @@ def add_parser(sub: Any) -> None:
         ),
     )
     c.add_argument("--quick", action="store_true", help="a few seeds only (a smoke run)")
+    c.add_argument(
+        "--tuned-on",
+        choices=("default", "fleet", "both"),
+        default="both",
+        help="the direction(s) run: the generator the constants are chosen on (default: both)",
+    )
+    for gen in ("default", "fleet"):
+        c.add_argument(
+            f"--{gen}-seeds",
+            type=_range,
+            default=None,
+            help=f"report seeds of faulty {gen} traces, A-B (fresh seeds for an unseen figure)",
+        )
+        c.add_argument(
+            f"--{gen}-healthy-seeds",
+            type=_range,
+            default=None,
+            help=f"report seeds of healthy {gen} traces, A-B",
+        )
     c.set_defaults(func=_cross)
     x = modes.add_parser(
         "export",
@@ -173,10 +192,18 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _cross(args: argparse.Namespace) -> int:
-    from detectors.eval.harness import print_report
+    from detectors.eval.harness import REPORT_SEEDS, print_report
     from detectors.eval.protocol import cross
 
-    result = cross(quick=args.quick)
+    seeds = {
+        gen: (
+            getattr(args, f"{gen}_seeds") or REPORT_SEEDS[gen][0],
+            getattr(args, f"{gen}_healthy_seeds") or REPORT_SEEDS[gen][1],
+        )
+        for gen in REPORT_SEEDS
+    }
+    tuned_on = ("default", "fleet") if args.tuned_on == "both" else (args.tuned_on,)
+    result = cross(quick=args.quick, report_seeds=seeds, tuned_on=tuned_on)
     for name, part in result.items():
         print(f"== {name}, reported on {part['reported_on']}")
         for key, value in part["setting"].items():

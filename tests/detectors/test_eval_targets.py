@@ -73,3 +73,27 @@ def test_delay_counts_from_the_first_time_a_restarted_run_reached_the_step() -> 
     match = score_trace(trace, [Emitted(finding, 3, 3.5)]).matches[0]
     assert match.found
     assert match.delay_s == 1.5
+
+
+def test_the_cross_protocol_refuses_an_unknown_generator_before_any_work() -> None:
+    from detectors.eval.protocol import cross
+
+    with pytest.raises(ValueError, match="no generator 'nope'"):
+        cross(tuned_on=("nope",))
+
+
+def test_the_cross_command_takes_fresh_report_seeds() -> None:
+    import argparse
+
+    from eagleeye.commands import eval as eval_command
+
+    parser = argparse.ArgumentParser()
+    eval_command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["eval", "cross", "--tuned-on", "default", "--fleet-seeds", "9100-9119"]
+    )
+    assert (args.tuned_on, args.fleet_seeds, args.fleet_healthy_seeds) == (
+        "default",
+        range(9100, 9120),
+        None,
+    )

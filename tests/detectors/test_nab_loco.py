@@ -7,7 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
+from detectors.eval.nab import PROFILES
 from detectors.eval.nab_families import BOTH, CadFamily, FusionFamily, RecordFamily
 from detectors.eval.nab_loco import leave_one_out
 
@@ -87,3 +89,28 @@ def test_the_cli_runs_the_cad_family_held_out(tmp_path: Path) -> None:
     assert {h["category"] for h in result["held"]} == {"catA", "catB"}
     assert all(len(h["setting"]) == 3 for h in result["held"])  # threshold, rest, margin
     assert set(result["whole"]) == {"standard", "reward_low_FP_rate", "reward_low_FN_rate"}
+
+
+def test_the_selection_decides_how_the_other_categories_weigh() -> None:
+    from detectors.eval.nab import FileScore
+    from detectors.eval.nab_corpus import NabFile
+    from detectors.eval.nab_loco import held_out
+
+    def hits(k: int, of: int) -> FileScore:  # k of ``of`` windows found at once, no FP
+        return FileScore(float(k) - (of - k), k, 0, of - k, of, of)
+
+    # Category big (ten windows), small (one window) and the held-out one. Setting 1 finds
+    # everything in big and nothing in small; setting 2 finds half of big and all of small.
+    files = [NabFile(f"{c}/f.csv", np.zeros(1), np.zeros(1), ()) for c in ("big", "held", "small")]
+    table = {
+        (1.0,): {p.name: [hits(10, 10), hits(0, 1), hits(0, 1)] for p in PROFILES},
+        (2.0,): {p.name: [hits(5, 10), hits(1, 1), hits(1, 1)] for p in PROFILES},
+    }
+    chosen = {
+        select: {h.setting for h in held_out(files, table, select).held if h.category == "held"}
+        for select in ("pooled", "mean", "min")
+    }
+    # Pooled, the big category's ten windows outvote the small one's; per category, not.
+    assert chosen == {"pooled": {(1.0,)}, "mean": {(2.0,)}, "min": {(2.0,)}}
+    with pytest.raises(ValueError, match="select must be one of"):
+        held_out(files, table, "median")

@@ -85,3 +85,69 @@ def test_loss_spike_on_one_rank_is_seen_in_max_mode_and_names_the_rank() -> None
     assert [(f.kind, f.subject.rank, f.step) for f in found] == [("loss_spike", 6, 25)]
     with pytest.raises(DetectorError, match="reduce"):
         SeriesSpike(reduce="mean")
+
+
+def _norm_and_loss(spike_at: int, loss_after: float, lasting: int = 10) -> list[Frame]:
+    """A decaying gradient norm with a twelvefold jump at ``spike_at``; the loss after it
+    multiplied by ``loss_after`` for ``lasting`` steps."""
+    rng = np.random.default_rng(1)
+    frames = []
+    for s in range(120):
+        norm = (0.8 + 2.0 * np.exp(-s / 15)) * rng.lognormal(0.0, 0.15)
+        loss = 3.2 + 0.1 * rng.standard_normal()
+        if s == spike_at:
+            norm *= 12.0
+        if spike_at < s <= spike_at + lasting:
+            loss *= loss_after
+        frames.append(Frame(JOB, s, float(s), {"grad_norm": norm, "loss": loss}))
+    return frames
+
+
+def test_a_gradient_norm_spike_is_a_finding_only_when_the_loss_reacts() -> None:
+    from detectors.numerics import grad_norm_spike
+
+    def run(loss_after: float, lasting: int = 10, **params: float) -> list:
+        det = grad_norm_spike(warmup=20, min_ratio=1.0, **params)
+        frames = _norm_and_loss(60, loss_after, lasting)
+        return [f for frame in frames for f in det.process(frame)]
+
+    # A hard batch: the norm jumps twelvefold, clipping absorbs it, the loss goes on, or
+    # rises by half for three steps and recovers.
+    assert run(1.0) == []
+    assert run(1.5, lasting=3) == []
+    # The same spike judged alone (no confirming series) is a finding, as before.
+    assert [f.step for f in run(1.0, confirm="")] == [60]
+    # A spike that set training back: the loss of the ten steps after it is 60 % higher.
+    (found,) = run(1.6)
+    assert (found.kind, found.step) == ("grad_spike", 60)
+    assert found.evidence["ratio"] > 5.0
+    assert found.evidence["loss_after"] > 1.4 * found.evidence["loss_baseline"]
+
+
+def test_a_gradient_spike_followed_by_a_non_finite_loss_is_confirmed() -> None:
+    from detectors.numerics import grad_norm_spike
+
+    det = grad_norm_spike(warmup=20, min_ratio=1.0)
+    frames = _norm_and_loss(60, 1.0)
+    frames[62] = Frame(JOB, 62, 62.0, {"grad_norm": 1.0, "loss": float("nan")})
+    found = [f for frame in frames for f in det.process(frame)]
+    assert [(f.kind, f.step, f.evidence["loss_non_finite"]) for f in found] == [
+        ("grad_spike", 60, 1.0)
+    ]
+
+
+def test_the_highest_rank_s_gradient_spike_is_confirmed_by_the_job_s_loss() -> None:
+    from detectors.numerics import grad_norm_spike
+    from tests.detectors._batches import batch
+
+    found = []
+    for reacted in (False, True):
+        det = grad_norm_spike(warmup=20, min_ratio=1.0, reduce="max")
+        found.append([])
+        for frame in _norm_and_loss(60, 2.0 if reacted else 1.0):
+            norm = np.full(4, frame.values["grad_norm"])
+            loss = np.full(4, frame.values["loss"])
+            loss[3] = np.nan  # one rank without a loss: the others' median confirms
+            found[-1] += det.process_step(batch(frame.step, {"grad_norm": norm, "loss": loss}))
+    assert found[0] == []
+    assert [(f.kind, f.step) for f in found[1]] == [("grad_spike", 60)]
