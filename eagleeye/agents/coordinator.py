@@ -9,8 +9,11 @@ its collateral. An agent lost (``Membership.lost``) is a ``host_lost`` finding: 
 spare host the job stops, the other agents' ranks ended (do no harm: nothing is
 restarted onto a host that is gone). Every rank exiting 0 ends the job as succeeded. The
 samples the agents forward from their hosts' sources are stored and read by the host
-rules; their findings (XIDs, ECC errors, thermal throttles) are recorded, not yet acted
-on.
+rules: a critical XID or an uncorrectable memory error evicts its host (with no spare,
+the job stops); a thermal throttle is recorded. The ranks' telemetry arrives reduced on
+the hosts (``SummaryIntake``) and is judged by ``reduced_detectors``; its findings are
+recorded. A stop (a signal to the controller or an agent) asks the loops for a
+checkpoint first when there is a grace period.
 """
 
 from __future__ import annotations
@@ -204,8 +207,20 @@ class JobCoordinator:
         for frame in host_frames(samples):
             for detector in self._host_rules:
                 for finding in detector.process(frame):
-                    self.store.add_finding(finding)
+                    finding_id = self.store.add_finding(finding)
                     self.on_update(finding)
+                    if _evicts(finding) and self.phase is Phase.RUNNING:
+                        self._evict(report.agent, finding, finding_id)
+
+    def _evict(self, agent: str, finding: Finding, finding_id: int) -> None:
+        """A host whose GPU is beyond use (a fatal XID, an uncorrectable memory error):
+        evicted. With no spare host to take its ranks, the job stops (a restart on the
+        same GPU would fail again; a scheduler's requeue finds healthy hosts)."""
+        state = self.members.agents.get(agent)
+        host = state.host if state is not None else agent
+        self._event(f"agent:{agent}", Phase.EVICTED, host=host, cause=finding.kind)
+        self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, "no spare host: stopped")
+        self._end(Phase.FAILED, f"host {host} evicted: {finding.kind} on {finding.subject}")
 
     def _rank_events(self, report: AgentReport) -> list[Sample]:
         """The ranks' events an agent forwards as they are (checkpoints, faults, loops
@@ -299,6 +314,12 @@ class JobCoordinator:
         event = LifecycleEvent(subject, phase, self.clock(), self.attempt, detail)
         self.store.add_event(event)
         self.on_update(event)
+
+
+def _evicts(finding: Finding) -> bool:
+    """Whether a host rule's finding makes its host unusable: a critical XID (the GPU
+    fell off the bus, a double-bit error, ...) or an uncorrectable memory error."""
+    return finding.severity is Severity.CRITICAL and finding.kind in ("xid", "ecc")
 
 
 def _seconds(value: object) -> float:

@@ -192,13 +192,10 @@ class Sealed:
 Parsed = tuple[str, int, int, int, int, tuple[str, ...], bytes, tuple[RankRow, ...]]
 
 
-def parse_summary(key: bytes, frames: Sequence[bytes]) -> Parsed:
-    """The parts of the summary in ``frames``, all checked but the statistics' values
-    (``check_stats`` checks many summaries' at once); raises Refused (``frames``,
-    ``auth``, ``schema``)."""
-    if len(frames) != 2:
-        raise Refused(f"a summary of {len(frames)} frames, not 2", "frames")
-    payload, mac = frames
+def parse_summary(key: bytes, payload: bytes, mac: bytes) -> Parsed:
+    """The parts of the summary ``payload`` sealed by ``mac``, all checked but the
+    statistics' values (``check_stats`` checks many summaries' at once); raises Refused
+    (``auth``, ``schema``)."""
     if not hmac.compare_digest(mac, hashlib.blake2b(payload, key=key, digest_size=32).digest()):
         raise Refused("a summary without a valid MAC of the shared secret", "auth")
     try:
@@ -230,8 +227,11 @@ def parse_summary(key: bytes, frames: Sequence[bytes]) -> Parsed:
 
 
 def decode_summary(key: bytes, frames: Sequence[bytes]) -> tuple[Sealed, HostSummary]:
-    """The envelope and the validated summary in ``frames``; raises Refused."""
-    session, seq, step, attempt, ranks, names, stats, rows = parse_summary(key, frames)
+    """The envelope and the validated summary in ``frames`` (the payload and its MAC);
+    raises Refused (``frames``, ``auth``, ``schema``)."""
+    if len(frames) != 2:
+        raise Refused(f"a summary of {len(frames)} frames, not 2", "frames")
+    session, seq, step, attempt, ranks, names, stats, rows = parse_summary(key, *frames)
     summary = HostSummary(step, attempt, ranks, names, stats, rows)
     if not check_stats([stats], [ranks]).all():
         raise Refused("a summary whose statistics are not finite, ordered, in range", "schema")

@@ -188,7 +188,7 @@ def test_an_agent_gone_silent_is_a_lost_host_and_the_job_stops(tmp_path: Path) -
     cluster.no_rank_left()
 
 
-def test_an_agents_kernel_log_xid_is_a_finding_at_the_controller(tmp_path: Path) -> None:
+def test_an_agents_kernel_log_xid_evicts_its_host(tmp_path: Path) -> None:
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, before the job\n")
     extra = ("--kernel-log", str(kernel_log), "--sources-period", "0.2")
@@ -200,12 +200,15 @@ def test_an_agents_kernel_log_xid_is_a_finding_at_the_controller(tmp_path: Path)
         finding = cluster.read(lambda i: i.get("type") == "Finding")
         assert (finding["kind"], finding["subject"]["node"]) == ("xid", "node1")
         assert (finding["severity"], finding["evidence"]["xid"]) == ("critical", 79.0)
-        cluster.controller.send_signal(signal.SIGTERM)
-        assert cluster.ended()["phase"] == "failed"
+        end = cluster.ended()  # the host is evicted; with no spare, the job stops
+        assert end["phase"] == "failed"
+        assert "evicted: xid" in end["detail"]["reason"]
         assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
     finally:
         cluster.close()
     with RunReader(tmp_path / "runs" / "r") as run:
         xids = run.query("SELECT node, value FROM samples WHERE name = 'gpu_xid'")
+        actions = run.actions()
     assert list(zip(xids["node"], xids["value"], strict=True)) == [("node1", 79.0)]
+    assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [("evict", "xid")]
     cluster.no_rank_left()

@@ -103,7 +103,7 @@ def test_the_intake_reduces_hosts_to_outliers_the_job_and_the_hosts_that_stand_o
         if node == 2:  # the whole host is slow: no rank of it stands out on its own
             values = {8 * node + r: {"compute_ms": 250.0, "step_time": 0.2} for r in range(8)}
             summary = summarise(3, 0, values)
-        parsed = parse_summary(KEY, encode_summary(summary, KEY, SESSION, node + 1))
+        parsed = parse_summary(KEY, *encode_summary(summary, KEY, SESSION, node + 1))
         intake.take(node, parsed, 300, 100.0)
     early = intake.frames(hosts=5)  # the step waits for a fifth host; the row is out
     assert [f.subject.rank for f in early] == [9]
@@ -113,14 +113,14 @@ def test_the_intake_reduces_hosts_to_outliers_the_job_and_the_hosts_that_stand_o
     assert node.values["compute_ms.median"] == 250.0
     assert job.values["compute_ms.max"] == 300.0
     assert (job.values["ranks_reporting"], job.values["hosts_reporting"]) == (32.0, 4.0)
-    row = parse_summary(KEY, encode_summary(host_step(4, slow=3), KEY, SESSION, 9))
+    row = parse_summary(KEY, *encode_summary(host_step(4, slow=3), KEY, SESSION, 9))
     with pytest.raises(Refused, match="rank 3"):  # node rank 1 naming node 0's rank
         intake.take(1, row, 300, 100.0)
 
 
 def test_the_outlier_rows_go_out_at_once_with_the_hosts_median() -> None:
     intake = SummaryIntake(JobLayout(nnodes=2, nproc_per_node=8), clock=lambda: 0.0)
-    parsed = parse_summary(KEY, encode_summary(host_step(3, slow=9, base=8), KEY, SESSION, 1))
+    parsed = parse_summary(KEY, *encode_summary(host_step(3, slow=9, base=8), KEY, SESSION, 1))
     intake.take(1, parsed, 300, 0.0)
     (row,) = intake.frames(hosts=2)
     assert row.subject == Subject(replica=0, rank=9, node="node1")
