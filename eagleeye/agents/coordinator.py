@@ -126,7 +126,8 @@ class JobCoordinator:
             deadline = self.clock() + grace / 2
             while self.clock() < deadline and not self._listening <= self._saved:
                 self._poll()
-        return self._end(Phase.FAILED, reason, grace_s=max(grace_end - self.clock(), 0.0))
+        left = max(grace_end - self.clock(), 0.0) if grace > 0 else None  # None: the agents'
+        return self._end(Phase.FAILED, reason, grace_s=left)
 
     def _poll(self) -> None:
         for got in self.members.poll(timeout_s=0.05):

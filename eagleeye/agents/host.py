@@ -143,7 +143,9 @@ class HostAgent:
         ours = {
             **self.telemetry.env,
             ENV_RUN_DIR: str(run_dir),  # where a graceful stop's checkpoint request goes
-            ENV_CHECKPOINT_DIR: str(run_dir / "checkpoints"),
+            # a shared folder when the agent's environment names one (rank 0's manifest
+            # then covers every rank), else this host's own
+            ENV_CHECKPOINT_DIR: os.environ.get(ENV_CHECKPOINT_DIR, str(run_dir / "checkpoints")),
         }
         for spec in self.specs:
             env = {

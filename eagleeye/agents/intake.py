@@ -29,10 +29,14 @@ from ft_runtime.layout import JobLayout
 
 @dataclass
 class _Step:
+    """One step's summaries, host by host: node rank, ranks, metric names, statistics."""
+
     first: float
     attempt: int
-    hosts: list[tuple[int, int, tuple[str, ...], bytes]] = field(default_factory=list)
-    # (node rank, ranks, metric names, statistics) per host
+    nodes: list[int] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    names: list[tuple[str, ...]] = field(default_factory=list)
+    stats: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -71,7 +75,10 @@ class SummaryIntake:
         pending = self._steps.get((attempt, step))
         if pending is None:
             pending = self._steps[(attempt, step)] = _Step(now, attempt)
-        pending.hosts.append((node_rank, ranks, names, stats))
+        pending.nodes.append(node_rank)
+        pending.ranks.append(ranks)
+        pending.names.append(names)
+        pending.stats.append(stats)
         self.summaries += 1
         self.nbytes += nbytes
 
@@ -105,7 +112,7 @@ class SummaryIntake:
         ready = sorted(
             key
             for key, pending in self._steps.items()
-            if len(pending.hosts) >= hosts or now - pending.first >= self.wait_s
+            if len(pending.nodes) >= hosts or now - pending.first >= self.wait_s
         )
         excess = len(self._steps) - len(ready) - self.max_steps
         if excess > 0:
@@ -117,11 +124,13 @@ class SummaryIntake:
         return out
 
     def _reduce(self, step: int, pending: _Step, hosts: int) -> list[Frame]:
-        nodes, ranks, names, table = _table(pending.hosts)
+        nodes = np.array(pending.nodes, dtype=np.int64)
+        ranks = np.array(pending.ranks, dtype=np.float64)
+        names, table = _table(pending.names, pending.stats)
         sound = _sound(table, ranks)
         if not sound.all():
             self.refused["schema"] += int((~sound).sum())
-            nodes, ranks, table = nodes[sound], ranks[sound], table[sound]
+            nodes, ranks, table = nodes[sound], ranks[sound], table[:, :, sound]
         job = {
             "ranks_reporting": float(ranks.sum()),
             "hosts_reporting": float(len(nodes)),
@@ -130,15 +139,16 @@ class SummaryIntake:
         }
         if not len(nodes):
             return [Frame(Subject(), step, self.clock(), job)]
-        medians = table[:, :, 1]
-        gaps = np.isnan(medians).any()
+        medians = table[1]  # metrics × hosts
+        gaps = bool(np.isnan(medians).any())
         with np.errstate(all="ignore"):
-            centre = (np.nanmedian if gaps else np.median)(medians, axis=0)
-            lows, highs = np.nanmin(table[:, :, 2], axis=0), np.nanmax(table[:, :, 3], axis=0)
+            centre = (np.nanmedian if gaps else np.median)(medians, axis=1)
+            lows = (np.nanmin if gaps else np.min)(table[2], axis=1)
+            highs = (np.nanmax if gaps else np.max)(table[3], axis=1)
         for which, column in (("median", centre), ("min", lows), ("max", highs)):
             job.update({f"{n}.{which}": float(v) for n, v in zip(names, column, strict=True)})
         out = [
-            self._node_frame(int(nodes[j]), step, names, table[j])
+            self._node_frame(int(nodes[j]), step, names, table[:, :, j])
             for j in self._standing_out(medians, centre, gaps)
         ]
         return [*out, Frame(Subject(), step, self.clock(), job)]
@@ -146,59 +156,57 @@ class SummaryIntake:
     def _standing_out(self, medians: np.ndarray, centre: np.ndarray, gaps: bool) -> list[int]:
         """The hosts whose median stands out on some metric against the hosts' median
         (judged on the metrics that three hosts or more report)."""
-        distance = np.abs(medians - centre)
+        distance = np.abs(medians - centre[:, None])
         with np.errstate(all="ignore"):
-            spread = 1.4826 * (np.nanmedian if gaps else np.median)(distance, axis=0)
+            spread = 1.4826 * (np.nanmedian if gaps else np.median)(distance, axis=1)
         r = self.reduction
         bar = np.maximum(np.maximum(r.z * spread, r.rel * np.abs(centre)), r.floor)
-        judged = (~np.isnan(medians)).sum(axis=0) >= 3
-        out = (distance > bar) & judged
-        return [int(j) for j in np.flatnonzero(out.any(axis=1))]
+        judged = (~np.isnan(medians)).sum(axis=1) >= 3
+        out = (distance > bar[:, None]) & judged[:, None]
+        return [int(j) for j in np.flatnonzero(out.any(axis=0))]
 
     def _node_frame(
         self, node_rank: int, step: int, names: tuple[str, ...], table: np.ndarray
     ) -> Frame:
-        values = {"ranks_reporting": float(np.nanmax(table[:, 0], initial=0.0))}
+        """A host's frame from its statistics (5 × metrics)."""
+        values = {"ranks_reporting": float(np.nanmax(table[0], initial=0.0))}
         for k, which in enumerate(STATS[1:], start=1):
-            column = zip(names, table[:, k], strict=True)
+            column = zip(names, table[k], strict=True)
             values.update({f"{n}.{which}": float(v) for n, v in column if not math.isnan(v)})
         node = self.layout.rank(node_rank * self.layout.nproc_per_node).node
         return Frame(Subject(node=node), step, self.clock(), values)
 
 
-def _table(
-    hosts: list[tuple[int, int, tuple[str, ...], bytes]],
-) -> tuple[np.ndarray, np.ndarray, tuple[str, ...], np.ndarray]:
-    """Node ranks, ranks, the union of the metrics' names and every host's statistics as
-    one hosts × metrics × 5 array (NaN where a host has no such metric)."""
-    nodes = np.fromiter((h[0] for h in hosts), np.int64, len(hosts))
-    ranks = np.fromiter((h[1] for h in hosts), np.float64, len(hosts))
-    first = hosts[0][2]
-    if all(h[2] is first or h[2] == first for h in hosts):  # the usual case: one vocabulary
-        flat = np.frombuffer(b"".join(h[3] for h in hosts), "<f8")
-        return nodes, ranks, first, flat.reshape(len(hosts), len(first), 5)
-    union = tuple(sorted({n for h in hosts for n in h[2]}))
+def _table(names: list[tuple[str, ...]], stats: list[bytes]) -> tuple[tuple[str, ...], np.ndarray]:
+    """The union of the hosts' metrics and their statistics as one contiguous
+    5 × metrics × hosts array (``STATS`` first; NaN where a host has no such metric)."""
+    first = names[0]
+    if names.count(first) == len(names):  # the usual case: one vocabulary
+        flat = np.frombuffer(b"".join(stats), "<f8").reshape(len(stats), len(first), 5)
+        return first, np.ascontiguousarray(flat.transpose(2, 1, 0))
+    union = tuple(sorted({n for host in names for n in host}))
     index = {n: i for i, n in enumerate(union)}
-    table = np.full((len(hosts), len(union), 5), np.nan)
-    for i, (_, _, names, block) in enumerate(hosts):
-        table[i, [index[n] for n in names]] = np.frombuffer(block, "<f8").reshape(-1, 5)
-    return nodes, ranks, union, table
+    table = np.full((5, len(union), len(stats)), np.nan)
+    for j, (host, block) in enumerate(zip(names, stats, strict=True)):
+        cols = [index[n] for n in host]
+        table[:, cols, j] = np.frombuffer(block, "<f8").reshape(len(host), 5).T
+    return union, table
 
 
 def _sound(table: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """Which hosts' statistics are sound (``check_stats``), NaN meaning no such metric."""
-    count, median, low, high, spread = (table[:, :, k] for k in range(5))
-    present = ~np.isnan(count)
+    """Which hosts' statistics are sound (as ``check_stats``; NaN: no such metric)."""
+    count, median, low, high, spread = table
+    missing = np.isnan(table).all(axis=0)  # a metric this host does not report
     with np.errstate(invalid="ignore"):
-        good = (
-            np.isfinite(table).all(axis=2)
+        present = (
+            np.isfinite(table).all(axis=0)
             & (low <= median)
             & (median <= high)
             & (spread >= 0)
             & (count >= 0)
-            & (count <= ranks[:, None])
+            & (count <= ranks)
         )
-    return np.asarray((good | ~present).all(axis=1), dtype=bool)
+    return np.asarray((present | missing).all(axis=0), dtype=bool)
 
 
 __all__ = ["SummaryIntake"]

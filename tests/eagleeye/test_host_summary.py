@@ -118,6 +118,21 @@ def test_the_intake_reduces_hosts_to_outliers_the_job_and_the_hosts_that_stand_o
         intake.take(1, row, 300, 100.0)
 
 
+def test_the_intake_refuses_a_host_whose_statistics_are_unsound() -> None:
+    intake = SummaryIntake(JobLayout(nnodes=3, nproc_per_node=8), clock=lambda: 0.0)
+    for node in range(3):
+        summary = host_step(5, base=8 * node)
+        if node == 1:  # a median above the maximum, sealed with the right key
+            stats = list(struct.unpack(f"<{len(summary.stats) // 8}d", summary.stats))
+            stats[1] = stats[3] + 1.0
+            packed = struct.pack(f"<{len(stats)}d", *stats)
+            summary = HostSummary(5, 0, 8, summary.names, packed)
+        intake.take(node, parse_summary(KEY, *encode_summary(summary, KEY, SESSION, 1)), 0, 0.0)
+    (job,) = intake.frames(hosts=3)
+    assert intake.refused["schema"] == 1
+    assert (job.values["hosts_reporting"], job.values["hosts_missing"]) == (2.0, 1.0)
+
+
 def test_the_outlier_rows_go_out_at_once_with_the_hosts_median() -> None:
     intake = SummaryIntake(JobLayout(nnodes=2, nproc_per_node=8), clock=lambda: 0.0)
     parsed = parse_summary(KEY, *encode_summary(host_step(3, slow=9, base=8), KEY, SESSION, 1))
