@@ -8,7 +8,9 @@ the raw per-rank series stay on the host). Events (checkpoints, faults, a loop t
 listens for a checkpoint request) are few and go to the controller as they are; step
 samples become per-rank frames with the peer features (``compute_ms``,
 ``data_wait_ms``, ``comm_ms``) added, and a step is summarised (``summarise``) once every
-rank of the host has reported it, or ``wait_s`` after the first did.
+rank of the host has sent its step report (``step_time``), or ``wait_s`` after the first
+sample of it came. Progress reports (a collective a rank waits in, a pause, a look at
+/proc) stay on the host.
 """
 
 from __future__ import annotations
@@ -24,15 +26,21 @@ from typing import IO
 from collector.frames import frames_from_samples
 from collector.transport import TelemetryReceiver
 from collector.types import Sample
+from detectors.progress import PROC_FEATURES
 from eagleeye.agents.summary import HostSummary, Reduction, summarise
 from eagleeye.config import ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from eagleeye.detection import peer_features
+
+#: What ranks report besides their steps' values (a collective they wait in, a pause, a
+#: session closing, a look at /proc): kept raw on the host, never summarised.
+MARKERS = frozenset({"in_collective", "closing", "pause", "job_restart"}) | PROC_FEATURES
 
 
 @dataclass
 class _Step:
     first: float
     values: dict[int, dict[str, float]] = field(default_factory=dict)
+    ended: set[int] = field(default_factory=set)  # ranks whose step report (step_time) came
 
 
 class HostTelemetry:
@@ -82,7 +90,8 @@ class HostTelemetry:
         for s in own:
             if s.step is not None:
                 by_rank_step[(s.labels["rank"], s.step)] = int(s.labels.get("attempt", 0))
-        for frame in frames_from_samples(own):
+        steps = [s for s in own if s.name not in MARKERS]
+        for frame in frames_from_samples(steps):
             rank, step = frame.subject.rank, frame.step
             if rank is None or step is None:
                 continue
@@ -90,14 +99,18 @@ class HostTelemetry:
             pending = self._steps.setdefault((attempt, step), _Step(now))
             values = pending.values.setdefault(rank, {})
             found = frame.values
-            values.update(peer_features(found) if "step_time" in found else found)
+            if "step_time" in found:  # the rank's step report: its step is complete
+                values.update(peer_features({**values, **found}))
+                pending.ended.add(rank)
+            else:
+                values.update(found)
         return self._ready(now), events
 
     def _ready(self, now: float) -> list[HostSummary]:
         done = sorted(
             key
             for key, pending in self._steps.items()
-            if len(pending.values) >= len(self.ranks) or now - pending.first >= self.wait_s
+            if len(pending.ended) >= len(self.ranks) or now - pending.first >= self.wait_s
         )
         return [
             summarise(step, attempt, self._steps.pop((attempt, step)).values, self.reduction)

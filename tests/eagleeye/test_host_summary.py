@@ -184,3 +184,47 @@ def wait_for(check, limit: float = 10.0):
             return got
         time.sleep(0.02)
     raise AssertionError("not seen in time")
+
+
+def test_an_agent_keeps_the_raw_series_and_summarises_a_step_once_every_rank_ended_it(
+    tmp_path,
+) -> None:
+    from collector.transport import TelemetryPublisher
+    from eagleeye.agents.ranktelemetry import HostTelemetry
+    from eagleeye.config import ENV_TELEMETRY, ENV_TELEMETRY_KEY
+
+    telemetry = HostTelemetry(tmp_path, wait_s=30.0)
+    telemetry.expect([4, 5, 6])
+    key = telemetry.env[ENV_TELEMETRY_KEY].encode()
+    publisher = TelemetryPublisher(telemetry.env[ENV_TELEMETRY], key=key)
+    now = time.time()
+    try:
+        for rank in (4, 5, 6, 9):  # rank 9 is not this host's: dropped
+            labels = {"rank": str(rank), "replica": "0", "node": "node1", "attempt": "0"}
+            publisher.send(labels, [["in_collective", 0.1, now, 7]])  # a progress report
+        got = wait_for(lambda: telemetry.take()[0] or telemetry.foreign)
+        assert got == 1  # no summary yet: no rank has ended step 7
+        for rank in (4, 5, 6):
+            labels = {"rank": str(rank), "replica": "0", "node": "node1", "attempt": "0"}
+            compute = 0.3 if rank == 5 else 0.1
+            rows = [["step_time", 0.5, now, 7], ["collective_time", 0.5 - compute, now, 7]]
+            publisher.send(labels, [*rows, ["event.checkpoint", 7.0, now, None]])
+        summaries, events = [], []
+
+        def taken() -> bool:
+            more, evs = telemetry.take()
+            summaries.extend(more)
+            events.extend(evs)
+            return bool(summaries) and len(events) == 3
+
+        wait_for(taken)
+    finally:
+        publisher.close()
+        telemetry.close()
+    (summary,) = summaries
+    assert (summary.step, summary.ranks) == (7, 3)
+    assert "in_collective" not in summary.names  # progress reports stay on the host
+    assert summary.stat("compute_ms", "median") == pytest.approx(100.0)
+    assert [row.rank for row in summary.outliers] == [5]
+    raw = (tmp_path / "telemetry.jsonl").read_text().splitlines()
+    assert len(raw) == 3 + 3 * 3  # every sample of the host's ranks, raw
