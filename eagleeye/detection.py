@@ -25,6 +25,7 @@ from collector.frames import subject_of
 from collector.types import Frame, Sample
 from collector.vocabulary import canonical_values
 from detectors.base import Detector
+from detectors.changepoint import ThroughputChange
 from detectors.config import DetectorsConfig, DetectorSpec
 from detectors.edge import derive
 from detectors.fusion import FusionPolicy
@@ -33,6 +34,7 @@ from detectors.peer import PeerFeature
 from detectors.pipeline import DetectorPipeline
 from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
 from detectors.rules import MemoryFatal, NonFiniteLoss, ProcessExit, ThermalThrottle, XidError
+from detectors.standout import StandsOut
 from detectors.types import Finding, Severity
 
 # Reports the progress detector reads and the fused ones must not take for a step: a look
@@ -237,6 +239,20 @@ class FlightRecordHang:
 
     def poll(self, now: float) -> list[Finding]:
         return []
+
+
+def reduced_detectors() -> list[Detector]:
+    """The detectors of `eagleeye controller`, fed telemetry reduced on the hosts
+    (``eagleeye.agents.intake``): a non-finite loss or gradient norm on the rank that
+    sent it (a non-finite value always stands out, so its row reaches the controller), a
+    rank that stands out against its host's median step after step (``StandsOut``: slow
+    compute, a data-loader stall), and a change point in the job's slowest rank's step
+    time (the job frame's ``step_time.max``, the bar of ``live_specs``)."""
+    return [
+        NonFiniteLoss(),
+        StandsOut(),
+        ThroughputChange("step_time.max", min_shift=1.0, h=8.0, warmup=10),
+    ]
 
 
 def host_detectors() -> list[Detector]:

@@ -3,13 +3,17 @@ clock, and authenticated control (the job's shared secret on every message).
 
 This is the protocol layer of ``eagleeye agent`` / ``eagleeye controller``
 (docs/multihost.md): launching a host's ranks on an agent's side and acting on the
-controller's decisions build on it.
+controller's decisions build on it, and so does the ranks' telemetry, reduced on each
+host to one summary per step (``HostSummary``) that the controller's ``SummaryIntake``
+takes.
 """
 
 from __future__ import annotations
 
+from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.link import AgentLink
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
+from eagleeye.agents.summary import HostSummary, RankRow, Reduction, decode_summary, summarise
 from eagleeye.agents.wire import Message, Refused, read_secret
 
 __all__ = [
@@ -17,8 +21,14 @@ __all__ = [
     "AgentLost",
     "AgentReport",
     "AgentState",
+    "HostSummary",
     "Membership",
     "Message",
+    "RankRow",
+    "Reduction",
     "Refused",
+    "SummaryIntake",
+    "decode_summary",
     "read_secret",
+    "summarise",
 ]

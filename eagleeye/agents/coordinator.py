@@ -9,23 +9,31 @@ its collateral. An agent lost (``Membership.lost``) is a ``host_lost`` finding: 
 spare host the job stops, the other agents' ranks ended (do no harm: nothing is
 restarted onto a host that is gone). Every rank exiting 0 ends the job as succeeded. The
 samples the agents forward from their hosts' sources are stored and read by the host
-rules; their findings (XIDs, ECC errors, thermal throttles) are recorded, not yet acted
-on.
+rules: a critical XID or an uncorrectable memory error evicts its host (with no spare,
+the job stops); a thermal throttle is recorded. The ranks' telemetry arrives reduced on
+the hosts (``SummaryIntake``) and is judged by ``reduced_detectors``; its findings are
+recorded. A stop (a signal to the controller or an agent) asks the loops for a
+checkpoint first when there is a grace period.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from collector.types import Sample, Subject
+from collector.types import Frame, Sample, Subject
 from detectors.base import Detector
 from detectors.types import Finding, Severity
+from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
-from eagleeye.detection import host_detectors
+from eagleeye.detection import host_detectors, reduced_detectors
 from eagleeye.hostsources import host_frames
+from eagleeye.ingest import ingest_samples
+from eagleeye.stopping import EVENT_LISTENING, request_step
 from eagleeye.store import RunStore
 from ft_runtime.layout import JobLayout
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -58,9 +66,24 @@ class JobCoordinator:
     _failed_attempts: set[int] = field(default_factory=set)
     _stop: str | None = None
     _host_rules: list[Detector] = field(default_factory=host_detectors)
+    _detectors: list[Detector] = field(default_factory=reduced_detectors)
+    intake: SummaryIntake | None = None  # the host summaries (made with the coordinator)
+    grace_s: float = 0.0  # a stop's grace period: a checkpoint first, then this long to end
+    _stopping: str | None = None  # why the job is being stopped (its ranks' exits are no failure)
+    _listening: set[int] = field(default_factory=set)  # ranks whose loop saves when asked
+    _saved: set[int] = field(default_factory=set)  # ranks that saved since the stop's request
+    _newest_step: int | None = None
+    _stop_grace: float | None = None  # an agent leaving gives no more than its own grace
+    _step_times: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+
+    def __post_init__(self) -> None:
+        if self.intake is None:
+            self.intake = SummaryIntake(self.layout, clock=self.clock)
+        self.members.intake = self.intake
 
     def request_stop(self, cause: str) -> None:
-        """Ends the job from outside (a signal): every agent stops its ranks; recorded."""
+        """Ends the job from outside (a signal): every agent stops its ranks, after a
+        checkpoint when there is a grace period; recorded."""
         self._stop = cause
 
     def run(self, join_timeout_s: float = 120.0, limit_s: float = float("inf")) -> Phase:
@@ -77,7 +100,7 @@ class JobCoordinator:
         end = self.clock() + limit_s
         while self.phase is Phase.RUNNING and self.clock() < end:
             if self._stop is not None:
-                return self._end(Phase.FAILED, f"stopped by {self._stop}")
+                return self._stop_job(f"stopped by {self._stop}")
             self._poll()
             for gone in self.members.lost():
                 self._host_lost(gone)
@@ -85,12 +108,56 @@ class JobCoordinator:
             self._end(Phase.FAILED, "time limit")
         return self.phase
 
+    def _stop_job(self, reason: str) -> Phase:
+        """Ends the job on a stop request; with a grace period and loops that listen,
+        every agent is first asked for a checkpoint at one step (ranks in lockstep leave
+        their loops together), and the stop waits until each listening rank has saved or
+        half the grace period is spent. The ranks get what is left to end."""
+        self._stopping = reason
+        grace = self.grace_s if self._stop_grace is None else self._stop_grace
+        grace_end = self.clock() + grace
+        if grace > 0 and self._listening:
+            times = sorted(self._step_times)
+            step = request_step(self._newest_step, times[len(times) // 2] if times else None)
+            self._event("job", Phase.RUNNING, checkpoint_requested=step, reason=reason)
+            self._saved.clear()
+            for agent in self.members.alive():
+                self.members.send(agent.agent, "checkpoint", {"cause": reason, "step": step})
+            deadline = self.clock() + grace / 2
+            while self.clock() < deadline and not self._listening <= self._saved:
+                self._poll()
+        left = max(grace_end - self.clock(), 0.0) if grace > 0 else None  # None: the agents'
+        return self._end(Phase.FAILED, reason, grace_s=left)
+
     def _poll(self) -> None:
         for got in self.members.poll(timeout_s=0.05):
             if isinstance(got, AgentState):
                 self._joined(got)
             elif isinstance(got, AgentReport):
                 self._report(got)
+        assert self.intake is not None
+        self._detect(self.intake.frames(hosts=self.layout.nnodes))
+
+    def _detect(self, frames: list[Frame]) -> None:
+        """The ranks' telemetry reduced on the hosts: stored (outlier rows, the job's and
+        the outstanding hosts' frames) and judged by the detectors."""
+        self.store.add_samples(s for frame in frames for s in _samples(frame))
+        for frame in frames:
+            if frame.subject.scope == "job" and frame.step is not None:
+                self._newest_step = max(self._newest_step or 0, frame.step)
+                step_time = frame.values.get("step_time.median")
+                if step_time is not None:
+                    self._step_times.append(step_time)
+        found: list[Finding] = []
+        for frame in frames:
+            for detector in self._detectors:
+                found += detector.process(frame)
+        now = self.clock()
+        for detector in self._detectors:
+            found += detector.poll(now)
+        for finding in found:
+            self.store.add_finding(finding)
+            self.on_update(finding)
 
     def _joined(self, agent: AgentState) -> None:
         self._by_node[agent.node_rank] = agent
@@ -118,6 +185,14 @@ class JobCoordinator:
             self._exit(report.agent, int(body["rank"]), int(body["code"]), int(body["attempt"]))
         elif report.kind == "samples":
             self._host_samples(report)
+        elif report.kind == "events":
+            self._rank_events(report)
+        elif report.kind == "leaving":
+            cause = str(report.body.get("cause", "a signal"))
+            self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
+            if self._stop is None:
+                self._stop = f"{cause} to the agent {report.agent}"
+                self._stop_grace = min(self.grace_s, _seconds(report.body.get("grace_s")))
         elif report.kind == "outcome":
             self.on_update(report)
 
@@ -133,16 +208,48 @@ class JobCoordinator:
         for frame in host_frames(samples):
             for detector in self._host_rules:
                 for finding in detector.process(frame):
-                    self.store.add_finding(finding)
+                    finding_id = self.store.add_finding(finding)
                     self.on_update(finding)
+                    if _evicts(finding) and self.phase is Phase.RUNNING:
+                        self._evict(report.agent, finding, finding_id)
+
+    def _evict(self, agent: str, finding: Finding, finding_id: int) -> None:
+        """A host whose GPU is beyond use (a fatal XID, an uncorrectable memory error):
+        evicted. With no spare host to take its ranks, the job stops (a restart on the
+        same GPU would fail again; a scheduler's requeue finds healthy hosts)."""
+        state = self.members.agents.get(agent)
+        host = state.host if state is not None else agent
+        self._event(f"agent:{agent}", Phase.EVICTED, host=host, cause=finding.kind)
+        self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, "no spare host: stopped")
+        self._end(Phase.FAILED, f"host {host} evicted: {finding.kind} on {finding.subject}")
+
+    def _rank_events(self, report: AgentReport) -> list[Sample]:
+        """The ranks' events an agent forwards as they are (checkpoints, faults, loops
+        that listen for a checkpoint request): stored."""
+        try:
+            samples = [Sample.from_json(row) for row in report.body.get("samples", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("dropped the events of %s: %s", report.agent, exc)
+            return []
+        ingest_samples(self.store, samples)
+        for sample in samples:
+            rank = sample.labels.get("rank", "")
+            if not rank.isdigit():
+                continue
+            if sample.name == EVENT_LISTENING and int(rank) not in self._listening:
+                self._listening.add(int(rank))
+                self._event(f"rank:{rank}", Phase.RUNNING, listening=True)
+            elif sample.name == "event.checkpoint" and self._stopping is not None:
+                self._saved.add(int(rank))
+        return samples
 
     def _exit(self, agent: str, rank: int, code: int, attempt: int) -> None:
         collateral = code != 0 and attempt in self._failed_attempts
         self._event(
             f"rank:{rank}", Phase.EXITED, agent=agent, exit_code=code, collateral=collateral
         )
-        if attempt != self.attempt:
-            return
+        if attempt != self.attempt or self._stopping is not None:
+            return  # a rank of an earlier attempt, or one the stop ends
         if code == 0:
             self._succeeded.add(rank)
             if len(self._succeeded) == self.layout.world_size:
@@ -191,10 +298,11 @@ class JobCoordinator:
         self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, "no spare host: stopped")
         self._end(Phase.FAILED, f"host {gone.host} (node rank {gone.node_rank}) was lost")
 
-    def _end(self, phase: Phase, reason: str) -> Phase:
+    def _end(self, phase: Phase, reason: str, grace_s: float | None = None) -> Phase:
         self.phase = phase
+        body = {} if grace_s is None else {"grace_s": grace_s}
         for agent in self.members.alive():
-            self.members.send(agent.agent, "stop", {})
+            self.members.send(agent.agent, "stop", body)
         self._event("job", phase, reason=reason)
         return phase
 
@@ -207,6 +315,40 @@ class JobCoordinator:
         event = LifecycleEvent(subject, phase, self.clock(), self.attempt, detail)
         self.store.add_event(event)
         self.on_update(event)
+
+
+def _evicts(finding: Finding) -> bool:
+    """Whether a host rule's finding makes its host unusable: a critical XID (the GPU
+    fell off the bus, a double-bit error, ...) or an uncorrectable memory error."""
+    return finding.severity is Severity.CRITICAL and finding.kind in ("xid", "ecc")
+
+
+def _seconds(value: object) -> float:
+    """A duration an agent gave: a finite number of seconds from 0, else 0."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
+
+
+def _samples(frame: Frame) -> list[Sample]:
+    """A frame of reduced telemetry as the store's samples (its attempt as a label)."""
+    values = dict(frame.values)
+    attempt = values.pop("attempt", None)
+    subject = frame.subject
+    labels = {
+        k: str(v)
+        for k, v in (("rank", subject.rank), ("replica", subject.replica), ("node", subject.node))
+        if v is not None
+    }
+    if attempt is not None:
+        labels["attempt"] = str(int(attempt))
+    return [
+        Sample(name, value, frame.time, labels, frame.step)
+        for name, value in values.items()
+        if not name.endswith(".host_median")  # the host's, stored once in its summary
+    ]
 
 
 __all__ = ["JobCoordinator"]

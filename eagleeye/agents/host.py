@@ -23,8 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collector.types import Sample
 from eagleeye.agents.link import AgentLink
+from eagleeye.agents.ranktelemetry import HostTelemetry
+from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from eagleeye.hostsources import HostSources, HostSourcesConfig
+from eagleeye.stopping import REQUEST, request_checkpoint
 from ft_runtime.layout import JobLayout, RankSpec
 
 log = logging.getLogger(__name__)
@@ -64,23 +68,35 @@ class HostAgent:
     grace_s: float = 5.0
     layout: JobLayout = field(default_factory=JobLayout)  # the controller's, at launch
     _ranks: dict[int, _Rank] = field(default_factory=dict)
-    stop_requested: bool = False  # a signal: end the ranks and leave
+    stop_requested: str | None = None  # a signal's name: end the ranks and leave
+    grace_period_s: float = 0.0  # on a signal: how long the controller has to checkpoint
     sources: HostSourcesConfig | None = None  # this host's sources, read once launched
     _sources: HostSources | None = None
+    telemetry: HostTelemetry | None = None  # the ranks' telemetry, from the first launch
 
     @property
     def specs(self) -> list[RankSpec]:
         return [s for s in self.layout.ranks() if s.node_rank == self.node_rank]
 
     def run(self, until_s: float = float("inf")) -> int:
-        """Serves the controller until it says ``stop`` (0) or the time is up (1)."""
+        """Serves the controller until it says ``stop`` (0), the time is up (1) or a
+        signal asked the agent to leave (1). On a signal the agent tells the controller
+        why it leaves and, given a grace period, serves it that long more: the controller
+        asks every host for a checkpoint at one step, then says ``stop``."""
         deadline = time.monotonic() + until_s
-        while time.monotonic() < deadline and not self.stop_requested:
+        leave_by: float | None = None
+        while time.monotonic() < deadline:
+            if self.stop_requested is not None and leave_by is None:
+                body = {"cause": self.stop_requested, "grace_s": self.grace_period_s}
+                self.link.report("leaving", body)
+                leave_by = time.monotonic() + self.grace_period_s
+            if leave_by is not None and time.monotonic() >= leave_by:
+                break
             for message in self.link.take():
                 if message.kind == "stop":
-                    self.stop_all()
+                    self.stop_all(float(message.body.get("grace_s", self.grace_s)))
                     self._forward()
-                    self._close_sources()
+                    self._close()
                     self.link.report("outcome", {"action": "stop", "status": "done"})
                     return 0
                 self._act(message.kind, message.body)
@@ -88,9 +104,11 @@ class HostAgent:
             self._forward()
             time.sleep(0.05)
         self.stop_all()
-        self._close_sources()
-        if self.stop_requested:
-            self.link.report("outcome", {"action": "stop", "status": "stopped by a signal"})
+        self._forward()
+        self._close()
+        if self.stop_requested is not None:
+            status = f"stopped by {self.stop_requested}"
+            self.link.report("outcome", {"action": "stop", "status": status})
         return 1
 
     def _act(self, kind: str, body: Mapping[str, Any]) -> None:
@@ -105,6 +123,11 @@ class HostAgent:
         elif kind == "drain":
             self.stop_all()
             status = "done"
+        elif kind == "checkpoint":  # read by the ranks' ee.checkpoint_requested()
+            step = body.get("step")
+            at_step = step if isinstance(step, int) and not isinstance(step, bool) else None
+            request_checkpoint(self.log_dir.resolve(), str(body.get("cause", "")), at_step)
+            status = "done"
         else:
             status = "unknown action"
         self.link.report("outcome", {"action": kind, "status": status, **dict(body)})
@@ -112,10 +135,23 @@ class HostAgent:
     def _launch(self, attempt: int, master_addr: str, master_port: int) -> None:
         folder = self.log_dir / f"attempt-{attempt}"
         folder.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / REQUEST).unlink(missing_ok=True)  # an earlier stop's request
+        if self.telemetry is None:
+            self.telemetry = HostTelemetry(self.log_dir)
+        self.telemetry.expect(spec.rank for spec in self.specs)
+        run_dir = self.log_dir.resolve()
+        ours = {
+            **self.telemetry.env,
+            ENV_RUN_DIR: str(run_dir),  # where a graceful stop's checkpoint request goes
+            # a shared folder when the agent's environment names one (rank 0's manifest
+            # then covers every rank), else this host's own
+            ENV_CHECKPOINT_DIR: os.environ.get(ENV_CHECKPOINT_DIR, str(run_dir / "checkpoints")),
+        }
         for spec in self.specs:
             env = {
                 **os.environ,
                 **self.layout.environment(spec, master_addr, master_port, attempt, self.run_id),
+                **ours,
                 **self.env,
             }
             with (folder / f"rank-{spec.rank}.log").open("wb") as out:
@@ -137,18 +173,28 @@ class HostAgent:
         self._sources = HostSources(self.sources, self.layout, nodes=[node]).__enter__()
 
     def _forward(self) -> None:
-        """The host's samples to the controller, in messages of at most ``CHUNK``."""
-        if self._sources is None:
-            return
-        samples = self._sources.take()
+        """To the controller: the host's samples and the ranks' events, in messages of at
+        most ``CHUNK`` samples, and one summary per step of the ranks' telemetry."""
+        if self._sources is not None:
+            self._send("samples", self._sources.take())
+        if self.telemetry is not None:
+            summaries, events = self.telemetry.take()
+            self._send("events", events)
+            for summary in summaries:
+                self.link.summary(summary)
+
+    def _send(self, kind: str, samples: Sequence[Sample]) -> None:
         for start in range(0, len(samples), CHUNK):
             rows = [s.to_json() for s in samples[start : start + CHUNK]]
-            self.link.report("samples", {"samples": rows})
+            self.link.report(kind, {"samples": rows})
 
-    def _close_sources(self) -> None:
+    def _close(self) -> None:
         if self._sources is not None:
             self._sources.close()
             self._sources = None
+        if self.telemetry is not None:
+            self.telemetry.close()
+            self.telemetry = None
 
     def _watch(self) -> None:
         for rank in self._ranks.values():
@@ -165,8 +211,9 @@ class HostAgent:
         held.proc.send_signal(sig)
         return "done"
 
-    def stop_all(self) -> None:
-        """Ends every rank: stopped ones continued, SIGTERM, SIGKILL after the grace."""
+    def stop_all(self, grace_s: float | None = None) -> None:
+        """Ends every rank: stopped ones continued, SIGTERM, SIGKILL after the grace
+        (``grace_s``, the agent's own by default)."""
         live = [r for r in self._ranks.values() if r.proc.poll() is None]
         for rank in live:
             for sig in (signal.SIGCONT, signal.SIGTERM):
@@ -174,7 +221,7 @@ class HostAgent:
                     os.killpg(rank.proc.pid, sig)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + self.grace_s
+        deadline = time.monotonic() + (self.grace_s if grace_s is None else grace_s)
         for rank in live:
             try:
                 rank.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))

@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq
 
+from eagleeye.agents.summary import HostSummary, encode_summary, summary_key
 from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class AgentLink:
         self.host = socket.gethostname()
         self.agent = agent or self.host
         self.secret = secret
+        self._summary_key = summary_key(secret)
         self.period_s = period_s
         self.session = secrets.token_hex(8)
         self.refused: Counter[str] = Counter()
@@ -72,6 +74,14 @@ class AgentLink:
     def report(self, kind: str, body: Mapping[str, Any]) -> None:
         """Tells the controller something (a rank's exit, an action's outcome)."""
         self._send(kind, body)
+
+    def summary(self, summary: HostSummary) -> int:
+        """Sends one step's host summary (the compact binary message); returns its size."""
+        with self._lock:
+            self._seq += 1
+            frames = encode_summary(summary, self._summary_key, self.session, self._seq)
+            self._socket.send_multipart(frames)
+        return len(frames[0])
 
     def take(self) -> list[Message]:
         """The controller's verified messages since the last call (welcome, actions)."""

@@ -22,6 +22,8 @@ from typing import Any
 
 import zmq
 
+from eagleeye.agents.intake import SummaryIntake
+from eagleeye.agents.summary import MAGIC, parse_summary, summary_key
 from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,9 @@ class Membership:
         self.clock = clock
         self.session = secrets.token_hex(8)
         self.agents: dict[str, AgentState] = {}
+        self.intake: SummaryIntake | None = None  # where host summaries go (None: refused)
+        self._summary_key = summary_key(secret)
+        self._by_identity: dict[bytes, AgentState] = {}
         self.refused: Counter[str] = Counter()
         self._seq = 0
         self._sequencer = Sequencer()
@@ -115,16 +120,25 @@ class Membership:
                 frames = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return out
-            identity, rest = frames[0], frames[1:]
-            try:
-                message = unseal(self.secret, rest)
-                self._sequencer.check(message)
-            except Refused as exc:
-                self._refuse(exc, identity)
-                continue
-            got = self._take(identity, message)
+            got = self.receive(frames)
             if got is not None:
                 out.append(got)
+
+    def receive(self, frames: list[bytes]) -> AgentState | AgentReport | None:
+        """One message as the socket delivers it (the sender's connection, then the
+        message's frames): an agent admitted, a report, or None (a heartbeat, a summary
+        handed to the intake, or a message refused)."""
+        if len(frames) == 3 and frames[1][:4] == MAGIC:  # a host summary, the hot path
+            self._summary(frames)
+            return None
+        identity, rest = frames[0], frames[1:]
+        try:
+            message = unseal(self.secret, rest)
+            self._sequencer.check(message)
+        except Refused as exc:
+            self._refuse(exc, identity)
+            return None
+        return self._take(identity, message)
 
     def _take(self, identity: bytes, message: Message) -> AgentState | AgentReport | None:
         now = self.clock()
@@ -140,6 +154,26 @@ class Membership:
             return None
         return AgentReport(message.sender, message.kind, message.body, now)
 
+    def _summary(self, frames: list[bytes]) -> None:
+        """A host summary (connection, payload, MAC): authenticated, checked against
+        replays, handed to the intake."""
+        identity, payload, mac = frames
+        state = self._by_identity.get(identity)
+        try:
+            if state is None or state.lost_at is not None:
+                raise Refused("a summary from a connection not admitted", "not_admitted")
+            parsed = parse_summary(self._summary_key, payload, mac)
+            self._sequencer.check_seq(state.agent, parsed[0], parsed[1])
+            now = self.clock()
+            state.last_seen = now
+            if self._pinged:
+                self._pinged.pop(state.agent, None)
+            if self.intake is None:
+                raise Refused("a summary where none is taken", "unexpected")
+            self.intake.take(state.node_rank, parsed, len(payload), now)
+        except Refused as exc:
+            self._refuse(exc, identity)
+
     def _admit(self, identity: bytes, message: Message, now: float) -> AgentState:
         body = message.body
         state = AgentState(
@@ -151,7 +185,11 @@ class Membership:
             last_seen=now,
             info=dict(body),
         )
+        old = self.agents.get(message.sender)
+        if old is not None:
+            self._by_identity.pop(old.identity, None)
         self.agents[message.sender] = state
+        self._by_identity[identity] = state
         self._pinged.pop(message.sender, None)
         self.send(message.sender, "welcome", {"period_s": self.period_s})
         log.info("agent %s on %s admitted (node rank %d)", state.agent, state.host, state.node_rank)

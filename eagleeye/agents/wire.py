@@ -121,16 +121,22 @@ class Sequencer:
         self._ended: dict[str, set[str]] = {}
 
     def check(self, message: Message) -> None:
-        sender, session = message.sender, message.session
+        self.check_seq(message.sender, message.session, message.seq)
+
+    def check_seq(self, sender: str, session: str, seq: int) -> None:
+        """Raises Refused when ``seq`` of ``session`` replays what ``sender`` sent."""
         last = self._last.get(sender)
+        if last is not None and last[0] == session:  # the usual case: one session
+            if seq <= last[1]:
+                raise Refused(f"{sender} sent seq {seq} after {last[1]}: a replay", "replay")
+            self._last[sender] = (session, seq)
+            return
         ended = self._ended.setdefault(sender, set())
         if session in ended:
             raise Refused(f"{sender} sent a message of an ended session: a replay", "replay")
-        if last is not None and last[0] == session and message.seq <= last[1]:
-            raise Refused(f"{sender} sent seq {message.seq} after {last[1]}: a replay", "replay")
-        if last is not None and last[0] != session and len(ended) < 4096:
+        if last is not None and len(ended) < 4096:
             ended.add(last[0])
-        self._last[sender] = (session, message.seq)
+        self._last[sender] = (session, seq)
 
 
 __all__ = ["Message", "Refused", "Sequencer", "read_secret", "seal", "unseal"]

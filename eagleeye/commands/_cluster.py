@@ -16,8 +16,11 @@ The controller listens on an explicit address for the agents (one per host, one 
 rank each), authenticated by the job's shared secret from a file; it launches the job
 through them, restarts it on every host when a rank fails, finds a lost host from its
 agent's silence on the controller's clock, and records everything in the run store. Each
-agent starts its host's ranks with torchrun's environment. Both print one JSON line per
-event on stdout. SIGTERM or SIGINT to either ends its ranks.
+agent starts its host's ranks with torchrun's environment, keeps their telemetry on its
+host and sends the controller one summary per step (the host's statistics and the ranks
+that stand out). Both print one JSON line per event on stdout. SIGTERM or SIGINT to
+either stops the job on every host and records why; with --grace-period the loops are
+asked for a checkpoint first.
 """
 """The help page of both commands."""
 

@@ -62,6 +62,14 @@ def add_parser(sub: Any) -> None:
     a.add_argument(
         "--sources-period", type=seconds, default=2.0, metavar="S", help="read them every S"
     )
+    a.add_argument(
+        "--grace-period",
+        type=seconds,
+        default=0.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT: give the controller S seconds to have every rank "
+        "checkpoint and end (default: 0, end this host's ranks at once)",
+    )
     a.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module")
     a.add_argument("script", metavar="SCRIPT")
     a.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...")
@@ -105,8 +113,10 @@ def _agent(args: argparse.Namespace) -> int:
         wanted = {**NCCL_DUMP_ENV, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl_trace_rank_"}
         agent.env = {k: v for k, v in wanted.items() if k not in os.environ}
 
+    agent.grace_period_s = args.grace_period
+
     def stop(signum: int, frame: object) -> None:
-        agent.stop_requested = True
+        agent.stop_requested = signal.Signals(signum).name
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)

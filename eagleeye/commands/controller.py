@@ -33,6 +33,15 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--join-timeout", type=seconds, default=300.0, metavar="S", help="wait for agents"
     )
+    c.add_argument(
+        "--grace-period",
+        type=seconds,
+        default=0.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT (to the controller or an agent): ask the loops for a "
+        "checkpoint first and give every rank S seconds to save and exit before SIGKILL "
+        "(default: 0, stop at once)",
+    )
     c.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
     c.add_argument("--run-id", default=None, help="name of this run (default: generated)")
     c.set_defaults(func=_controller)
@@ -65,6 +74,7 @@ def _controller(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         master_port=lambda attempt: ports.randint(20000, 29000),
         on_update=show,
+        grace_s=args.grace_period,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: coordinator.request_stop(signal.Signals(s).name))

@@ -1,8 +1,9 @@
 """`eagleeye controller` and `eagleeye agent` on one machine (loopback), with plain Python
 ranks: a failing rank restarts the job on both agents as the next attempt, with
 torchrun's environment; SIGTERM to the controller stops every agent's ranks and records
-why; SIGTERM to an agent ends its ranks, and the controller, hearing nothing more from
-it, finds the host lost and stops the job. No rank outlives the run."""
+why; SIGTERM to an agent ends its ranks and tells the controller, which records why and
+stops the job; an agent gone silent (SIGSTOP) is a lost host, found after pings, and the
+job stops. No rank outlives the run."""
 
 from __future__ import annotations
 
@@ -33,14 +34,23 @@ EAGLEEYE = [sys.executable, "-m", "eagleeye"]
 
 
 class Cluster:
-    def __init__(self, tmp: Path, seconds: str, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        seconds: str,
+        extra: tuple[str, ...] = (),
+        nproc: int = 1,
+        script: str = RANK,
+        controller: tuple[str, ...] = (),
+    ) -> None:
         (tmp / "secret").write_text("0123456789abcdef0123456789abcdef\n")
-        (tmp / "rank.py").write_text(RANK)
+        (tmp / "rank.py").write_text(script)
         self.tmp = tmp
         self.listen = f"127.0.0.1:{free_port()}"
         common = ["--secret-file", str(tmp / "secret"), "--heartbeat", "0.2"]
         self.controller = subprocess.Popen(
             [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *common]
+            + ["--nproc-per-node", str(nproc), *controller]
             + ["--runs-dir", str(tmp / "runs"), "--run-id", "r"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -142,22 +152,43 @@ def test_sigterm_to_the_controller_stops_every_rank(tmp_path: Path) -> None:
     cluster.no_rank_left()
 
 
-def test_an_agent_gone_silent_is_a_lost_host_and_the_job_stops(tmp_path: Path) -> None:
+def test_sigterm_to_an_agent_ends_its_ranks_and_the_stop_is_recorded(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, "60")
     try:
         cluster.launched({0, 1}, 0)
         cluster.agents[1].send_signal(signal.SIGTERM)  # its ranks end with it
+        end = cluster.ended()
+        assert end["phase"] == "failed"
+        assert end["detail"]["reason"].startswith("stopped by SIGTERM to the agent")
+        assert cluster.agents[1].wait(timeout=30) == 1  # it left on the signal
+        assert cluster.agents[0].wait(timeout=30) == 0  # told to stop its ranks
+    finally:
+        cluster.close()
+    with RunReader(tmp_path / "runs" / "r") as run:
+        left = run.query("SELECT detail FROM events WHERE subject LIKE 'agent:%-1'")
+    assert any("SIGTERM to the agent" in detail for detail in left["detail"])
+    cluster.no_rank_left()
+
+
+def test_an_agent_gone_silent_is_a_lost_host_and_the_job_stops(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "60")
+    try:
+        cluster.launched({0, 1}, 0)
+        cluster.agents[1].send_signal(signal.SIGSTOP)  # silent: no heartbeat, no pong
         finding = cluster.read(lambda i: i.get("type") == "Finding")
         assert (finding["kind"], finding["subject"]["node"]) == ("host_lost", "node1")
         assert finding["evidence"]["pings"] >= 1
         assert cluster.ended()["phase"] == "failed"
         assert cluster.agents[0].wait(timeout=30) == 0  # told to stop its ranks
+        cluster.agents[1].send_signal(signal.SIGCONT)
+        cluster.agents[1].send_signal(signal.SIGTERM)  # the lost agent ends its ranks
+        assert cluster.agents[1].wait(timeout=30) == 1
     finally:
         cluster.close()
     cluster.no_rank_left()
 
 
-def test_an_agents_kernel_log_xid_is_a_finding_at_the_controller(tmp_path: Path) -> None:
+def test_an_agents_kernel_log_xid_evicts_its_host(tmp_path: Path) -> None:
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, before the job\n")
     extra = ("--kernel-log", str(kernel_log), "--sources-period", "0.2")
@@ -169,12 +200,15 @@ def test_an_agents_kernel_log_xid_is_a_finding_at_the_controller(tmp_path: Path)
         finding = cluster.read(lambda i: i.get("type") == "Finding")
         assert (finding["kind"], finding["subject"]["node"]) == ("xid", "node1")
         assert (finding["severity"], finding["evidence"]["xid"]) == ("critical", 79.0)
-        cluster.controller.send_signal(signal.SIGTERM)
-        assert cluster.ended()["phase"] == "failed"
+        end = cluster.ended()  # the host is evicted; with no spare, the job stops
+        assert end["phase"] == "failed"
+        assert "evicted: xid" in end["detail"]["reason"]
         assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
     finally:
         cluster.close()
     with RunReader(tmp_path / "runs" / "r") as run:
         xids = run.query("SELECT node, value FROM samples WHERE name = 'gpu_xid'")
+        actions = run.actions()
     assert list(zip(xids["node"], xids["value"], strict=True)) == [("node1", 79.0)]
+    assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [("evict", "xid")]
     cluster.no_rank_left()

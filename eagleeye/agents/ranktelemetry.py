@@ -1,0 +1,125 @@
+"""An agent's side of its ranks' telemetry: received on the host, kept there raw,
+reduced to one summary per step for the controller.
+
+The ranks send their hook's telemetry to the agent (a loopback socket, signed with a key
+made for the agent's run) as they would to `eagleeye run`. Every sample of the host's
+own ranks is appended to ``<folder>/telemetry.jsonl`` (one ``Sample.to_json`` a line:
+the raw per-rank series stay on the host). Events (checkpoints, faults, a loop that
+listens for a checkpoint request) are few and go to the controller as they are; step
+samples become per-rank frames with the peer features (``compute_ms``,
+``data_wait_ms``, ``comm_ms``) added, and a step is summarised (``summarise``) once every
+rank of the host has sent its step report (``step_time``), or ``wait_s`` after the first
+sample of it came. Progress reports (a collective a rank waits in, a pause, a look at
+/proc) stay on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from collector.frames import frames_from_samples
+from collector.transport import TelemetryReceiver
+from collector.types import Sample
+from detectors.progress import PROC_FEATURES
+from eagleeye.agents.summary import HostSummary, Reduction, summarise
+from eagleeye.config import ENV_TELEMETRY, ENV_TELEMETRY_KEY
+from eagleeye.detection import peer_features
+
+#: What ranks report besides their steps' values (a collective they wait in, a pause, a
+#: session closing, a look at /proc): kept raw on the host, never summarised.
+MARKERS = frozenset({"in_collective", "closing", "pause", "job_restart"}) | PROC_FEATURES
+
+
+@dataclass
+class _Step:
+    first: float
+    values: dict[int, dict[str, float]] = field(default_factory=dict)
+    ended: set[int] = field(default_factory=set)  # ranks whose step report (step_time) came
+
+
+class HostTelemetry:
+    """Args:
+    folder: where the raw series are kept.
+    address: where the ranks send (loopback by default).
+    wait_s: longest a step waits for the host's slowest rank.
+    reduction: when a rank stands out against the host.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        address: str = "tcp://127.0.0.1",
+        wait_s: float = 2.0,
+        reduction: Reduction | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        key = secrets.token_hex(32)
+        self.receiver = TelemetryReceiver(address, key=key.encode())
+        self.env = {ENV_TELEMETRY: self.receiver.address, ENV_TELEMETRY_KEY: key}
+        self.wait_s = wait_s
+        self.reduction = reduction or Reduction()
+        self.clock = clock
+        self.ranks: set[str] = set()  # this host's ranks, as labels
+        self.foreign = 0  # samples naming a rank that is not this host's, dropped
+        folder.mkdir(parents=True, exist_ok=True)
+        self.raw_path = folder / "telemetry.jsonl"
+        self._raw: IO[str] = self.raw_path.open("a")
+        self._steps: dict[tuple[int, int], _Step] = {}  # (attempt, step)
+
+    def expect(self, ranks: Iterable[int]) -> None:
+        """The ranks this host runs now (from a launch)."""
+        self.ranks = {str(rank) for rank in ranks}
+
+    def take(self) -> tuple[list[HostSummary], list[Sample]]:
+        """The summaries of the steps complete now and the events that arrived."""
+        samples = self.receiver.receive(timeout_s=0.0)
+        own = [s for s in samples if s.labels.get("rank") in self.ranks]
+        self.foreign += len(samples) - len(own)
+        if own:
+            self._raw.write("".join(json.dumps(s.to_json()) + "\n" for s in own))
+            self._raw.flush()
+        events = [s for s in own if s.step is None or s.name.startswith("event.")]
+        now = self.clock()
+        by_rank_step = {}
+        for s in own:
+            if s.step is not None:
+                by_rank_step[(s.labels["rank"], s.step)] = int(s.labels.get("attempt", 0))
+        steps = [s for s in own if s.name not in MARKERS]
+        for frame in frames_from_samples(steps):
+            rank, step = frame.subject.rank, frame.step
+            if rank is None or step is None:
+                continue
+            attempt = by_rank_step.get((str(rank), step), 0)
+            pending = self._steps.setdefault((attempt, step), _Step(now))
+            values = pending.values.setdefault(rank, {})
+            found = frame.values
+            if "step_time" in found:  # the rank's step report: its step is complete
+                values.update(peer_features({**values, **found}))
+                pending.ended.add(rank)
+            else:
+                values.update(found)
+        return self._ready(now), events
+
+    def _ready(self, now: float) -> list[HostSummary]:
+        done = sorted(
+            key
+            for key, pending in self._steps.items()
+            if len(pending.ended) >= len(self.ranks) or now - pending.first >= self.wait_s
+        )
+        return [
+            summarise(step, attempt, self._steps.pop((attempt, step)).values, self.reduction)
+            for attempt, step in done
+        ]
+
+    def close(self) -> None:
+        self.receiver.close()
+        self._raw.close()
+
+
+__all__ = ["HostTelemetry"]

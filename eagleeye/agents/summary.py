@@ -1,0 +1,317 @@
+"""Telemetry reduced on the host: one summary per step of the host's ranks.
+
+An agent receives its ranks' step telemetry and, instead of forwarding every rank's
+samples, sends the controller one ``HostSummary`` per step: for each metric the host's
+count, median, minimum, maximum and robust spread (1.4826 × the median absolute
+deviation), plus the raw values of the ranks that stand out against the host's median
+(any non-finite value; a value further from the median than ``z`` robust spreads and
+``rel`` of the median). The controller's intake thus grows with hosts, not ranks, while
+the raw series stay on the host.
+
+The summary crosses the network as a compact binary message (version 1), sealed like
+every agent message with the HMAC of the job's shared secret::
+
+    header  "EEHS", version u8, session 8 bytes, seq u64, step i64, attempt u32,
+            ranks u32, metrics u16, outliers u16, names' length u16
+    names   the metric names, UTF-8, joined by "\\n"
+    stats   metrics × (count, median, min, max, spread), float64
+    rows    per outlier: rank u32, values u16, then values × (metric index u16, float64)
+
+``decode_summary`` validates every field (sizes, names, finite and ordered statistics,
+counts within the ranks) and raises ``Refused`` on the first fault; nothing in a refused
+message is acted on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import statistics
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from eagleeye.agents.wire import Refused
+
+MAGIC = b"EEHS"
+SUMMARY_VERSION = 1
+STATS = ("count", "median", "min", "max", "spread")
+MAX_METRICS = 256
+MAX_NAME = 128
+MAX_RANKS = 1 << 16
+_HEADER = struct.Struct("<4sB8sQqIIHHH")
+_HEADER_SIZE = _HEADER.size
+_ROW = struct.Struct("<IH")
+_VALUE = struct.Struct("<Hd")
+_STATS: dict[int, struct.Struct] = {}
+_NAMES: dict[bytes, tuple[str, ...]] = {}
+#: A robust spread from the median absolute deviation (that of a normal distribution).
+MAD_SCALE = 1.4826
+
+
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    """The raw values of one rank that stands out, for one step."""
+
+    rank: int
+    values: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
+
+
+@dataclass(frozen=True, slots=True)
+class HostSummary:
+    """One host's step, reduced (version ``SUMMARY_VERSION``).
+
+    ``stats`` holds ``len(names) × 5`` little-endian float64, metric by metric in the
+    order of ``STATS`` (``table()`` is them as an array, ``stat(name, "median")`` one of
+    them). ``node`` and ``agent`` are set by the receiver from the admitted sender, never
+    read from the message; ``at`` is the receiver's clock.
+    """
+
+    step: int
+    attempt: int
+    ranks: int
+    names: tuple[str, ...]
+    stats: bytes
+    outliers: tuple[RankRow, ...] = ()
+    node: str = ""
+    agent: str = ""
+    at: float = 0.0
+    version: int = SUMMARY_VERSION
+
+    def table(self) -> np.ndarray:
+        """The statistics as a ``len(names) × 5`` array."""
+        return np.frombuffer(self.stats, "<f8").reshape(len(self.names), 5)
+
+    def stat(self, name: str, which: str) -> float:
+        """One statistic (``STATS``) of one metric; KeyError when the host has no such."""
+        if name not in self.names:
+            raise KeyError(name)
+        return float(self.table()[self.names.index(name), STATS.index(which)])
+
+
+@dataclass(frozen=True, slots=True)
+class Reduction:
+    """When a rank stands out on a metric: a non-finite value, or one further from the
+    host's median than ``z`` robust spreads and ``rel`` × |median| and ``floor``."""
+
+    z: float = 4.0
+    rel: float = 0.2
+    floor: float = 1e-3
+
+
+def summarise(
+    step: int,
+    attempt: int,
+    values: Mapping[int, Mapping[str, float]],
+    reduction: Reduction = Reduction(),
+) -> HostSummary:
+    """The summary of one step from each rank's values (``{rank: {metric: value}}``)."""
+    names = sorted({name for row in values.values() for name in row})[:MAX_METRICS]
+    stats: list[float] = []
+    standing: set[int] = set()
+    for name in names:
+        got = [(rank, row[name]) for rank, row in values.items() if name in row]
+        finite = [v for _, v in got if math.isfinite(v)]
+        standing |= {rank for rank, v in got if not math.isfinite(v)}
+        if not finite:
+            stats += [0.0, 0.0, 0.0, 0.0, 0.0]
+            continue
+        median = statistics.median(finite)
+        spread = MAD_SCALE * statistics.median([abs(v - median) for v in finite])
+        stats += [float(len(finite)), median, min(finite), max(finite), spread]
+        if len(finite) >= 3:
+            bar = max(reduction.z * spread, reduction.rel * abs(median), reduction.floor)
+            standing |= {r for r, v in got if math.isfinite(v) and abs(v - median) > bar}
+    rows = tuple(
+        RankRow(rank, {n: v for n, v in values[rank].items() if n in names})
+        for rank in sorted(standing)
+    )
+    packed = _stats_struct(len(names)).pack(*stats)
+    return HostSummary(step, attempt, len(values), tuple(names), packed, rows)
+
+
+def summary_key(secret: bytes) -> bytes:
+    """The key that seals summaries, derived from the job's shared secret."""
+    return hashlib.blake2b(secret, digest_size=32, person=b"eagleeye-summary").digest()
+
+
+def _mac(key: bytes, payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, key=key, digest_size=32).digest()
+
+
+def encode_summary(summary: HostSummary, key: bytes, session: str, seq: int) -> list[bytes]:
+    """The sealed frames of ``summary``: the payload and its MAC under ``key``
+    (``summary_key`` of the job's secret)."""
+    names = "\n".join(summary.names).encode()
+    index = {name: i for i, name in enumerate(summary.names)}
+    parts = [
+        _HEADER.pack(
+            MAGIC,
+            SUMMARY_VERSION,
+            bytes.fromhex(session),
+            seq,
+            summary.step,
+            summary.attempt,
+            summary.ranks,
+            len(summary.names),
+            len(summary.outliers),
+            len(names),
+        ),
+        names,
+        summary.stats,
+    ]
+    for row in summary.outliers:
+        parts.append(_ROW.pack(row.rank, len(row.values)))
+        parts += [_VALUE.pack(index[n], v) for n, v in row.values.items()]
+    payload = b"".join(parts)
+    return [payload, _mac(key, payload)]
+
+
+def is_summary(frames: Sequence[bytes]) -> bool:
+    """Whether ``frames`` claim to be a summary (a sealed JSON message cannot)."""
+    return len(frames) == 2 and frames[0][:4] == MAGIC
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A summary's envelope: its sender's session and sequence number (for replays)."""
+
+    session: str
+    seq: int
+
+
+#: A summary's parts as ``parse_summary`` reads them: session (hex), seq, step, attempt,
+#: ranks, names, stats (bytes), outlier rows.
+Parsed = tuple[str, int, int, int, int, tuple[str, ...], bytes, tuple[RankRow, ...]]
+
+
+def parse_summary(key: bytes, payload: bytes, mac: bytes) -> Parsed:
+    """The parts of the summary ``payload`` sealed by ``mac``, all checked but the
+    statistics' values (``check_stats`` checks many summaries' at once); raises Refused
+    (``auth``, ``schema``)."""
+    if not hmac.compare_digest(mac, hashlib.blake2b(payload, key=key, digest_size=32).digest()):
+        raise Refused("a summary without a valid MAC of the shared secret", "auth")
+    try:
+        _, version, session, seq, step, attempt, ranks, n, n_rows, n_names = _HEADER.unpack_from(
+            payload
+        )
+    except struct.error:
+        raise Refused("a summary shorter than its header", "schema") from None
+    if version != SUMMARY_VERSION:
+        raise Refused(f"a summary of version {version}, not {SUMMARY_VERSION}", "schema")
+    if step < 0 or not 0 < ranks <= MAX_RANKS or n > MAX_METRICS or n_rows > ranks:
+        raise Refused(
+            f"a summary of step {step}, {ranks} ranks, {n} metrics, {n_rows} outliers",
+            "schema",
+        )
+    at = _HEADER_SIZE + n_names
+    names = _NAMES.get(payload[_HEADER_SIZE:at]) or _names(payload[_HEADER_SIZE:at], n)
+    end = at + 40 * n
+    if len(names) != n or end > len(payload):
+        raise Refused("a summary cut short, or naming other metrics than it counts", "schema")
+    if n_rows:
+        rows = _rows(payload, end, n_rows, names)
+    elif end != len(payload):
+        raise Refused(f"a summary with {len(payload) - end} bytes too many", "schema")
+    else:
+        rows = ()
+    stats = payload[at:end]
+    return session.hex(), seq, step, attempt, ranks, names, stats, rows
+
+
+def decode_summary(key: bytes, frames: Sequence[bytes]) -> tuple[Sealed, HostSummary]:
+    """The envelope and the validated summary in ``frames`` (the payload and its MAC);
+    raises Refused (``frames``, ``auth``, ``schema``)."""
+    if len(frames) != 2:
+        raise Refused(f"a summary of {len(frames)} frames, not 2", "frames")
+    session, seq, step, attempt, ranks, names, stats, rows = parse_summary(key, *frames)
+    summary = HostSummary(step, attempt, ranks, names, stats, rows)
+    if not check_stats([stats], [ranks]).all():
+        raise Refused("a summary whose statistics are not finite, ordered, in range", "schema")
+    return Sealed(session, seq), summary
+
+
+def check_stats(stats: Sequence[bytes], ranks: Sequence[int]) -> np.ndarray:
+    """Which summaries' statistics are sound (one boolean per summary, given its stats
+    block and its ranks): every number finite, min ≤ median ≤ max, spread ≥ 0 and
+    0 ≤ count ≤ ranks. Vectorised: the controller checks a step of every host at once."""
+    ok = np.ones(len(stats), dtype=bool)
+    if not stats:
+        return ok
+    sizes = np.fromiter((len(block) // 40 for block in stats), int, len(stats))
+    flat = np.frombuffer(b"".join(stats), "<f8").reshape(-1, 5)
+    count, median, low, high, spread = flat.T
+    good = (
+        np.isfinite(flat).all(axis=1)
+        & (low <= median)
+        & (median <= high)
+        & (spread >= 0)
+        & (count >= 0)
+        & (count <= np.repeat(np.asarray(ranks, dtype=float), sizes))
+    )
+    ok[np.repeat(np.arange(len(stats)), sizes)[~good]] = False
+    return ok
+
+
+def _stats_struct(n: int) -> struct.Struct:
+    block = _STATS.get(n)
+    if block is None:
+        block = _STATS[n] = struct.Struct(f"<{5 * n}d")
+    return block
+
+
+def _names(raw: bytes, n: int) -> tuple[str, ...]:
+    try:
+        names = tuple(raw.decode().split("\n")) if raw else ()
+    except UnicodeDecodeError:
+        raise Refused("a summary whose metric names are not UTF-8", "schema") from None
+    if len(names) != n or len(set(names)) != n:
+        raise Refused(f"a summary naming {len(names)} distinct metrics of {n}", "schema")
+    if any(not name or len(name) > MAX_NAME for name in names):
+        raise Refused(f"a summary with a metric name empty or over {MAX_NAME}", "schema")
+    if len(_NAMES) < 1024:
+        _NAMES[raw] = names
+    return names
+
+
+def _rows(payload: bytes, at: int, n_rows: int, names: tuple[str, ...]) -> tuple[RankRow, ...]:
+    rows = []
+    try:
+        for _ in range(n_rows):
+            rank, count = _ROW.unpack_from(payload, at)
+            at += _ROW.size
+            values = {}
+            for _ in range(count):
+                index, value = _VALUE.unpack_from(payload, at)
+                at += _VALUE.size
+                values[names[index]] = value
+            rows.append(RankRow(rank, values))
+    except (struct.error, IndexError):
+        raise Refused("a summary whose outlier rows break the schema", "schema") from None
+    if at != len(payload):
+        raise Refused(f"a summary with {len(payload) - at} bytes too many", "schema")
+    if len({row.rank for row in rows}) != len(rows):
+        raise Refused("a summary naming one rank twice", "schema")
+    return tuple(rows)
+
+
+__all__ = [
+    "HostSummary",
+    "RankRow",
+    "Reduction",
+    "Sealed",
+    "check_stats",
+    "decode_summary",
+    "encode_summary",
+    "is_summary",
+    "parse_summary",
+    "summary_key",
+    "summarise",
+]
