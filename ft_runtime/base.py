@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from ft_runtime.types import Action, LifecycleEvent, Outcome, Phase
+from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -55,3 +58,20 @@ class Supervisor(Runtime, Protocol):
 
     @property
     def finished(self) -> bool: ...
+
+
+def answer_before_acting(
+    action: Action, done_keys: set[str], now: float, unsupported: str
+) -> Outcome | None:
+    """What a restarting supervisor answers before it acts, or None when it is to act: an
+    action already executed is skipped, a notice is logged (once), any kind but a restart
+    is skipped with ``unsupported``."""
+    if action.key in done_keys:
+        return Outcome(action, OutcomeStatus.SKIPPED, "duplicate of an executed action", now)
+    if action.kind is ActionKind.NOTIFY:
+        done_keys.add(action.key)
+        log.warning("eagleeye notice: %s", action.reason)
+        return Outcome(action, OutcomeStatus.DONE, "logged", now)
+    if action.kind is not ActionKind.RESTART:
+        return Outcome(action, OutcomeStatus.SKIPPED, unsupported, now)
+    return None

@@ -18,7 +18,6 @@ and are refused with that reason.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -29,10 +28,9 @@ from pathlib import Path
 
 import psutil
 
+from ft_runtime.base import answer_before_acting
 from ft_runtime.layout import ENV_RESUME_FROM
-from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
-
-log = logging.getLogger(__name__)
+from ft_runtime.types import Action, LifecycleEvent, Outcome, OutcomeStatus, Phase
 
 __all__ = ["ElasticWorkers"]
 
@@ -150,19 +148,13 @@ class ElasticWorkers:
         return []
 
     def execute(self, action: Action) -> Outcome:
-        if action.key in self._done_keys:
-            return self._outcome(action, OutcomeStatus.SKIPPED, "duplicate of an executed action")
-        if action.kind is ActionKind.NOTIFY:
-            self._done_keys.add(action.key)
-            log.warning("eagleeye notice: %s", action.reason)
-            return self._outcome(action, OutcomeStatus.DONE, "logged")
-        if action.kind is not ActionKind.RESTART:
-            return self._outcome(
-                action,
-                OutcomeStatus.SKIPPED,
-                f"{action.kind.value} needs `eagleeye run` or `eagleeye agent`; under torchrun "
-                "only restarts of the worker group are possible",
-            )
+        unsupported = (
+            f"{action.kind.value} needs `eagleeye run` or `eagleeye agent`; under torchrun "
+            "only restarts of the worker group are possible"
+        )
+        answer = answer_before_acting(action, self._done_keys, self.clock(), unsupported)
+        if answer is not None:
+            return answer
         if self.finished:
             return self._outcome(action, OutcomeStatus.SKIPPED, f"job already {self.phase.value}")
         self._done_keys.add(action.key)

@@ -13,18 +13,16 @@ yardstick for replica-level recovery.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ft_runtime.base import answer_before_acting
 from ft_runtime.launcher import Launcher, LocalLauncher, StopOnRequest
 from ft_runtime.layout import ENV_RESUME_FROM, JobLayout, RankSpec
 from ft_runtime.ports import free_port
-from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
-
-log = logging.getLogger(__name__)
+from ft_runtime.types import Action, LifecycleEvent, Outcome, OutcomeStatus, Phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,18 +212,10 @@ class JobSupervisor(StopOnRequest):
     # ---- the control protocol ------------------------------------------------------------
     def execute(self, action: Action) -> Outcome:
         """Runtime protocol. This supervisor restarts jobs; other kinds are not supported."""
-        if action.key in self._done_keys:
-            return self._outcome(action, OutcomeStatus.SKIPPED, "duplicate of an executed action")
-        if action.kind is ActionKind.NOTIFY:
-            self._done_keys.add(action.key)
-            log.warning("eagleeye notice: %s", action.reason)
-            return self._outcome(action, OutcomeStatus.DONE, "logged")
-        if action.kind is not ActionKind.RESTART:
-            return self._outcome(
-                action,
-                OutcomeStatus.SKIPPED,
-                f"{action.kind.value} is not supported by synchronous recovery",
-            )
+        unsupported = f"{action.kind.value} is not supported by synchronous recovery"
+        answer = answer_before_acting(action, self._done_keys, self.clock(), unsupported)
+        if answer is not None:
+            return answer
         if self.phase in (Phase.SUCCEEDED, Phase.FAILED):
             return self._outcome(action, OutcomeStatus.SKIPPED, f"job already {self.phase.value}")
         self._done_keys.add(action.key)
