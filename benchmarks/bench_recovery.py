@@ -123,14 +123,24 @@ def survivors(run_dir: Path, kill_step: int) -> dict[str, float]:
     }
 
 
-def detection(run_dir: Path) -> tuple[float, float]:
-    """Seconds from a SIGSTOP to the quorum dropping the replica, and in median steps."""
+def detection(run_dir: Path) -> tuple[float, float, float, float]:
+    """Seconds from a SIGSTOP to the quorum dropping the replica, the same in median
+    steps, and the stall evidence: the hang limit then and how long the others waited."""
     steps, events, faults = samples(run_dir)
     stop = float(faults.iloc[0]["time"])
     drops = events[(events["subject"] == "quorum") & events["detail"].map(lambda d: "removed" in d)]
     delay = float(drops["time"].iloc[0]) - stop
     before = steps[(steps["name"] == "step_time") & (steps["time"] < stop)]
-    return delay, delay / float(before["value"].median())
+    fenced = events[events["detail"].map(_stall_evidence).map(bool)]
+    evidence = _stall_evidence(fenced["detail"].iloc[0]) if len(fenced) else {}
+    limit, waited = evidence.get("limit_s", float("nan")), evidence.get("waited_s", float("nan"))
+    return delay, delay / float(before["value"].median()), float(limit), float(waited)
+
+
+def _stall_evidence(detail: object) -> dict[str, float]:
+    """The stall evidence an isolation event carries (the limit, the wait), or {}."""
+    evidence = detail.get("evidence") if isinstance(detail, dict) else None
+    return dict(evidence) if isinstance(evidence, dict) and "limit_s" in evidence else {}
 
 
 def hang_isolations(run_dir: Path) -> int:
@@ -275,8 +285,11 @@ def main() -> None:
                     f"server at nice +{nice}, {key}: "
                     f"median {statistics.median(ratios):.2f}x ({shown})"
                 )
-    for delay, steps in stops:
-        print(f"SIGSTOP found after {delay:.3f} s = {steps:.2f} median step times")
+    for delay, steps, limit, waited in stops:
+        print(
+            f"SIGSTOP found after {delay:.3f} s = {steps:.2f} median step times "
+            f"(hang limit {limit:.3f} s, the others waited {waited:.3f} s)"
+        )
     print(f"replicas isolated as hung in the runs without a SIGSTOP: {false_hangs}")
     if not args.no_ticks:
         with tempfile.TemporaryDirectory() as tmp:
