@@ -17,7 +17,7 @@ measured on ``--raw-ranks`` ranks and scaled to 100k (it is linear in the messag
 Receiving from the socket is measured apart (``recv`` line): the 12,500 messages of one
 step through a loopback ROUTER socket.
 
-Run: flock /tmp/ee-heavy.lock taskset -c 0 python benchmarks/bench_host_intake.py
+Run: taskset -c 0 python benchmarks/bench_host_intake.py  (one core, nothing heavy beside it)
 """
 
 from __future__ import annotations

@@ -10,11 +10,21 @@ takes.
 
 from __future__ import annotations
 
-from eagleeye.agents.intake import SummaryIntake
+from typing import Any
+
 from eagleeye.agents.link import AgentLink
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.summary import HostSummary, RankRow, Reduction, decode_summary, summarise
 from eagleeye.agents.wire import Message, Refused, read_secret
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SummaryIntake":  # numpy: imported only by who takes summaries
+        from eagleeye.agents.intake import SummaryIntake
+
+        return SummaryIntake
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AgentLink",

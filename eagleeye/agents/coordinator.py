@@ -277,6 +277,7 @@ class JobCoordinator:
             return
         self.attempt += 1
         self._succeeded.clear()
+        self._detectors = reduced_detectors()  # each attempt is a new baseline
         self._event("job", Phase.RECOVERING, reason=f"rank {rank} exited {code}")
         self._launch("restart")
         self._outcome(finding_id, ActionKind.RESTART, OutcomeStatus.DONE, "every agent restarted")

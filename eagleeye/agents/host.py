@@ -1,8 +1,10 @@
 """An agent's work on its host: start the host's ranks with torchrun's environment, watch
-them, and do what the controller asks (launch, restart, kill, stop), reporting each rank's
-launch and exit and each action's outcome. With sources configured, the host's sources
-(``eagleeye.hostsources``: GPUs, kernel log, NCCL dumps, host counters) are read on their
-period and their samples forwarded to the controller.
+them, and do what the controller asks (launch, restart, kill, stop, checkpoint before a
+stop), reporting each rank's launch and exit and each action's outcome. The ranks'
+telemetry comes to the agent (``HostTelemetry``): kept raw on the host, sent to the
+controller as one summary per step, their events as they are. With sources configured,
+the host's sources (``eagleeye.hostsources``: GPUs, kernel log, NCCL dumps, host
+counters) are read on their period and their samples forwarded to the controller.
 
 The ranks of node rank ``n`` of an ``nnodes × nproc_per_node`` job are its ranks
 ``n·nproc_per_node`` to ``(n+1)·nproc_per_node - 1``, with the controller's

@@ -18,13 +18,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.summary import MAGIC, parse_summary, summary_key
 from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
+
+if TYPE_CHECKING:
+    from eagleeye.agents.intake import SummaryIntake
 
 log = logging.getLogger(__name__)
 

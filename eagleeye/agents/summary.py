@@ -32,10 +32,12 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from eagleeye.agents.wire import Refused
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAGIC = b"EEHS"
 SUMMARY_VERSION = 1
@@ -87,6 +89,8 @@ class HostSummary:
 
     def table(self) -> np.ndarray:
         """The statistics as a ``len(names) × 5`` array."""
+        import numpy as np  # here: the agents' wire stays light to import
+
         return np.frombuffer(self.stats, "<f8").reshape(len(self.names), 5)
 
     def stat(self, name: str, which: str) -> float:
@@ -194,8 +198,8 @@ Parsed = tuple[str, int, int, int, int, tuple[str, ...], bytes, tuple[RankRow, .
 
 def parse_summary(key: bytes, payload: bytes, mac: bytes) -> Parsed:
     """The parts of the summary ``payload`` sealed by ``mac``, all checked but the
-    statistics' values (``check_stats`` checks many summaries' at once); raises Refused
-    (``auth``, ``schema``)."""
+    statistics' values (``stats_sound``; the controller's intake checks a step of them
+    at once); raises Refused (``auth``, ``schema``)."""
     if not hmac.compare_digest(mac, hashlib.blake2b(payload, key=key, digest_size=32).digest()):
         raise Refused("a summary without a valid MAC of the shared secret", "auth")
     try:
@@ -233,31 +237,26 @@ def decode_summary(key: bytes, frames: Sequence[bytes]) -> tuple[Sealed, HostSum
         raise Refused(f"a summary of {len(frames)} frames, not 2", "frames")
     session, seq, step, attempt, ranks, names, stats, rows = parse_summary(key, *frames)
     summary = HostSummary(step, attempt, ranks, names, stats, rows)
-    if not check_stats([stats], [ranks]).all():
+    if not stats_sound(stats, ranks):
         raise Refused("a summary whose statistics are not finite, ordered, in range", "schema")
     return Sealed(session, seq), summary
 
 
-def check_stats(stats: Sequence[bytes], ranks: Sequence[int]) -> np.ndarray:
-    """Which summaries' statistics are sound (one boolean per summary, given its stats
-    block and its ranks): every number finite, min ≤ median ≤ max, spread ≥ 0 and
-    0 ≤ count ≤ ranks. Vectorised: the controller checks a step of every host at once."""
-    ok = np.ones(len(stats), dtype=bool)
-    if not stats:
-        return ok
-    sizes = np.fromiter((len(block) // 40 for block in stats), int, len(stats))
-    flat = np.frombuffer(b"".join(stats), "<f8").reshape(-1, 5)
-    count, median, low, high, spread = flat.T
-    good = (
-        np.isfinite(flat).all(axis=1)
-        & (low <= median)
-        & (median <= high)
-        & (spread >= 0)
-        & (count >= 0)
-        & (count <= np.repeat(np.asarray(ranks, dtype=float), sizes))
-    )
-    ok[np.repeat(np.arange(len(stats)), sizes)[~good]] = False
-    return ok
+def stats_sound(stats: bytes, ranks: int) -> bool:
+    """Whether a summary's statistics are sound: every number finite, min ≤ median ≤ max,
+    spread ≥ 0 and 0 ≤ count ≤ ``ranks``. (The controller's intake checks a whole step
+    of hosts at once, vectorised, to the same rules.)"""
+    if len(stats) % 40:
+        return False
+    values = _stats_struct(len(stats) // 40).unpack(stats)
+    total = math.fsum(abs(v) for v in values) if values else 0.0
+    if not math.isfinite(total):
+        return False
+    for at in range(0, len(values), 5):
+        count, median, low, high, spread = values[at : at + 5]
+        if not (low <= median <= high and spread >= 0 and 0 <= count <= ranks):
+            return False
+    return True
 
 
 def _stats_struct(n: int) -> struct.Struct:
@@ -307,7 +306,7 @@ __all__ = [
     "RankRow",
     "Reduction",
     "Sealed",
-    "check_stats",
+    "stats_sound",
     "decode_summary",
     "encode_summary",
     "is_summary",

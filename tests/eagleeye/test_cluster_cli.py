@@ -141,6 +141,7 @@ def test_sigterm_to_the_controller_stops_every_rank(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, "60")
     try:
         cluster.launched({0, 1}, 0)
+        os.kill(cluster.pids[0], signal.SIGSTOP)  # a stopped rank: continued, then ended
         cluster.controller.send_signal(signal.SIGTERM)
         end = cluster.ended()
         assert end["phase"] == "failed"

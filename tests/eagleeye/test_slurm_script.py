@@ -65,6 +65,7 @@ def test_the_controller_and_one_agent_per_node_get_slurms_layout(tmp_path: Path)
     assert controller == [
         *("controller", "--listen", "gpu-a1:29400", "--secret-file", "/etc/eagleeye/job.secret"),
         *("--nnodes", "2", "--nproc-per-node", "4", "--run-id", "slurm-77"),
+        *("--grace-period", "0"),
     ]
     agents = sorted(
         (c for c in calls if c[0] == "agent"), key=lambda c: c[c.index("--node-rank") + 1]
@@ -73,6 +74,7 @@ def test_the_controller_and_one_agent_per_node_get_slurms_layout(tmp_path: Path)
     for agent in agents:
         assert agent[agent.index("--controller") + 1] == "gpu-a1:29400"
         assert agent[agent.index("--secret-file") + 1] == "/etc/eagleeye/job.secret"
+        assert agent[agent.index("--grace-period") + 1] == "0"
         assert agent[-5:] == ["train.py", "--lr", "3e-4", "--name", "a b"]
     assert requeue == ""  # a job that succeeded is not run again
 
