@@ -23,7 +23,10 @@ while [ "${1#--}" != "$1" ]; do shift; done   # srun's own options
 for node in 0 1; do SLURM_NODEID=$node "$@"; done
 """,
     "eagleeye": """#!/bin/bash
-python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@" >> "$CALLS/eagleeye"
+# one write of a whole line (O_APPEND): the controller and the agents run at once
+python3 -c 'import json, os, sys
+fd = os.open(os.path.join(os.environ["CALLS"], "eagleeye"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+os.write(fd, (json.dumps(sys.argv[1:]) + "\\n").encode())' "$@"
 [ "$1" = controller ] && exit "${CONTROLLER_EXIT:-0}"
 exit 0
 """,
