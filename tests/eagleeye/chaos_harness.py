@@ -210,10 +210,10 @@ class ChaosRun(Forgeries):
 
     STEPS = {"job": 100, "replica": 100}
 
-    def __init__(self, schedule: Schedule, root: Path) -> None:
+    def __init__(self, schedule: Schedule, root: Path, tag: str = "") -> None:
         self.schedule = schedule
         self.root = root
-        self.run_id = f"chaos-{schedule.seed}-{os.getpid()}"
+        self.run_id = f"chaos-{schedule.seed}-{os.getpid()}{tag}"
         self.job = _job_name(self.run_id)
         self.run_dir = root / "runs" / self.run_id
         self.outcome = Outcome(schedule, self.run_dir)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from contextlib import suppress
 
+import psutil
 import pytest
 
 from tests.eagleeye.chaos_harness import ChaosRun, Fault, Schedule, check_invariants, draw
@@ -61,16 +63,16 @@ def _run(schedule: Schedule, root, replay: str) -> None:
     machine varies from run to run: the first failure is printed (and warned) either way,
     so an intermittent one is seen without failing a build."""
     try:
-        _run_once(schedule, root / "first", replay)
+        _run_once(schedule, root / "first", replay, "")
     except AssertionError as exc:
         warnings.warn(f"chaos {schedule}: failed once, run again: {str(exc)[:2000]}", stacklevel=1)
-        _run_once(schedule, root / "again", replay)
+        _run_once(schedule, root / "again", replay, "-again")  # a job of its own
 
 
-def _run_once(schedule: Schedule, root, replay: str) -> None:
+def _run_once(schedule: Schedule, root, replay: str, tag: str) -> None:
     root.mkdir()
     print(f"chaos {schedule} (replay: {replay})")
-    run = ChaosRun(schedule, root)
+    run = ChaosRun(schedule, root, tag)
     started = time.monotonic()
     try:
         outcome = run.run()
@@ -82,6 +84,9 @@ def _run_once(schedule: Schedule, root, replay: str) -> None:
             check_invariants(outcome)  # before close(): it unmounts the tmpfs, continues stops
         except AssertionError as exc:
             print(f"chaos seed {schedule.seed} FAILED: {str(exc)[:4000]}")  # seen at once
+            for proc in run.outcome.seen.values():  # nothing of it is left for the next
+                with suppress(psutil.Error):
+                    proc.kill()
             raise
     finally:
         run.close()
