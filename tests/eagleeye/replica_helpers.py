@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,27 @@ def finish(sup: Any, sent: Outcome, timeout_s: float = 90.0) -> Outcome:
                 return outcome
         time.sleep(0.01)
     raise AssertionError(f"{sent.action} did not end within {timeout_s} s: {sent.detail}")
+
+
+def trained_once(ledger: Path, steps: int) -> dict[int, list[int]]:
+    """Every replica's trained batches, from the audit lines of the committed steps; for
+    a step committed more than once (a job restart went back before it), the newest
+    incarnation's line counts. Asserts that no batch was trained twice."""
+    newest: dict[int, tuple[int, list[list[int]]]] = {}
+    for path in ledger.glob("replica-*.jsonl"):
+        incarnation = int(path.stem.rsplit("-", 1)[1])
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            step = entry["step"]
+            if step not in newest or newest[step][0] < incarnation:
+                newest[step] = (incarnation, entry["trained"])
+    batches: dict[int, list[int]] = {}
+    for step in sorted(newest):
+        for replica, batch in newest[step][1]:
+            batches.setdefault(replica, []).append(batch)
+    for replica, got in batches.items():
+        assert sorted(got) == got, f"replica {replica} trained out of order: {got}"
+        assert len(set(got)) == len(got), f"replica {replica} trained a batch twice: {got}"
+        assert got == list(range(len(got))), f"replica {replica} skipped a batch: {got}"
+    assert sorted(newest) == list(range(steps)), sorted(newest)
+    return batches

@@ -12,7 +12,6 @@ enough for the kill to land inside it, and each test checks afterwards that it d
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.eagleeye.replica_helpers import final_params_identical
+from tests.eagleeye.replica_helpers import final_params_identical, trained_once
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(400)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,30 +116,6 @@ def kill_rank(tmp_path: Path, replica: int, replica_rank: int, incarnation: int)
             os.kill(int(proc.name), signal.SIGKILL)
             return
     raise AssertionError(f"no process for replica {replica} rank {replica_rank}")
-
-
-def trained_once(ledger: Path, steps: int = STEPS) -> dict[int, list[int]]:
-    """Every replica's trained batches, from the audit lines of the committed steps; for
-    a step committed more than once (a job restart went back before it), the newest
-    incarnation's line counts. Asserts that no batch was trained twice."""
-    newest: dict[int, tuple[int, list[list[int]]]] = {}
-    for path in ledger.glob("replica-*.jsonl"):
-        incarnation = int(path.stem.rsplit("-", 1)[1])
-        for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            step = entry["step"]
-            if step not in newest or newest[step][0] < incarnation:
-                newest[step] = (incarnation, entry["trained"])
-    batches: dict[int, list[int]] = {}
-    for step in sorted(newest):
-        for replica, batch in newest[step][1]:
-            batches.setdefault(replica, []).append(batch)
-    for replica, got in batches.items():
-        assert sorted(got) == got, f"replica {replica} trained out of order: {got}"
-        assert len(set(got)) == len(got), f"replica {replica} trained a batch twice: {got}"
-        assert got == list(range(len(got))), f"replica {replica} skipped a batch: {got}"
-    assert sorted(newest) == list(range(steps)), sorted(newest)
-    return batches
 
 
 def check(tmp_path: Path, steps: int = STEPS) -> dict[int, list[int]]:
