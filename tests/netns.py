@@ -8,10 +8,12 @@ with the reason when this machine cannot.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -108,3 +110,17 @@ class NetHosts:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def read_json_line(proc: subprocess.Popen[str], want: Any, limit: float = 150.0) -> dict[str, Any]:
+    """The next JSON line of the controller that ``want`` accepts (others are skipped)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError("the controller ended early")
+        item = json.loads(line)
+        if want(item):
+            return dict(item)
+    raise AssertionError("not seen in time")

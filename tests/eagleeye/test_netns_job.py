@@ -6,7 +6,6 @@ admitted; every process ends with the job, on every host, and the store has it a
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 
 from eagleeye.store import RunReader
 from tests.netns import NetHosts, need_netns
+from tests.netns import read_json_line as read
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -35,20 +35,6 @@ for step in range(int(sys.argv[1])):
     time.sleep(0.05)
 dist.destroy_process_group()
 """
-
-
-def read(proc: subprocess.Popen[str], want, limit: float = 150.0) -> dict:
-    """The next JSON line of the controller that ``want`` accepts (others are skipped)."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError("the controller ended early")
-        item = json.loads(line)
-        if want(item):
-            return dict(item)
-    raise AssertionError("not seen in time")
 
 
 def test_a_rank_killed_on_host_b_restarts_the_job_on_both_hosts(tmp_path: Path) -> None:

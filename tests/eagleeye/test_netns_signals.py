@@ -7,36 +7,22 @@ process of the job is left on any host."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from eagleeye.store import RunReader
 from tests.netns import NetHosts, need_netns
+from tests.netns import read_json_line as read
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 
 LOOP = Path(__file__).parents[1] / "fixtures" / "scripts" / "hooked_loop.py"
 EAGLEEYE = [sys.executable, "-m", "eagleeye"]
-
-
-def read(proc: subprocess.Popen[str], want, limit: float = 150.0) -> dict:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError("the controller ended early")
-        item = json.loads(line)
-        if want(item):
-            return dict(item)
-    raise AssertionError("not seen in time")
 
 
 @pytest.mark.parametrize("target", ["controller", "agent"])
