@@ -37,6 +37,11 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 SERIES_LABELS = ("rank", "replica", "node", "gpu")
 
 
+# how long a closing rank waits for its queued telemetry to reach a controller that does
+# not answer yet (paused); a healthy controller takes it at once
+CLOSE_LINGER_MS = 10_000
+
+
 def encode(labels: Mapping[str, str], rows: Sequence[Row]) -> bytes:
     return json.dumps(
         {"v": WIRE_VERSION, "labels": dict(labels), "samples": list(rows)}, separators=(",", ":")
@@ -58,16 +63,23 @@ class TelemetryPublisher:
     """Rank side: sends batches without ever blocking; counts what it had to drop.
 
     ``key``: the job's telemetry key; each message then carries its HMAC.
+    ``linger_ms``: how long :meth:`close` waits for what is still queued to reach the
+    controller. A controller paused for a while (a swap storm, a slow disk, SIGSTOP) has
+    not yet answered the connection of a rank that started during the pause; the rank's
+    last steps and checkpoint reports wait for it this long instead of being lost when
+    the process exits. Nothing is waited for when everything was delivered.
     """
 
     def __init__(
         self,
         address: str,
         high_water_mark: int = 1000,
-        linger_ms: int = 1000,
+        linger_ms: int = CLOSE_LINGER_MS,
         key: bytes | None = None,
     ):
-        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        # a context of its own: closing it waits for this socket's queue alone, and the
+        # process exiting right after cannot cut the delivery short
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._socket = self._context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.SNDHWM, high_water_mark)
         self._socket.setsockopt(zmq.LINGER, linger_ms)
@@ -86,7 +98,9 @@ class TelemetryPublisher:
         return True
 
     def close(self) -> None:
+        """Closes the connection once what is queued was delivered (at most ``linger_ms``)."""
         self._socket.close()
+        self._context.term()
 
 
 class TelemetryReceiver:

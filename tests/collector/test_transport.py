@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
 import zmq
 
-from collector.transport import TelemetryPublisher, TelemetryReceiver, decode, encode
+from collector.transport import (
+    CLOSE_LINGER_MS,
+    TelemetryPublisher,
+    TelemetryReceiver,
+    decode,
+    encode,
+)
 
 NOW = time.time()
 
@@ -69,10 +79,44 @@ def test_decode_names_what_is_wrong(payload: bytes) -> None:
 
 
 def test_publisher_without_a_controller_never_blocks() -> None:
-    publisher = TelemetryPublisher("tcp://127.0.0.1:1", high_water_mark=1)
+    publisher = TelemetryPublisher("tcp://127.0.0.1:1", high_water_mark=1, linger_ms=0)
     started = time.perf_counter()
     results = [publisher.send({}, [["x", 1.0, 0.0, i]]) for i in range(100)]
     publisher.close()
     assert time.perf_counter() - started < 1.0
     assert results.count(False) >= 98
     assert publisher.dropped == results.count(False)
+
+
+_SEND_AND_EXIT = """
+import sys, time
+from collector.transport import TelemetryPublisher
+publisher = TelemetryPublisher(sys.argv[1])
+for step in range(5):
+    publisher.send({"rank": "0"}, [["loss", 1.0, time.time(), step]])
+publisher.close()
+"""
+
+
+def test_a_rank_that_ends_before_a_paused_controller_answers_is_still_heard(tmp_path) -> None:
+    """A controller that does not answer yet (paused, or not bound) when a rank sends its
+    last steps and exits: the rank's exit waits for the delivery instead of losing them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rank = subprocess.Popen(
+        [sys.executable, "-c", _SEND_AND_EXIT, f"tcp://127.0.0.1:{port}"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        time.sleep(2.0)  # the rank has sent and is closing; nobody answers for 2 s
+        assert rank.poll() is None, "the rank exited with its telemetry undelivered"
+        receiver = TelemetryReceiver(f"tcp://127.0.0.1:{port}")
+        try:
+            samples = receive_all(receiver, 5, timeout_s=CLOSE_LINGER_MS / 1000)
+        finally:
+            receiver.close()
+        assert rank.wait(timeout=10) == 0
+    finally:
+        rank.kill()
+    assert [s.step for s in samples] == [0, 1, 2, 3, 4]
