@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -133,6 +134,29 @@ def _cmdline(proc: psutil.Process) -> str:
         return " ".join(proc.cmdline())
     except psutil.Error:
         return ""
+
+
+def _described(proc: psutil.Process) -> str:
+    """What a leftover process is: enough to tell which run started it and why it lives."""
+    try:
+        with proc.oneshot():
+            age = time.time() - proc.create_time()
+            state = f"ppid {proc.ppid()} {proc.status()} {age:.1f} s old"
+    except psutil.Error:
+        state = "gone"
+    return f"{proc.pid} ({state}) {_cmdline(proc)[:160]}{_stacks(proc.pid)}"
+
+
+def _stacks(pid: int) -> str:
+    """The process's Python stacks (py-spy, when installed): where it waits."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    try:
+        dump = subprocess.run(
+            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f"\n{dump[:2500]}" if dump else ""
 
 
 def holders_of(job: str) -> list[psutil.Process]:
@@ -559,8 +583,7 @@ def check_invariants(outcome: Outcome) -> None:
     assert len(findings) >= len(said_findings), (where, said_findings, findings, tail)
     assert len(actions) >= len(said_actions), (where, said_actions, actions, tail)
     # the newest complete checkpoint a rank reported written to disk is still there, or a
-    # newer complete one (space made on a full disk keeps only the newest; ranks that ended
-    # during a controller pause longer than their telemetry's linger were not heard)
+    # newer complete one (space made on a full disk keeps only the newest)
     if not checkpoints.empty and "path" in checkpoints:
         on_disk = checkpoints[checkpoints["path"].astype(str).str.startswith("/")]
         if not on_disk.empty:
@@ -596,7 +619,7 @@ def check_invariants(outcome: Outcome) -> None:
     left = [p for p in outcome.seen.values() if alive(p)]
     if left:
         psutil.wait_procs(left, timeout=10)
-        left = [f"{p.pid} {_cmdline(p)[:120]}" for p in left if alive(p)]
+        left = [_described(p) for p in left if alive(p)]
     assert not left, f"{where}: processes of the job outlived it: {left}"
     job = _job_name(outcome.run_dir.name)
     assert not holders_of(job), f"{where}: a holder outlived the job"
