@@ -25,7 +25,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +117,10 @@ class Holders:
     """The job's holders, one per node of ``layout``, as child processes.
 
     Use as a context manager around the job; :attr:`env` is what the ranks need.
+
+    On one machine every node's holder runs here, on ports of ``host``. Across hosts each
+    agent runs its own node's (``local``) in the ``ring`` the controller gave every host,
+    with the job's ``token``: its backups go to the next node's holder, on another host.
     """
 
     def __init__(
@@ -127,15 +131,20 @@ class Holders:
         host: str = "127.0.0.1",
         max_restarts: int = 5,
         watch_s: float = 0.5,
+        *,
+        ring: Ring | None = None,
+        token: str | None = None,
+        local: Sequence[str] | None = None,
     ):
-        self.token = secrets.token_hex(16)
+        self.token = token or secrets.token_hex(16)
         self.max_restarts, self.watch_s = max_restarts, watch_s
         self.restarts = 0
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
         nodes = [f"node{i}" for i in range(layout.nnodes)]
-        self.ring = Ring(tuple((n, f"tcp://{host}:{_free_port(host)}") for n in nodes))
+        self.ring = ring or Ring(tuple((n, f"tcp://{host}:{_free_port(host)}") for n in nodes))
         self.storage = storage
+        here = [n for n, _ in self.ring.nodes] if local is None else list(local)
         self.configs = [
             HolderConfig(
                 _job_name(job),
@@ -147,7 +156,7 @@ class Holders:
                 shm_dir=shm_dir_from(os.environ),
                 token=self.token,
             )
-            for n in nodes
+            for n in here
         ]
         self.processes: list[HolderProcess] = []
 

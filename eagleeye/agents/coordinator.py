@@ -13,7 +13,8 @@ rules: a critical XID or an uncorrectable memory error evicts its host (with no 
 the job stops); a thermal throttle is recorded. The ranks' telemetry arrives reduced on
 the hosts (``SummaryIntake``) and is judged by ``reduced_detectors``; its findings are
 recorded. A stop (a signal to the controller or an agent) asks the loops for a
-checkpoint first when there is a grace period.
+checkpoint first when there is a grace period. With ``snapshots`` on, every launch
+carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from detectors.base import Detector
 from detectors.types import Finding, Severity
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
+from eagleeye.agents.snapshots import ring_of
 from eagleeye.detection import host_detectors, reduced_detectors
+from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import host_frames
 from eagleeye.ingest import ingest_samples
 from eagleeye.stopping import EVENT_LISTENING, request_step
@@ -75,6 +78,8 @@ class JobCoordinator:
     _newest_step: int | None = None
     _stop_grace: float | None = None  # an agent leaving gives no more than its own grace
     _step_times: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    snapshots: bool = False  # every host's snapshot holder in one ring, backing up across
+    _ring: str | None = None
 
     def __post_init__(self) -> None:
         if self.intake is None:
@@ -96,6 +101,12 @@ class JobCoordinator:
                 missing = sorted(set(range(self.layout.nnodes)) - set(self._by_node))
                 return self._end(Phase.FAILED, f"no agent joined for node ranks {missing}")
             self._poll()
+        if self.snapshots:
+            try:
+                holders = {n: str(a.info.get("holder") or "") for n, a in self._by_node.items()}
+                self._ring = ring_of(holders)
+            except EagleEyeError as exc:
+                return self._end(Phase.FAILED, str(exc))
         self._launch("launch")
         end = self.clock() + limit_s
         while self.phase is Phase.RUNNING and self.clock() < end:
@@ -174,6 +185,8 @@ class JobCoordinator:
         }
         self.phase = Phase.RUNNING
         self._event("job", Phase.LAUNCH, **body)
+        if self._ring is not None:
+            body["snapshots"] = self._ring
         for agent in self._by_node.values():
             self.members.send(agent.agent, kind, body)
 

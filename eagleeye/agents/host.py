@@ -1,6 +1,8 @@
 """An agent's work on its host: start the host's ranks with torchrun's environment, watch
 them, and do what the controller asks (launch, restart, kill, stop, checkpoint before a
-stop), reporting each rank's launch and exit and each action's outcome. The ranks'
+stop), reporting each rank's launch and exit and each action's outcome. With snapshots
+on, the host's snapshot holder (``eagleeye.agents.snapshots``) runs beside its ranks and
+backs up to another host's. The ranks'
 telemetry comes to the agent (``HostTelemetry``): kept raw on the host, sent to the
 controller as one summary per step, their events as they are. With sources configured,
 the host's sources (``eagleeye.hostsources``: GPUs, kernel log, NCCL dumps, host
@@ -28,9 +30,12 @@ from typing import Any
 from collector.types import Sample
 from eagleeye.agents.link import AgentLink
 from eagleeye.agents.ranktelemetry import HostTelemetry
+from eagleeye.agents.snapshots import HostHolder
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
+from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import HostSources, HostSourcesConfig
 from eagleeye.stopping import REQUEST, request_checkpoint
+from ft_runtime.errors import CheckpointError
 from ft_runtime.layout import JobLayout, RankSpec
 
 log = logging.getLogger(__name__)
@@ -75,6 +80,9 @@ class HostAgent:
     sources: HostSourcesConfig | None = None  # this host's sources, read once launched
     _sources: HostSources | None = None
     telemetry: HostTelemetry | None = None  # the ranks' telemetry, from the first launch
+    holder_at: str = ""  # where this host's snapshot holder listens (declared in the hello)
+    holder_token: str = ""  # the job's holder token (from its shared secret)
+    _holder: HostHolder | None = None  # started at the first launch with snapshots on
 
     @property
     def specs(self) -> list[RankSpec]:
@@ -118,6 +126,7 @@ class HostAgent:
             self.stop_all()
             self.layout = JobLayout(int(body["nnodes"]), int(body["nproc_per_node"]))
             self._open_sources()
+            self._open_holder(body.get("snapshots"))
             self._launch(int(body["attempt"]), str(body["master_addr"]), int(body["master_port"]))
             status = "done"
         elif kind == "kill":
@@ -144,6 +153,7 @@ class HostAgent:
         run_dir = self.log_dir.resolve()
         ours = {
             **self.telemetry.env,
+            **(self._holder.env if self._holder is not None else {}),
             ENV_RUN_DIR: str(run_dir),  # where a graceful stop's checkpoint request goes
             # a shared folder when the agent's environment names one (rank 0's manifest
             # then covers every rank), else this host's own
@@ -166,6 +176,28 @@ class HostAgent:
                 )
             self._ranks[spec.rank] = _Rank(spec, proc, attempt)
             self.link.report("launched", {"rank": spec.rank, "pid": proc.pid, "attempt": attempt})
+
+    def _open_holder(self, ring: object) -> None:
+        """This host's snapshot holder in the controller's ring (once: it outlives the
+        job's restarts). One that cannot start is reported, and the ranks save without."""
+        if not isinstance(ring, str) or not ring or self._holder is not None:
+            return
+        try:
+            holder = HostHolder(
+                ring,
+                self.node_rank,
+                self.holder_at,
+                self.run_id,
+                (self.log_dir / "snapshots").resolve(),
+                self.holder_token,
+                self.layout,
+            )
+            self._holder = holder.__enter__()
+            status = "done"
+        except (EagleEyeError, CheckpointError) as exc:
+            log.error("this host's snapshot holder did not start: %s", exc)
+            status = f"failed: {exc}"
+        self.link.report("outcome", {"action": "snapshots", "status": status})
 
     def _open_sources(self) -> None:
         """This host's sources, for its node of the layout (once: the layout is fixed)."""
@@ -197,6 +229,9 @@ class HostAgent:
         if self.telemetry is not None:
             self.telemetry.close()
             self.telemetry = None
+        if self._holder is not None:
+            self._holder.__exit__(None, None, None)
+            self._holder = None
 
     def _watch(self) -> None:
         for rank in self._ranks.values():

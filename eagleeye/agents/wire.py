@@ -67,6 +67,12 @@ def read_secret(path: str | Path) -> bytes:
     return secret
 
 
+def holder_token(secret: bytes) -> str:
+    """The snapshot holders' token of a job across hosts, derived from its shared secret:
+    every agent's holder and ranks carry the same one, and nobody without the secret."""
+    return hmac.new(secret, b"eagleeye snapshot holders", hashlib.sha256).hexdigest()[:32]
+
+
 def seal(secret: bytes, message: Message) -> list[bytes]:
     payload = json.dumps(
         {

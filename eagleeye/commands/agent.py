@@ -36,6 +36,14 @@ def add_parser(sub: Any) -> None:
         help="this host's address the other hosts reach (MASTER_ADDR when node rank 0; "
         "default: its hostname)",
     )
+    a.add_argument(
+        "--holder-port",
+        type=non_negative,
+        default=0,
+        metavar="PORT",
+        help="where this host's snapshot holder listens, on the --advertise address, when "
+        "the controller runs with --snapshots (default: a free port)",
+    )
     a.add_argument("--log-dir", default="agent-logs", help="where the ranks' output goes")
     a.add_argument(
         "--dcgm-url", default=None, metavar="URL", help="this host's dcgm-exporter /metrics"
@@ -79,25 +87,34 @@ def add_parser(sub: Any) -> None:
 def _agent(args: argparse.Namespace) -> int:
     from eagleeye.agents import AgentLink, read_secret
     from eagleeye.agents.host import HostAgent
+    from eagleeye.agents.snapshots import holder_endpoint
+    from eagleeye.agents.wire import holder_token
+    from eagleeye.errors import EagleEyeError
     from eagleeye.hostsources import HostSourcesConfig
     from eagleeye.launch import NCCL_DUMP_ENV, nvml_source
 
     secret = read_secret(args.secret_file)
     host, port = args.controller
     advertise = args.advertise or socket.gethostname()
+    try:
+        holder_at = holder_endpoint(advertise, args.holder_port)
+    except EagleEyeError as exc:  # needed only with snapshots: the controller says so then
+        print(f"eagleeye agent: no snapshot holder: {exc}", file=sys.stderr)
+        holder_at = ""
     link = AgentLink(
         f"tcp://{host}:{port}",
         secret,
         agent=f"{socket.gethostname()}-{args.node_rank}",
         node_rank=args.node_rank,
         period_s=args.heartbeat,
-        info={"address": advertise},
+        info={"address": advertise, "holder": holder_at},
     ).start()
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
     target = ["-m", args.script] if args.module else [str(Path(args.script).resolve())]
     agent = HostAgent(link, args.node_rank, [*target, *script_args], Path(args.log_dir))
+    agent.holder_at, agent.holder_token = holder_at, holder_token(secret)
     agent.sources = HostSourcesConfig(
         every_s=args.sources_period,
         nvml=nvml_source(args.gpu_metrics, args.dcgm_url),

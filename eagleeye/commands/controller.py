@@ -42,6 +42,12 @@ def add_parser(sub: Any) -> None:
         "checkpoint first and give every rank S seconds to save and exit before SIGKILL "
         "(default: 0, stop at once)",
     )
+    c.add_argument(
+        "--snapshots",
+        action="store_true",
+        help="checkpoints go to memory: each agent runs its host's snapshot holder, backing "
+        "up to the next host's (ranks that save through eagleeye.init())",
+    )
     c.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
     c.add_argument("--run-id", default=None, help="name of this run (default: generated)")
     c.set_defaults(func=_controller)
@@ -64,7 +70,12 @@ def _controller(args: argparse.Namespace) -> int:
     store.set_meta("run_id", run_id)
     store.set_meta(
         "config",
-        {"nnodes": args.nnodes, "nproc_per_node": args.nproc_per_node, "recovery": "job"},
+        {
+            "nnodes": args.nnodes,
+            "nproc_per_node": args.nproc_per_node,
+            "recovery": "job",
+            "snapshots": args.snapshots,
+        },
     )
     ports = random.Random()
     coordinator = JobCoordinator(
@@ -75,6 +86,7 @@ def _controller(args: argparse.Namespace) -> int:
         master_port=lambda attempt: ports.randint(20000, 29000),
         on_update=show,
         grace_s=args.grace_period,
+        snapshots=args.snapshots,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: coordinator.request_stop(signal.Signals(s).name))
