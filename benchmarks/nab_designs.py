@@ -8,8 +8,13 @@ protocol of detectors/eval/nab_loco.py is run with the variant as one more grid 
 (off or on, chosen on the other five categories like every other constant; the grid's
 predictor axis held at 0), so a design is judged by held-out figures. The predictor
 variants are the design RecordDetector's ``predictor`` now ships (chosen by the grid).
+With ``--family discord`` or ``--family discord_fusion``, a different detector family
+(detectors/eval/nab_discord.py: the distance of the recent stretch to its nearest earlier
+one, alone or joined with the record detector by a rule the grid chooses) is judged by
+the same protocol, every held-out category printed beside HTM's published score.
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
+     [--family discord|discord_fusion]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from detectors._season import season_length
 from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
 from detectors.eval.nab_corpus import load_corpus
+from detectors.eval.nab_discord import DiscordFamily, DiscordRecordFamily
 from detectors.univariate import RecordDetector, SeriesResult, _robust_z, _seasonal_residual
 
 #: nab_loco's own detector_for (``loco`` replaces the module's with a variant's).
@@ -224,12 +230,32 @@ def loco(root: Path, name: str) -> None:
     print(f"{time.perf_counter() - start:.0f} s")
 
 
+def family_loco(root: Path, name: str) -> None:
+    """A whole family through the protocol (its settings chosen on the other categories)."""
+    family = DiscordFamily() if name == "discord" else DiscordRecordFamily()
+    start = time.perf_counter()
+    result = nab_loco.leave_one_out(root, family)
+    for h in result.held:
+        setting = ",".join(f"{v:g}" for v in h.setting)
+        fp = h.false_positives
+        print(f"{h.profile:<20}{h.category:<24}{h.score:8.2f}{h.htm:8.2f}{fp:5d}  {setting}")
+    for p in PROFILES:
+        print(
+            f"{p.name:<20}mean {result.mean[p.name]:.2f}  pooled {result.pooled[p.name]:.2f}"
+            f"  whole corpus (best setting, not held out) {result.whole[p.name]:.2f}"
+        )
+    print(f"{time.perf_counter() - start:.0f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("..") / "shared" / "data" / "nab")
     parser.add_argument("--loco", choices=sorted(VARIANTS), default=None)
+    parser.add_argument("--family", choices=("discord", "discord_fusion"), default=None)
     args = parser.parse_args()
-    if args.loco:
+    if args.family:
+        family_loco(args.root, args.family)
+    elif args.loco:
         loco(args.root, args.loco)
     else:
         screen(args.root)
