@@ -12,7 +12,11 @@ series' scale. The first quarter probation scores 0 (too few neighbours).
 
 Flags, without labels: a point is an anomaly when its score beats ``floor`` and
 ``relaxed`` times the largest score of the trailing ``history`` points (a record), and
-the last anomaly is more than a quarter probation ago. ``DiscordFamily`` gives its
+the last anomaly is more than a quarter probation ago. With a sustained trigger
+(``DISCORD_SUSTAINED_GRID``), a point above ``floor`` is an anomaly too when the mean
+score of its last ``sustain`` points stands ``sustain_z`` standard deviations above the
+history of that mean (a new regime whose single stretches are modestly new, such as a
+series turning noisy). ``DiscordFamily`` gives its
 constants to nab_loco's protocol; ``DiscordRecordFamily`` joins it with the record
 detector by nab_families' combination rules, the rule itself a constant of the grid.
 
@@ -41,6 +45,15 @@ DISCORD_GRID: dict[str, tuple[float, ...]] = {
     "history": (1.0, 2.0, 4.0),
     "relaxed": (0.5, 0.75, 1.0),
     "floor": (1.0, 2.0, 4.0),
+}
+#: The same with the sustained trigger: points averaged, and its z (infinite: off).
+DISCORD_SUSTAINED_GRID: dict[str, tuple[float, ...]] = {
+    "m": (8.0, 16.0, 32.0),
+    "history": (2.0, 4.0),
+    "relaxed": (0.5, 1.0),
+    "floor": (1.0, 2.0),
+    "sustain": (10.0, 30.0),
+    "sustain_z": (3.0, 4.5, 6.0, float("inf")),
 }
 #: The record detector's settings joined with the discord grid (nab_loco.GRID's order):
 #: the shipped constants with sustain z 3 or 4.5 and the predictor off or 32 points.
@@ -94,17 +107,36 @@ def discord_scores(values: np.ndarray, probation: int, m: int) -> np.ndarray:
     return scores
 
 
+def lasting(scores: np.ndarray, sustain: int, history: int) -> np.ndarray:
+    """How far the mean of the last ``sustain`` scores stands above the history of that
+    mean over the ``history`` points before them (z units)."""
+    recent = pd.Series(scores).rolling(sustain, min_periods=1).mean()
+    past = recent.rolling(history, min_periods=20)
+    mean, std = past.mean().shift(sustain), past.std().shift(sustain)
+    return np.asarray(((recent - mean) / (std + 1e-9)).fillna(0.0), dtype=float)
+
+
 def record_flags(
-    scores: np.ndarray, probation: int, floor: float, history: int, relaxed: float
+    scores: np.ndarray,
+    probation: int,
+    floor: float,
+    history: int,
+    relaxed: float,
+    sustain: int = 0,
+    sustain_z: float = float("inf"),
 ) -> np.ndarray:
-    """Points whose score beats ``floor`` and ``relaxed`` times the trailing record, at
-    most one a quarter probation, none in the probation."""
+    """Points whose score beats ``floor`` and ``relaxed`` times the trailing record (or,
+    with ``sustain``, whose recent mean is ``sustain_z`` above its history), at most one a
+    quarter probation, none in the probation."""
     record = pd.Series(scores).rolling(history, min_periods=1).max().shift(1)
     bar = record.fillna(np.inf).to_numpy()
+    candidates = (scores > floor) & (scores > relaxed * bar)
+    if sustain and np.isfinite(sustain_z):
+        candidates |= (scores > floor) & (lasting(scores, sustain, history) > sustain_z)
     suppress = max(probation // 4, 1)
     flags = np.zeros(len(scores), dtype=bool)
     last = -(10**9)
-    for i in np.flatnonzero((scores > floor) & (scores > relaxed * bar)):
+    for i in np.flatnonzero(candidates):
         if i < probation or i - last <= suppress:
             continue
         flags[i] = True
@@ -131,12 +163,16 @@ class DiscordFamily:
         return self._scores[key]
 
     def flags(self, files: Sequence[NabFile], setting: Setting) -> list[np.ndarray]:
-        m, history, relaxed, floor = setting
+        m, history, relaxed, floor = setting[:4]
+        sustain, sustain_z = setting[4:] if len(setting) > 4 else (0.0, float("inf"))
         out = []
         for f in files:
             probation = probation_length(len(f.values))
             span = int(history * max(probation, 50))
-            out.append(record_flags(self.scores(f, int(m)), probation, floor, span, relaxed))
+            scores = self.scores(f, int(m))
+            out.append(
+                record_flags(scores, probation, floor, span, relaxed, int(sustain), sustain_z)
+            )
         return out
 
 

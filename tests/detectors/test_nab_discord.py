@@ -13,6 +13,7 @@ from detectors.eval.nab_discord import (
     DiscordFamily,
     DiscordRecordFamily,
     discord_scores,
+    lasting,
     left_discord,
     record_flags,
 )
@@ -94,3 +95,20 @@ def test_the_families_go_through_the_held_out_protocol(tmp_path: Path) -> None:
         assert held[("catA", p.name)].score > 50.0
     fusion = DiscordRecordFamily()
     assert {s[0] for s in fusion.settings()} == {0.0, 1.0, 2.0, 3.0}
+
+
+def test_the_sustained_trigger_finds_a_series_turning_noisy() -> None:
+    # From 700 on, a small noise. With the record's bar out of reach (ten times the
+    # record), only the sustained trigger can see it: the stretches' mean discord climbs
+    # far out of its history.
+    rng = np.random.default_rng(5)
+    x = _noisy_sine(1400)
+    x[700:] += 0.35 * rng.normal(size=700)
+    scores = discord_scores(x, PROBATION, 8)
+    span = 4 * PROBATION
+    assert lasting(scores, 10, span)[700:760].max() > 4.5
+    assert lasting(scores, 10, span)[200:700].max() < 4.5
+    plain = np.flatnonzero(record_flags(scores, PROBATION, 0.2, span, 10.0))
+    sustained = np.flatnonzero(record_flags(scores, PROBATION, 0.2, span, 10.0, 10, 4.5))
+    assert plain.tolist() == []
+    assert 700 <= sustained[0] < 760
