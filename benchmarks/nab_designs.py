@@ -8,8 +8,17 @@ protocol of detectors/eval/nab_loco.py is run with the variant as one more grid 
 (off or on, chosen on the other five categories like every other constant; the grid's
 predictor axis held at 0), so a design is judged by held-out figures. The predictor
 variants are the design RecordDetector's ``predictor`` now ships (chosen by the grid).
+With ``--family discord``, ``discord_sustained`` or ``discord_fusion``, a different
+detector family (detectors/eval/nab_discord.py: the distance of the recent stretch to its
+nearest earlier one, alone, with a sustained trigger, or joined with the record detector
+by a rule the grid chooses) is judged by the same protocol, every held-out category
+printed beside HTM's published score. ``--zero-fp-bound`` prints, per category, what the
+record detector (shipped constants, 32-point predictor) and its union with the discord
+would score with every flag outside a window removed: the most that fewer false
+positives alone could give.
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
+     [--family discord|discord_sustained|discord_fusion] [--zero-fp-bound]
 """
 
 from __future__ import annotations
@@ -27,6 +36,14 @@ from detectors._season import season_length
 from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
 from detectors.eval.nab_corpus import load_corpus
+from detectors.eval.nab_discord import (
+    DISCORD_SUSTAINED_GRID,
+    DiscordFamily,
+    DiscordRecordFamily,
+    discord_scores,
+    record_flags,
+)
+from detectors.eval.nab_families import Family
 from detectors.univariate import RecordDetector, SeriesResult, _robust_z, _seasonal_residual
 
 #: nab_loco's own detector_for (``loco`` replaces the module's with a variant's).
@@ -224,12 +241,67 @@ def loco(root: Path, name: str) -> None:
     print(f"{time.perf_counter() - start:.0f} s")
 
 
+def family_loco(root: Path, name: str) -> None:
+    """A whole family through the protocol (its settings chosen on the other categories)."""
+    families: dict[str, Family] = {
+        "discord": DiscordFamily(),
+        "discord_sustained": DiscordFamily(DISCORD_SUSTAINED_GRID),
+        "discord_fusion": DiscordRecordFamily(),
+    }
+    family = families[name]
+    start = time.perf_counter()
+    result = nab_loco.leave_one_out(root, family)
+    for h in result.held:
+        setting = ",".join(f"{v:g}" for v in h.setting)
+        fp = h.false_positives
+        print(f"{h.profile:<20}{h.category:<24}{h.score:8.2f}{h.htm:8.2f}{fp:5d}  {setting}")
+    for p in PROFILES:
+        print(
+            f"{p.name:<20}mean {result.mean[p.name]:.2f}  pooled {result.pooled[p.name]:.2f}"
+            f"  whole corpus (best setting, not held out) {result.whole[p.name]:.2f}"
+        )
+    print(f"{time.perf_counter() - start:.0f} s")
+
+
+def zero_fp_bound(root: Path) -> None:
+    """Per category, standard profile: the detectors' flags, and the same with every flag
+    outside a window removed."""
+    per: dict[str, dict[str, list[FileScore]]] = {}
+    for f in load_corpus(root):
+        probation = probation_length(len(f.values))
+        inside = np.zeros(len(f.values), dtype=bool)
+        for left, right in f.windows:
+            inside[left : right + 1] = True
+        record = RecordDetector(predictor=32).detect(f.values, probation).flags
+        scores = discord_scores(f.values, probation, 8)
+        discord = record_flags(scores, probation, 1.0, 4 * max(probation, 50), 0.5)
+        rows = per.setdefault(nab_loco.category(f.name), {})
+        for name, flags in (
+            ("record", record),
+            ("record, no FP", record & inside),
+            ("record or discord, no FP", (record | discord) & inside),
+        ):
+            rows.setdefault(name, []).append(score_file(flags, f.windows, STANDARD))
+    for cat, rows in per.items():
+        if sum(s.windows for s in rows["record"]):
+            cells = "  ".join(f"{k} {nab_loco._score(v, STANDARD):6.2f}" for k, v in rows.items())
+            print(f"{cat:<24}{cells}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("..") / "shared" / "data" / "nab")
     parser.add_argument("--loco", choices=sorted(VARIANTS), default=None)
+    parser.add_argument(
+        "--family", choices=("discord", "discord_sustained", "discord_fusion"), default=None
+    )
+    parser.add_argument("--zero-fp-bound", action="store_true")
     args = parser.parse_args()
-    if args.loco:
+    if args.zero_fp_bound:
+        zero_fp_bound(args.root)
+    elif args.family:
+        family_loco(args.root, args.family)
+    elif args.loco:
         loco(args.root, args.loco)
     else:
         screen(args.root)
