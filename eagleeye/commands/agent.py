@@ -36,6 +36,13 @@ def add_parser(sub: Any) -> None:
         help="this host's address the other hosts reach (MASTER_ADDR when node rank 0; "
         "default: its hostname)",
     )
+    a.add_argument(
+        "--hostname",
+        default=None,
+        metavar="NAME",
+        help="this host's name as its GPU telemetry names it (dcgm-exporter's Hostname, "
+        "which alerts to the controller's webhook carry; default: the hostname)",
+    )
     a.add_argument("--log-dir", default="agent-logs", help="where the ranks' output goes")
     a.add_argument(
         "--dcgm-url", default=None, metavar="URL", help="this host's dcgm-exporter /metrics"
@@ -84,14 +91,17 @@ def _agent(args: argparse.Namespace) -> int:
 
     secret = read_secret(args.secret_file)
     host, port = args.controller
+    hostname = args.hostname or socket.gethostname()
     advertise = args.advertise or socket.gethostname()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     link = AgentLink(
         f"tcp://{host}:{port}",
         secret,
-        agent=f"{socket.gethostname()}-{args.node_rank}",
+        agent=f"{hostname}-{args.node_rank}",
         node_rank=args.node_rank,
         period_s=args.heartbeat,
-        info={"address": advertise},
+        info={"address": advertise, "visible_devices": visible},
+        host=hostname,
     ).start()
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
@@ -105,7 +115,8 @@ def _agent(args: argparse.Namespace) -> int:
         kernel_log=args.kernel_log,
         nccl_dump_dir=args.nccl_dump_dir,
         host_counters=args.host_counters,
-        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        visible_devices=visible,
+        hostname=hostname,
     )
     if args.nccl_dump_dir is not None:  # every rank's flight recorder dumps there
         folder = Path(args.nccl_dump_dir).resolve()
