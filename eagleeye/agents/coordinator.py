@@ -284,7 +284,8 @@ class JobCoordinator:
             why = f"{action.kind.value} is not supported across hosts (recovery job)"
             return Outcome(action, OutcomeStatus.SKIPPED, why, now)
         if self.phase is not Phase.RUNNING:
-            return Outcome(action, OutcomeStatus.SKIPPED, f"the job has ended ({self.phase})", now)
+            why = f"the job is not running ({self.phase.value})"
+            return Outcome(action, OutcomeStatus.SKIPPED, why, now)
         self._done_keys.add(action.key)
         if action.kind is ActionKind.EVICT:
             return self._evict(action, now)
@@ -293,7 +294,7 @@ class JobCoordinator:
     def _restart(self, action: Action, now: float) -> Outcome:
         """The whole job, on every agent, as the next attempt (within the budget)."""
         if self.attempt >= self.max_restarts:
-            self._end(Phase.FAILED, "the restart budget is spent")
+            self._end(Phase.FAILED, f"the restart budget is spent ({action.reason})")
             return Outcome(action, OutcomeStatus.SKIPPED, "budget spent", now)
         self.attempt += 1
         self._succeeded.clear()
