@@ -9,7 +9,8 @@ eviction is only decided (a dry run) and the job trains on to its end; a failed 
 restart is decided too, and the job fails, as `eagleeye run`'s does. An alert naming a
 host no agent runs on is recorded and never acted on; one without the token is refused.
 The exporter answers with the job's series under the run's label, the rank on host B
-named with its hostname."""
+named with its hostname and GPU, and the GPU series host B's agent forwards from its
+dcgm-exporter."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 from eagleeye.store import RunReader
 from ft_runtime.ports import free_port
+from tests.eagleeye.dcgm_server import FakeDcgmExporter, serving
 from tests.eagleeye.test_cluster_cli import Cluster
 from tests.eagleeye.test_host_sources_live import scrape, until
 from tests.eagleeye.test_webhook_live import post, step
@@ -64,12 +66,16 @@ class Served(Cluster):
     """A controller with its webhook and exporter on free loopback ports, the second agent
     on "host-b"."""
 
-    def __init__(self, tmp: Path, seconds: str, controller: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, tmp: Path, seconds: str, controller: tuple[str, ...] = (), dcgm: str = ""
+    ) -> None:
         (tmp / "token").write_text(TOKEN + "\n")
         self.hook, self.metrics = free_port(), free_port()
         served = ("--webhook", f"127.0.0.1:{self.hook}", "--webhook-token-file", str(tmp / "token"))
         served += ("--metrics-port", str(self.metrics))
         extra = ("--hostname", "host-b")
+        if dcgm:  # host B's GPU, read by its agent from a dcgm-exporter
+            extra += ("--dcgm-url", dcgm, "--gpu-metrics", "off", "--sources-period", "0.2")
         super().__init__(tmp, seconds, extra, script=STEPPING, controller=(*served, *controller))
 
     def alert(self, host: str, token: str = TOKEN) -> int:
@@ -87,33 +93,43 @@ class Served(Cluster):
 def test_an_alert_on_host_b_evicts_it_with_remediate_and_the_exporter_serves_the_job(
     tmp_path: Path,
 ) -> None:
-    cluster = Served(tmp_path, "60", ("--remediate",))
-    try:
-        cluster.launched({0, 1}, 0)
-        until("the job's steps", lambda: step(scrape(cluster.metrics)) >= 3)
-        text = scrape(cluster.metrics)
-        assert 'eagleeye_run_active{run="r"} 1.0' in text
-        info = [line for line in text.splitlines() if line.startswith("eagleeye_rank_info{")]
-        assert any('rank="1"' in line and 'hostname="host-b"' in line for line in info), info
-        assert cluster.alert("host-b", token="wrong") == 401  # refused, never acted on
-        assert cluster.alert("host-z") == 200  # no agent there: recorded only
-        unknown = cluster.read(lambda i: i.get("type") == "Finding")
-        assert (unknown["kind"], unknown["subject"]["node"]) == ("xid", "host-z")
-        assert cluster.alert("host-b") == 200
-        finding = cluster.read(lambda i: i.get("type") == "Finding")
-        assert (finding["subject"]["rank"], finding["subject"]["node"]) == (1, "node1")
-        end = cluster.ended()  # host B evicted; with no spare, the job stops
-        assert end["phase"] == "failed"
-        assert "host-b (node1) evicted: xid" in end["detail"]["reason"]
-        assert cluster.controller.wait(timeout=30) == 1
-        assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
-    finally:
-        cluster.close()
+    with serving(FakeDcgmExporter("host-b", gpus=1)) as dcgm:
+        cluster = Served(tmp_path, "60", ("--remediate",), dcgm)
+        try:
+            served(cluster)
+        finally:
+            cluster.close()
     assert cluster.actions() == [("evict", "node:node1", "done", 0, "node1")]
     with RunReader(tmp_path / "runs" / "r") as run:
         nodes = run.query("SELECT node FROM findings WHERE kind = 'xid' ORDER BY id")
     assert list(nodes["node"]) == ["host-z", "node1"]
     cluster.no_rank_left()
+
+
+def served(cluster: Served) -> None:
+    """The exporter while the job trains, then the alerts: a wrong token, a host no agent
+    runs on, host B's XID (which evicts it)."""
+    cluster.launched({0, 1}, 0)
+    until("the job's steps", lambda: step(scrape(cluster.metrics)) >= 3)
+    gpu = 'DCGM_FI_DEV_GPU_TEMP{Hostname="host-b"'
+    until("host B's GPU", lambda: gpu in scrape(cluster.metrics))
+    text = scrape(cluster.metrics)
+    assert 'eagleeye_run_active{run="r"} 1.0' in text
+    info = [line for line in text.splitlines() if line.startswith("eagleeye_rank_info{")]
+    rank1 = ('hostname="host-b"', 'rank="1"', 'gpu="0"', 'uuid="GPU-dcgm-0000"')
+    assert any(all(label in line for label in rank1) for line in info), info
+    assert cluster.alert("host-b", token="wrong") == 401  # refused, never acted on
+    assert cluster.alert("host-z") == 200  # no agent there: recorded only
+    unknown = cluster.read(lambda i: i.get("type") == "Finding")
+    assert (unknown["kind"], unknown["subject"]["node"]) == ("xid", "host-z")
+    assert cluster.alert("host-b") == 200
+    finding = cluster.read(lambda i: i.get("type") == "Finding")
+    assert (finding["subject"]["rank"], finding["subject"]["node"]) == (1, "node1")
+    end = cluster.ended()  # host B evicted; with no spare, the job stops
+    assert end["phase"] == "failed"
+    assert "host-b (node1) evicted: xid" in end["detail"]["reason"]
+    assert cluster.controller.wait(timeout=30) == 1
+    assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
 
 
 def test_without_remediate_the_eviction_is_only_decided_and_the_job_trains_on(
