@@ -172,8 +172,7 @@ class JobCoordinator:
         if subject.node is not None and subject.node not in nodes and subject.rank is None:
             self.store.add_finding(finding)
             self.on_update(finding)
-            log.warning("%s on %s: no agent of the job on that host; recorded", finding.kind,
-                        subject.node)  # fmt: skip
+            log.warning("%s on %s: no agent of the job there; recorded", finding.kind, subject.node)
             return
         self._answer(finding)
 
@@ -207,8 +206,7 @@ class JobCoordinator:
             self._decided(decision, finding_id)
 
     def _decided(self, decision: Decision, finding_id: int | None) -> None:
-        outcome = decision.outcome
-        self.store.add_outcome(outcome, finding_id, decision.dry_run, decision.decided_at)
+        self.store.add_outcome(decision.outcome, finding_id, decision.dry_run, decision.decided_at)
         self.on_update(decision)
 
     def _joined(self, agent: AgentState) -> None:
