@@ -331,7 +331,8 @@ class EagleEyeExporter:
         node, gpu = labels.get("node", ""), labels.get("gpu", "")
         known = self._uuids.get((node, gpu))
         uuid = labels.get("uuid") or labels.get("UUID") or known or ""
-        key = (self.run, labels.get("Hostname") or self.hostname, node, gpu, uuid)
+        host = labels.get("Hostname") or labels.get("host") or self.hostname
+        key = (self.run, host, node, gpu, uuid)
         if known is None or known != uuid:
             self._uuids[(node, gpu)] = uuid
             self._refresh_ranks(node, gpu)
@@ -353,6 +354,27 @@ class EagleEyeExporter:
                 self.rank_info.remove(*old)
             self._ranks[key] = labels
             self.rank_info.labels(*labels).set(1)
+
+    def observe_rank_gpu(self, rank: int, gpu: str) -> None:
+        """The GPU a rank uses, learnt after its launch (a host's samples name it)."""
+        with self._lock:
+            old = self._ranks.get(str(rank))
+            if old is not None and old[5] != gpu:
+                self.observe_rank(rank, old[3], int(old[2]), old[4], gpu)
+
+    def observe_job_step(
+        self, step: int, seconds: float | None, when: float, attempt: int = 0
+    ) -> None:
+        """A step of the whole job, from telemetry reduced on the hosts (no rank's own
+        samples): the steps counter, the step-time histogram, the ETTR's rows."""
+        with self._lock:
+            if step > self._max_step:
+                self._of(self.steps).inc()
+                self._max_step = step
+            if seconds is not None and math.isfinite(seconds):
+                self._of(self.step_hist).observe(seconds)
+                self._rows.append(("step_time", step, seconds, when, attempt))
+            self._maybe_ettr()
 
     def _refresh_ranks(self, node: str, gpu: str) -> None:
         for labels in list(self._ranks.values()):

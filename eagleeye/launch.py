@@ -24,6 +24,7 @@ from typing import Any
 from collector.transport import TelemetryReceiver
 from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_config
 from detectors.progress import HangLimits, ProgressStall
+from eagleeye.commands.service_flags import webhook_of
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from eagleeye.controller import Controller, ControllerReport, StopRequest
 from eagleeye.detection import host_detectors, live_config, live_detectors
@@ -199,8 +200,8 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         nccl_dump_dir=getattr(args, "nccl_dump_dir", None),
         host_counters=getattr(args, "host_counters", False),
         sources_period_s=getattr(args, "sources_period", 2.0),
-        alerts_port=_webhook(args)[1],
-        alerts_address=_webhook(args)[0],
+        alerts_port=webhook_of(args)[1],
+        alerts_address=webhook_of(args)[0],
         alerts_token_file=getattr(args, "alerts_token_file", None),
         tls=tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None)),
         telemetry_address=getattr(args, "telemetry_address", "127.0.0.1"),
@@ -211,15 +212,6 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         stream_ranks=getattr(args, "stream", None),
         snapshots=getattr(args, "snapshots", False),
     )
-
-
-def _webhook(args: argparse.Namespace) -> tuple[str, int | None]:
-    """The webhook's address and port: ``--webhook ADDR:PORT``, else the ``--alerts-*``
-    flags."""
-    given = getattr(args, "webhook", None)
-    if given is not None:
-        return given[0], given[1]
-    return getattr(args, "alerts_address", "127.0.0.1"), getattr(args, "alerts_port", None)
 
 
 def _split_args(text: str) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from collector.types import Sample
+from collector.types import Frame, Sample
 from detectors.progress import ProgressStall
 from detectors.types import Finding
 from eagleeye.errors import EagleEyeError
@@ -124,6 +124,29 @@ class RunMetrics:
     def samples(self, samples: list[Sample]) -> None:
         self.exporter.observe_samples(samples)
 
+    def job_step(self, frame: Frame) -> None:
+        """A step of the job reduced across hosts (no rank's own samples): the steps, the
+        hosts' median step time and loss."""
+        if frame.step is None:
+            return
+        values = frame.values
+        attempt = int(values.get("attempt", 0))
+        step_time = values.get("step_time.median")
+        self.exporter.observe_job_step(frame.step, step_time, frame.time, attempt)
+        loss = values.get("loss.median")
+        if loss is not None:
+            labels = {"replica": "0", "attempt": str(attempt)}
+            self.exporter.observe_sample(Sample("loss", loss, frame.time, labels, frame.step))
+
+    def host_samples(self, samples: list[Sample]) -> None:
+        """A host's samples (an agent forwards them): exported, and each rank's GPU, when
+        a sample names it, joins the rank's info."""
+        self.exporter.observe_samples(samples)
+        for sample in samples:
+            rank, gpu = sample.labels.get("rank", ""), sample.labels.get("gpu")
+            if rank.isdigit() and gpu:
+                self.exporter.observe_rank_gpu(int(rank), gpu)
+
     def update(self, item: object) -> None:
         """A finding, decision or lifecycle event of the run."""
         ex = self.exporter
@@ -145,7 +168,8 @@ class RunMetrics:
                     gpu = self.gpu_of(rank)
                 else:
                     gpu = str(spec.local_rank) if self.gpus is not None else ""
-                ex.observe_rank(rank, node, replica, gpu=gpu)
+                host = item.detail.get("host")  # the agent's host, across hosts
+                ex.observe_rank(rank, node, replica, str(host) if host else None, gpu)
 
     def close(self) -> None:
         """Marks the run ended, keeps the final state for ``linger_s``, stops serving."""

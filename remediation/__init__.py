@@ -11,6 +11,7 @@ from remediation.policy import (
     Rule,
     Rung,
     Step,
+    cluster_restart_policy,
     replica_restart_policy,
     synchronous_restart_policy,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "Rung",
     "Step",
     "builtin_policy",
+    "cluster_restart_policy",
     "load_policy",
     "on_action",
     "on_finding",

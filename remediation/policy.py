@@ -179,6 +179,20 @@ def synchronous_restart_policy() -> Policy:
     )
 
 
+def cluster_restart_policy() -> Policy:
+    """The built-in policy of a job across hosts (``eagleeye controller``): a dead or hung
+    rank restarts the job on every host; a GPU beyond use (a critical XID, an uncorrectable
+    memory error) evicts its host; a non-finite loss is reported."""
+    return Policy(
+        rules=(
+            *synchronous_restart_policy().rules,
+            Rule("xid", ActionKind.EVICT, "node", Severity.CRITICAL),
+            Rule("ecc", ActionKind.EVICT, "node", Severity.CRITICAL),
+        ),
+        name="built-in cluster (job restart, host eviction)",
+    )
+
+
 def replica_restart_policy() -> Policy:
     """The built-in policy of replica recovery: a dead or hung rank costs only its replica,
     which is restarted and catches up from a healthy peer while the others train on."""

@@ -2,18 +2,24 @@
 
 It waits for one agent per node rank, launches the job through them (the agent of node
 rank 0 names ``MASTER_ADDR``, the controller picks ``MASTER_PORT`` per attempt), and
-records every launch, exit, finding and action in the run store. The first failed rank
-of an attempt is a ``process_exit`` finding; its answer is a restart of the whole job on
-every agent, within the restart budget; the exits that follow it in the same attempt are
-its collateral. An agent lost (``Membership.lost``) is a ``host_lost`` finding: with no
-spare host the job stops, the other agents' ranks ended (do no harm: nothing is
-restarted onto a host that is gone). Every rank exiting 0 ends the job as succeeded. The
-samples the agents forward from their hosts' sources are stored and read by the host
-rules: a critical XID or an uncorrectable memory error evicts its host (with no spare,
-the job stops); a thermal throttle is recorded. The ranks' telemetry arrives reduced on
-the hosts (``SummaryIntake``) and is judged by ``reduced_detectors``; its findings are
-recorded. A stop (a signal to the controller or an agent) asks the loops for a
-checkpoint first when there is a grace period. With ``snapshots`` on, every launch
+records every launch, exit, finding and action in the run store. Every finding goes
+through the remediation policy (``Remediator``), which decides the actions and, unless
+it is a dry run, has the coordinator execute them (``execute``, the runtime of a job
+across hosts): a restart of the whole job on every agent, within the restart budget; an
+eviction of a host, which stops the job (no spare host takes its ranks); a notice,
+logged. Other actions are decided and skipped with the reason. The first failed rank of
+an attempt is a ``process_exit`` finding; when no restart follows it (a dry run, a policy
+without one) the job fails, as ``eagleeye run``'s does; the exits that follow it in the
+same attempt are its collateral. An agent lost (``Membership.lost``) is a ``host_lost``
+finding: with no spare host the job stops, the other agents' ranks ended (do no harm:
+nothing is restarted onto a host that is gone). Every rank exiting 0 ends the job as
+succeeded. The samples the agents forward from their hosts' sources are stored and read
+by the host rules (an XID, an ECC error, a thermal throttle on the rank using the GPU).
+The ranks' telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
+``reduced_detectors``. Findings from outside (Alertmanager's webhook, ``inbox``) placed
+on the job's ranks or nodes are answered the same way; one on a host the job does not
+run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
+for a checkpoint first when there is a grace period. With ``snapshots`` on, every launch
 carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``).
 """
 
@@ -40,6 +46,8 @@ from eagleeye.stopping import EVENT_LISTENING, request_step
 from eagleeye.store import RunStore
 from ft_runtime.layout import JobLayout
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
+from remediation.policy import Policy, cluster_restart_policy
+from remediation.remediator import Decision, Remediator
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,13 @@ class JobCoordinator:
     max_restarts: the job's restart budget.
     master_port: the port of rank 0's store for an attempt.
     on_update: called with every event, finding and outcome (the console).
+    policy: the remediation policy its findings go through.
+    dry_run: decide and record only; None takes the policy's (a dry run unless it says
+        otherwise), as ``eagleeye run`` without ``--remediate``.
+    inbox: findings from outside (Alertmanager's webhook), taken at every poll.
+    on_samples: the hosts' samples, as they arrive (the exporter).
+    on_job_frame: the job's frame of each step (the exporter's steps).
+    on_joined: every agent admitted (where the webhook places a host's alerts).
     """
 
     members: Membership
@@ -78,6 +93,14 @@ class JobCoordinator:
     _newest_step: int | None = None
     _stop_grace: float | None = None  # an agent leaving gives no more than its own grace
     _step_times: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    policy: Policy = field(default_factory=cluster_restart_policy)
+    dry_run: bool | None = None
+    inbox: Callable[[], list[Finding]] | None = None
+    on_samples: Callable[[list[Sample]], None] = lambda samples: None
+    on_job_frame: Callable[[Frame], None] = lambda frame: None
+    on_joined: Callable[[AgentState], None] = lambda agent: None
+    remediator: Remediator = field(init=False)
+    _done_keys: set[str] = field(default_factory=set)
     snapshots: bool = False  # every host's snapshot holder in one ring, backing up across
     _ring: str | None = None
 
@@ -85,6 +108,7 @@ class JobCoordinator:
         if self.intake is None:
             self.intake = SummaryIntake(self.layout, clock=self.clock)
         self.members.intake = self.intake
+        self.remediator = Remediator(self.policy, self, self.dry_run, clock=self.clock)
 
     def request_stop(self, cause: str) -> None:
         """Ends the job from outside (a signal): every agent stops its ranks, after a
@@ -148,6 +172,20 @@ class JobCoordinator:
                 self._report(got)
         assert self.intake is not None
         self._detect(self.intake.frames(hosts=self.layout.nnodes))
+        for finding in self.inbox() if self.inbox is not None else ():
+            self._from_outside(finding)
+
+    def _from_outside(self, finding: Finding) -> None:
+        """A finding from outside (an alert): answered when it is placed in the job; one
+        on a host the job does not run on is recorded, and nothing acts on it."""
+        subject = finding.subject
+        nodes = {spec.node for spec in self.layout.ranks()}
+        if subject.node is not None and subject.node not in nodes and subject.rank is None:
+            self.store.add_finding(finding)
+            self.on_update(finding)
+            log.warning("%s on %s: no agent of the job there; recorded", finding.kind, subject.node)
+            return
+        self._answer(finding)
 
     def _detect(self, frames: list[Frame]) -> None:
         """The ranks' telemetry reduced on the hosts: stored (outlier rows, the job's and
@@ -159,6 +197,7 @@ class JobCoordinator:
                 step_time = frame.values.get("step_time.median")
                 if step_time is not None:
                     self._step_times.append(step_time)
+                self.on_job_frame(frame)
         found: list[Finding] = []
         for frame in frames:
             for detector in self._detectors:
@@ -167,11 +206,23 @@ class JobCoordinator:
         for detector in self._detectors:
             found += detector.poll(now)
         for finding in found:
-            self.store.add_finding(finding)
-            self.on_update(finding)
+            self._answer(finding)
+
+    def _answer(self, finding: Finding) -> None:
+        """A finding: stored, shown, and answered by the policy (its decisions stored and
+        shown; executed through ``execute`` unless a dry run)."""
+        finding_id = self.store.add_finding(finding)
+        self.on_update(finding)
+        for decision in self.remediator.handle(finding):
+            self._decided(decision, finding_id)
+
+    def _decided(self, decision: Decision, finding_id: int | None) -> None:
+        self.store.add_outcome(decision.outcome, finding_id, decision.dry_run, decision.decided_at)
+        self.on_update(decision)
 
     def _joined(self, agent: AgentState) -> None:
         self._by_node[agent.node_rank] = agent
+        self.on_joined(agent)
         self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, node=agent.node_rank)
 
     def _launch(self, kind: str) -> None:
@@ -193,7 +244,10 @@ class JobCoordinator:
     def _report(self, report: AgentReport) -> None:
         body = report.body
         if report.kind == "launched":
-            self._event(f"rank:{body['rank']}", Phase.LAUNCH, agent=report.agent, **body)
+            state = self.members.agents.get(report.agent)
+            host = state.host if state is not None else report.agent
+            detail = {"agent": report.agent, "host": host, **body}
+            self._event(f"rank:{body['rank']}", Phase.LAUNCH, **detail)
         elif report.kind == "exit":
             self._exit(report.agent, int(body["rank"]), int(body["code"]), int(body["attempt"]))
         elif report.kind == "samples":
@@ -218,23 +272,60 @@ class JobCoordinator:
             log.warning("dropped the samples of %s: %s", report.agent, exc)
             return
         self.store.add_samples(samples)
+        self.on_samples(samples)
         for frame in host_frames(samples):
             for detector in self._host_rules:
                 for finding in detector.process(frame):
-                    finding_id = self.store.add_finding(finding)
-                    self.on_update(finding)
-                    if _evicts(finding) and self.phase is Phase.RUNNING:
-                        self._evict(report.agent, finding, finding_id)
+                    self._answer(finding)
 
-    def _evict(self, agent: str, finding: Finding, finding_id: int) -> None:
+    # ---- the runtime of a job across hosts (what the remediator executes) ----------------
+    def execute(self, action: Action) -> Outcome:
+        """Runtime protocol: a restart of the job on every agent (any restart: recovery is
+        of the whole job), an eviction of a node's host (no spare host: the job stops), a
+        notice (logged). Other kinds are skipped with the reason; nothing acts once the
+        job has ended."""
+        now = self.clock()
+        if action.key in self._done_keys:
+            return Outcome(action, OutcomeStatus.SKIPPED, "duplicate of an executed action", now)
+        if action.kind is ActionKind.NOTIFY:
+            self._done_keys.add(action.key)
+            log.warning("eagleeye notice: %s", action.reason)
+            return Outcome(action, OutcomeStatus.DONE, "logged", now)
+        if action.kind not in (ActionKind.RESTART, ActionKind.EVICT):
+            why = f"{action.kind.value} is not supported across hosts (recovery job)"
+            return Outcome(action, OutcomeStatus.SKIPPED, why, now)
+        if self.phase is not Phase.RUNNING:
+            why = f"the job is not running ({self.phase.value})"
+            return Outcome(action, OutcomeStatus.SKIPPED, why, now)
+        self._done_keys.add(action.key)
+        if action.kind is ActionKind.EVICT:
+            return self._evict(action, now)
+        return self._restart(action, now)
+
+    def _restart(self, action: Action, now: float) -> Outcome:
+        """The whole job, on every agent, as the next attempt (within the budget)."""
+        if self.attempt >= self.max_restarts:
+            self._end(Phase.FAILED, f"the restart budget is spent ({action.reason})")
+            return Outcome(action, OutcomeStatus.SKIPPED, "budget spent", now)
+        self.attempt += 1
+        self._succeeded.clear()
+        self._detectors = reduced_detectors()  # each attempt is a new baseline
+        self._event("job", Phase.RECOVERING, reason=action.reason)
+        self._launch("restart")
+        return Outcome(action, OutcomeStatus.DONE, "every agent restarted", self.clock())
+
+    def _evict(self, action: Action, now: float) -> Outcome:
         """A host whose GPU is beyond use (a fatal XID, an uncorrectable memory error):
         evicted. With no spare host to take its ranks, the job stops (a restart on the
         same GPU would fail again; a scheduler's requeue finds healthy hosts)."""
-        state = self.members.agents.get(agent)
-        host = state.host if state is not None else agent
-        self._event(f"agent:{agent}", Phase.EVICTED, host=host, cause=finding.kind)
-        self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, "no spare host: stopped")
-        self._end(Phase.FAILED, f"host {host} evicted: {finding.kind} on {finding.subject}")
+        node = action.target.removeprefix("node:")
+        agent = next((a for n, a in self._by_node.items() if f"node{n}" == node), None)
+        if not action.target.startswith("node:") or agent is None:
+            why = f"no agent of the job on {action.target}: nothing to evict"
+            return Outcome(action, OutcomeStatus.SKIPPED, why, now)
+        self._event(f"agent:{agent.agent}", Phase.EVICTED, host=agent.host, cause=action.reason)
+        self._end(Phase.FAILED, f"host {agent.host} ({node}) evicted: {action.reason}")
+        return Outcome(action, OutcomeStatus.DONE, "no spare host: stopped", self.clock())
 
     def _rank_events(self, report: AgentReport) -> list[Sample]:
         """The ranks' events an agent forwards as they are (checkpoints, faults, loops
@@ -282,18 +373,10 @@ class JobCoordinator:
             {"exit_code": float(code), "attempt": float(attempt)},
             "process_exit",
         )
-        finding_id = self.store.add_finding(finding)
-        self.on_update(finding)
-        if self.attempt >= self.max_restarts:
-            self._outcome(finding_id, ActionKind.RESTART, OutcomeStatus.SKIPPED, "budget spent")
-            self._end(Phase.FAILED, f"rank {rank} failed and the restart budget is spent")
-            return
-        self.attempt += 1
-        self._succeeded.clear()
-        self._detectors = reduced_detectors()  # each attempt is a new baseline
-        self._event("job", Phase.RECOVERING, reason=f"rank {rank} exited {code}")
-        self._launch("restart")
-        self._outcome(finding_id, ActionKind.RESTART, OutcomeStatus.DONE, "every agent restarted")
+        self._answer(finding)
+        if self.phase is Phase.RUNNING and self.attempt == attempt:
+            # no restart followed (a dry run, a policy without one): as `eagleeye run`
+            self._end(Phase.FAILED, f"rank {rank} exited {code} and no recovery was run")
 
     def _host_lost(self, gone: AgentLost) -> None:
         finding = Finding(
@@ -329,12 +412,6 @@ class JobCoordinator:
         event = LifecycleEvent(subject, phase, self.clock(), self.attempt, detail)
         self.store.add_event(event)
         self.on_update(event)
-
-
-def _evicts(finding: Finding) -> bool:
-    """Whether a host rule's finding makes its host unusable: a critical XID (the GPU
-    fell off the bus, a double-bit error, ...) or an uncorrectable memory error."""
-    return finding.severity is Severity.CRITICAL and finding.kind in ("xid", "ecc")
 
 
 def _seconds(value: object) -> float:

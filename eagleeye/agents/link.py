@@ -34,6 +34,7 @@ class AgentLink:
     node_rank: the node rank of this host's ranks.
     period_s: the heartbeat period.
     info: more of what the agent declares in its hello (its ranks, its GPUs).
+    host: this host's name as the controller knows it (default: the hostname).
     """
 
     def __init__(
@@ -44,8 +45,9 @@ class AgentLink:
         node_rank: int = 0,
         period_s: float = 1.0,
         info: Mapping[str, Any] | None = None,
+        host: str | None = None,
     ) -> None:
-        self.host = socket.gethostname()
+        self.host = host or socket.gethostname()
         self.agent = agent or self.host
         self.secret = secret
         self._summary_key = summary_key(secret)

@@ -14,8 +14,11 @@ CLUSTER_DOC = """`eagleeye controller` and `eagleeye agent`: one job across host
 
 The controller listens on an explicit address for the agents (one per host, one node
 rank each), authenticated by the job's shared secret from a file; it launches the job
-through them, restarts it on every host when a rank fails, finds a lost host from its
-agent's silence on the controller's clock, and records everything in the run store. Each
+through them, answers its findings with the remediation policy (with --remediate: a
+failed rank restarts the job on every host, a fatal GPU error evicts its host; without,
+the actions are recorded as a dry run), finds a lost host from its agent's silence on
+the controller's clock, and records everything in the run store; --metrics-port serves
+its exporter and --webhook Alertmanager's alerts, placed on the agent of their host. Each
 agent starts its host's ranks with torchrun's environment, keeps their telemetry on its
 host and sends the controller one summary per step (the host's statistics and the ranks
 that stand out). Both print one JSON line per event on stdout. SIGTERM or SIGINT to

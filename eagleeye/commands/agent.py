@@ -44,6 +44,13 @@ def add_parser(sub: Any) -> None:
         help="where this host's snapshot holder listens, on the --advertise address, when "
         "the controller runs with --snapshots (default: a free port)",
     )
+    a.add_argument(
+        "--hostname",
+        default=None,
+        metavar="NAME",
+        help="this host's name as its GPU telemetry names it (dcgm-exporter's Hostname, "
+        "which alerts to the controller's webhook carry; default: the hostname)",
+    )
     a.add_argument("--log-dir", default="agent-logs", help="where the ranks' output goes")
     a.add_argument(
         "--dcgm-url", default=None, metavar="URL", help="this host's dcgm-exporter /metrics"
@@ -95,19 +102,22 @@ def _agent(args: argparse.Namespace) -> int:
 
     secret = read_secret(args.secret_file)
     host, port = args.controller
+    hostname = args.hostname or socket.gethostname()
     advertise = args.advertise or socket.gethostname()
     try:
         holder_at = holder_endpoint(advertise, args.holder_port)
     except EagleEyeError as exc:  # needed only with snapshots: the controller says so then
         print(f"eagleeye agent: no snapshot holder: {exc}", file=sys.stderr)
         holder_at = ""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     link = AgentLink(
         f"tcp://{host}:{port}",
         secret,
-        agent=f"{socket.gethostname()}-{args.node_rank}",
+        agent=f"{hostname}-{args.node_rank}",
         node_rank=args.node_rank,
         period_s=args.heartbeat,
-        info={"address": advertise, "holder": holder_at},
+        info={"address": advertise, "visible_devices": visible, "holder": holder_at},
+        host=hostname,
     ).start()
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
@@ -122,7 +132,8 @@ def _agent(args: argparse.Namespace) -> int:
         kernel_log=args.kernel_log,
         nccl_dump_dir=args.nccl_dump_dir,
         host_counters=args.host_counters,
-        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        visible_devices=visible,
+        hostname=hostname,
     )
     if args.nccl_dump_dir is not None:  # every rank's flight recorder dumps there
         folder = Path(args.nccl_dump_dir).resolve()

@@ -6,10 +6,28 @@ from __future__ import annotations
 import argparse
 import random
 import signal
-from typing import Any
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
 
 from eagleeye.commands._args import address_port, non_negative, positive, seconds
 from eagleeye.commands._cluster import CLUSTER_DOC, add_common, show
+from eagleeye.commands.service_flags import (
+    add_metrics,
+    add_policy,
+    add_remediate,
+    add_tls,
+    add_webhook,
+    webhook_of,
+)
+from eagleeye.errors import EagleEyeError
+
+if TYPE_CHECKING:
+    from eagleeye.runalerts import RunAlerts
+    from eagleeye.runmetrics import RunMetrics
+    from eagleeye.tls import TlsFiles
+    from ft_runtime.layout import JobLayout
+    from remediation import Policy
 
 
 def add_parser(sub: Any) -> None:
@@ -50,23 +68,91 @@ def add_parser(sub: Any) -> None:
     )
     c.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
     c.add_argument("--run-id", default=None, help="name of this run (default: generated)")
+    g = c.add_argument_group("remediation, metrics and alerts (as `eagleeye run`)")
+    add_remediate(g)
+    add_policy(
+        g,
+        "the built-in cluster policy: a failed or hung rank restarts the job on every host, "
+        "a critical XID or an uncorrectable memory error evicts its host (with no spare "
+        "host, the job stops)",
+    )
+    add_metrics(g)
+    add_webhook(
+        g,
+        "an alert naming an agent's host (dcgm-exporter's Hostname) lands on that host's "
+        "node, or on the rank using its gpu; one naming a host no agent runs on is "
+        "recorded and not acted on",
+    )
+    add_tls(g)
     c.set_defaults(func=_controller)
 
 
 def _controller(args: argparse.Namespace) -> int:
+    """Whatever is wrong with the flags (a policy file, a port, a token file) fails here,
+    before the agents' socket is bound or a run folder made."""
+    from eagleeye.store import new_run_id
+    from eagleeye.tls import tls_files
+    from ft_runtime.layout import JobLayout
+    from remediation import cluster_restart_policy, load_policy
+
+    policy = load_policy(args.policy) if args.policy is not None else cluster_restart_policy()
+    tls = tls_files(args.tls_cert, args.tls_key)
+    with ExitStack() as cleanup:
+        run_id = args.run_id or new_run_id()
+        layout = JobLayout(args.nnodes, args.nproc_per_node)
+        metrics = None
+        if args.metrics_port is not None:
+            from eagleeye.runmetrics import RunMetrics
+
+            metrics = RunMetrics.open(
+                run_id,
+                layout,
+                args.metrics_port,
+                args.metrics_address,
+                linger_s=args.metrics_linger,
+                tls=tls,
+            )
+            cleanup.callback(metrics.close)
+        alerts = _alerts(args, tls)
+        if alerts is not None:
+            cleanup.callback(alerts.close)
+        return _coordinate(args, run_id, layout, policy, metrics, alerts)
+
+
+def _alerts(args: argparse.Namespace, tls: TlsFiles | None) -> RunAlerts | None:
+    """Alertmanager's webhook, bound (started once the agents' hosts can place alerts)."""
+    address, port = webhook_of(args)
+    if port is None:
+        return None
+    if not args.alerts_token_file:
+        raise EagleEyeError(
+            "--webhook needs --webhook-token-file, the file with the token Alertmanager "
+            "sends (eagleeye alerts alertmanager --token-file)"
+        )
+    from eagleeye.runalerts import RunAlerts
+
+    return RunAlerts(args.alerts_token_file, port, address, None if tls is None else tls.context())
+
+
+def _coordinate(
+    args: argparse.Namespace,
+    run_id: str,
+    layout: JobLayout,
+    policy: Policy,
+    metrics: RunMetrics | None,
+    alerts: RunAlerts | None,
+) -> int:
     from eagleeye.agents import Membership, read_secret
     from eagleeye.agents.coordinator import JobCoordinator
-    from eagleeye.store import RunStore, create_run_dir, new_run_id
-    from ft_runtime.layout import JobLayout
+    from eagleeye.agents.places import AgentPlaces
+    from eagleeye.store import RunStore, create_run_dir
     from ft_runtime.types import Phase
 
     secret = read_secret(args.secret_file)
     host, port = args.listen
     members = Membership(secret, f"tcp://{host}:{port}", period_s=args.heartbeat)
-    run_id = args.run_id or new_run_id()
     run_dir = create_run_dir(args.runs_dir, run_id)
     store = RunStore(run_dir)
-    layout = JobLayout(args.nnodes, args.nproc_per_node)
     store.set_meta("run_id", run_id)
     store.set_meta(
         "config",
@@ -75,8 +161,14 @@ def _controller(args: argparse.Namespace) -> int:
             "nproc_per_node": args.nproc_per_node,
             "recovery": "job",
             "snapshots": args.snapshots,
+            "remediate": args.remediate,
+            "max_restarts": args.max_restarts,
+            "policy": policy.name,
+            "policy_file": args.policy,
+            "grace_period_s": args.grace_period,
         },
     )
+    places = AgentPlaces(layout)
     ports = random.Random()
     coordinator = JobCoordinator(
         members,
@@ -84,13 +176,33 @@ def _controller(args: argparse.Namespace) -> int:
         store,
         max_restarts=args.max_restarts,
         master_port=lambda attempt: ports.randint(20000, 29000),
-        on_update=show,
+        on_update=show if metrics is None else _also_export(metrics),
         grace_s=args.grace_period,
         snapshots=args.snapshots,
+        policy=policy,
+        dry_run=False if args.remediate else None,  # else the policy's: a dry run
+        inbox=None if alerts is None else alerts.take,
+        on_samples=(lambda samples: None) if metrics is None else metrics.host_samples,
+        on_job_frame=(lambda frame: None) if metrics is None else metrics.job_step,
+        on_joined=places.admit,
     )
+    if metrics is not None:
+        metrics.remediator = coordinator.remediator
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, f: coordinator.request_stop(signal.Signals(s).name))
-    show({"listening": members.address, "run_dir": str(run_dir)})
+    if alerts is not None:
+        alerts.locate = places.locate
+        alerts.start()
+    show(
+        {
+            "listening": members.address,
+            "run_dir": str(run_dir),
+            "metrics": None if metrics is None else metrics.url,
+            "webhook": None if alerts is None else alerts.url,
+            "remediate": args.remediate,
+            "policy": policy.name,
+        }
+    )
     try:
         phase = coordinator.run(join_timeout_s=args.join_timeout)
         store.set_meta("result", {"succeeded": phase is Phase.SUCCEEDED})
@@ -99,3 +211,11 @@ def _controller(args: argparse.Namespace) -> int:
         store.close()
         members.close()
     return 0 if phase is Phase.SUCCEEDED else 1
+
+
+def _also_export(metrics: RunMetrics) -> Callable[[object], None]:
+    def update(item: object) -> None:
+        metrics.update(item)
+        show(item)
+
+    return update

@@ -5,8 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from eagleeye.commands._args import address_port, non_negative, port, positive, seconds
+from eagleeye.commands._args import non_negative, positive, seconds
 from eagleeye.commands.hang_flags import add_hang_arguments
+from eagleeye.commands.service_flags import (
+    add_metrics,
+    add_policy,
+    add_remediate,
+    add_tls,
+    add_webhook,
+)
 from ft_runtime.replica import config as replica_config
 
 
@@ -116,34 +123,8 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "persisted in the run folder; a restart restores from memory, then a peer node, "
         "then storage",
     )
-    g.add_argument(
-        "--remediate",
-        action="store_true",
-        help="execute remediation actions; without it they are recorded as dry-run",
-    )
-    g.add_argument(
-        "--metrics-port",
-        type=port,
-        default=None,
-        metavar="PORT",
-        help="serve Prometheus metrics of the run on --metrics-address:PORT while it runs "
-        "(0 picks a free port); a busy port stops the run before it starts",
-    )
-    g.add_argument(
-        "--metrics-address",
-        default="127.0.0.1",
-        metavar="ADDR",
-        help="address the metrics are served on (default: 127.0.0.1, this machine only; "
-        "0.0.0.0 for a Prometheus elsewhere)",
-    )
-    g.add_argument(
-        "--metrics-linger",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="keep serving the run's final metrics for S seconds after it ends, so that "
-        "Prometheus scrapes the last state (default: 0)",
-    )
+    add_remediate(g)
+    add_metrics(g)
     g = p.add_argument_group("host sources (read on a period, labelled with the hostname)")
     g.add_argument(
         "--gpu-metrics",
@@ -188,36 +169,10 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="how often the host's sources are read (default: 2)",
     )
-    g.add_argument(
-        "--alerts-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="serve Alertmanager's webhook (POST /alerts) for this run on "
-        "--alerts-address:PORT: routed alerts become the run's findings, remediated by its "
-        "policy (0 picks a free port)",
-    )
-    g.add_argument(
-        "--alerts-address",
-        default="127.0.0.1",
-        metavar="ADDR",
-        help="address of the alert webhook (default: 127.0.0.1)",
-    )
-    g.add_argument(
-        "--webhook",
-        type=address_port,
-        default=None,
-        metavar="ADDR:PORT",
-        help="serve Alertmanager's webhook on ADDR:PORT (the same as --alerts-address ADDR "
-        "--alerts-port PORT); an alert naming this host (dcgm-exporter's Hostname) lands on "
-        "the job's node here, or on the rank using its gpu",
-    )
-    g.add_argument(
-        "--alerts-token-file",
-        "--webhook-token-file",
-        default=None,
-        metavar="FILE",
-        help="file with the bearer token Alertmanager sends (the config's credentials_file)",
+    add_webhook(
+        g,
+        "an alert naming this host (dcgm-exporter's Hostname) lands on the job's node "
+        "here, or on the rank using its gpu",
     )
     g.add_argument(
         "--telemetry-address",
@@ -227,23 +182,8 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "message must carry the run's HMAC, an unsigned or forged one is dropped and logged "
         "(default: 127.0.0.1)",
     )
-    g.add_argument(
-        "--tls-cert",
-        default=None,
-        metavar="FILE",
-        help="serve the metrics and the webhook over HTTPS with this certificate (PEM); "
-        "with --tls-key",
-    )
-    g.add_argument(
-        "--tls-key", default=None, metavar="FILE", help="the private key of --tls-cert (PEM)"
-    )
-    g.add_argument(
-        "--policy",
-        default=None,
-        metavar="FILE",
-        help="remediation policy (TOML; see remediation/policies/); default: the built-in "
-        "policy of --recovery",
-    )
+    add_tls(g)
+    add_policy(g, "the built-in policy of --recovery")
     g.add_argument(
         "--inject",
         action="append",

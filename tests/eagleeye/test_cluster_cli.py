@@ -116,7 +116,7 @@ class Cluster:
 
 
 def test_a_failed_rank_restarts_the_job_on_every_agent(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path, "0.5")
+    cluster = Cluster(tmp_path, "0.5", controller=("--remediate",))
     try:
         finding = cluster.read(lambda i: i.get("type") == "Finding")
         assert (finding["kind"], finding["subject"]["rank"]) == ("process_exit", 1)
@@ -193,7 +193,7 @@ def test_an_agents_kernel_log_xid_evicts_its_host(tmp_path: Path) -> None:
     kernel_log = tmp_path / "kern.log"
     kernel_log.write_text("[ 1.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, before the job\n")
     extra = ("--kernel-log", str(kernel_log), "--sources-period", "0.2")
-    cluster = Cluster(tmp_path, "60", extra)
+    cluster = Cluster(tmp_path, "60", extra, controller=("--remediate",))
     try:
         cluster.launched({0, 1}, 0)  # the agents read their sources from the launch on
         with kernel_log.open("a") as f:

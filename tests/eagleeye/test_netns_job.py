@@ -49,7 +49,7 @@ def test_a_rank_killed_on_host_b_restarts_the_job_on_both_hosts(tmp_path: Path) 
         controller = hosts.popen(
             0,
             [*eagleeye, "controller", "--listen", listen, "--nnodes", "2"]
-            + ["--nproc-per-node", "2", "--heartbeat", "0.5", "--max-restarts", "2"]
+            + ["--nproc-per-node", "2", "--heartbeat", "0.5", "--max-restarts", "2", "--remediate"]
             + ["--secret-file", str(tmp_path / "secret"), "--runs-dir", str(tmp_path / "runs")]
             + ["--run-id", "two-hosts"],
             stdout=subprocess.PIPE,

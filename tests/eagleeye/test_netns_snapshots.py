@@ -44,7 +44,16 @@ def test_a_hosts_snapshots_are_backed_up_on_another_host_and_restored_from_memor
         listen = f"{hosts.addresses[0]}:5713"
         controller = hosts.popen(
             0,
-            [*eagleeye, "controller", "--listen", listen, "--nnodes", "2", "--snapshots"]
+            [
+                *eagleeye,
+                "controller",
+                "--listen",
+                listen,
+                "--nnodes",
+                "2",
+                "--snapshots",
+                "--remediate",
+            ]
             + ["--nproc-per-node", "1", "--heartbeat", "0.5", "--max-restarts", "2"]
             + ["--secret-file", str(tmp_path / "secret"), "--runs-dir", str(tmp_path / "runs")]
             + ["--run-id", "snapshots"],
