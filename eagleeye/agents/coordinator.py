@@ -5,12 +5,16 @@ rank 0 names ``MASTER_ADDR``, the controller picks ``MASTER_PORT`` per attempt),
 records every launch, exit, finding and action in the run store. The first failed rank
 of an attempt is a ``process_exit`` finding; its answer is a restart of the whole job on
 every agent, within the restart budget; the exits that follow it in the same attempt are
-its collateral. An agent lost (``Membership.lost``) is a ``host_lost`` finding: with no
-spare host the job stops, the other agents' ranks ended (do no harm: nothing is
-restarted onto a host that is gone). Every rank exiting 0 ends the job as succeeded. The
-samples the agents forward from their hosts' sources are stored and read by the host
-rules: a critical XID or an uncorrectable memory error evicts its host (with no spare,
-the job stops); a thermal throttle is recorded. The ranks' telemetry arrives reduced on
+its collateral. An agent lost (``Membership.lost``) is a ``host_lost`` finding, and its
+host is fenced (``Membership.fence``): when a spare host is alive (an agent admitted
+with ``--spare``, ``eagleeye.agents.spares``) it takes the lost node rank and the job
+restarts on the new set of hosts as the next attempt, within the restart budget (the
+finding's action: ``evict``, its outcome naming the spare); with no spare the job stops,
+the other agents' ranks ended (nothing is restarted onto a host that is gone). Every
+rank exiting 0 ends the job as succeeded. The samples the agents forward from their
+hosts' sources are stored and read by the host rules: a critical XID or an uncorrectable
+memory error evicts its host (replaced by a spare as a lost host is; with none, the job
+stops); a thermal throttle is recorded. The ranks' telemetry arrives reduced on
 the hosts (``SummaryIntake``) and is judged by ``reduced_detectors``; its findings are
 recorded. A stop (a signal to the controller or an agent) asks the loops for a
 checkpoint first when there is a grace period. With ``snapshots`` on, every launch
@@ -32,6 +36,7 @@ from detectors.types import Finding, Severity
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.snapshots import ring_of
+from eagleeye.agents.spares import SNAPSHOTS_REFUSAL, Spares, is_spare
 from eagleeye.detection import host_detectors, reduced_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import host_frames
@@ -80,8 +85,10 @@ class JobCoordinator:
     _step_times: deque[float] = field(default_factory=lambda: deque(maxlen=32))
     snapshots: bool = False  # every host's snapshot holder in one ring, backing up across
     _ring: str | None = None
+    _spares: Spares = field(init=False)  # spare hosts waiting for a node rank
 
     def __post_init__(self) -> None:
+        self._spares = Spares(self.members)
         if self.intake is None:
             self.intake = SummaryIntake(self.layout, clock=self.clock)
         self.members.intake = self.intake
@@ -171,6 +178,9 @@ class JobCoordinator:
             self.on_update(finding)
 
     def _joined(self, agent: AgentState) -> None:
+        if is_spare(agent):
+            self._spare_joined(agent)
+            return
         self._by_node[agent.node_rank] = agent
         self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, node=agent.node_rank)
 
@@ -187,8 +197,8 @@ class JobCoordinator:
         self._event("job", Phase.LAUNCH, **body)
         if self._ring is not None:
             body["snapshots"] = self._ring
-        for agent in self._by_node.values():
-            self.members.send(agent.agent, kind, body)
+        for node, agent in self._by_node.items():  # a spare learns its node rank here
+            self.members.send(agent.agent, kind, {**body, "node_rank": node})
 
     def _report(self, report: AgentReport) -> None:
         body = report.body
@@ -233,8 +243,10 @@ class JobCoordinator:
         state = self.members.agents.get(agent)
         host = state.host if state is not None else agent
         self._event(f"agent:{agent}", Phase.EVICTED, host=host, cause=finding.kind)
-        self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, "no spare host: stopped")
-        self._end(Phase.FAILED, f"host {host} evicted: {finding.kind} on {finding.subject}")
+        node = state.node_rank if state is not None else -1
+        self._replace(
+            agent, node, finding_id, f"host {host} evicted: {finding.kind} on {finding.subject}"
+        )
 
     def _rank_events(self, report: AgentReport) -> list[Sample]:
         """The ranks' events an agent forwards as they are (checkpoints, faults, loops
@@ -296,6 +308,11 @@ class JobCoordinator:
         self._outcome(finding_id, ActionKind.RESTART, OutcomeStatus.DONE, "every agent restarted")
 
     def _host_lost(self, gone: AgentLost) -> None:
+        held = self._by_node.get(gone.node_rank)
+        if held is None or held.agent != gone.agent:  # a spare, or no node rank's host
+            self._spares.drop(gone.agent)
+            self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, spare=True)
+            return
         finding = Finding(
             "host_lost",
             Subject(node=f"node{gone.node_rank}"),
@@ -309,8 +326,64 @@ class JobCoordinator:
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
         self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, node=gone.node_rank)
-        self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, "no spare host: stopped")
-        self._end(Phase.FAILED, f"host {gone.host} (node rank {gone.node_rank}) was lost")
+        reason = f"host {gone.host} (node rank {gone.node_rank}) was lost"
+        self._replace(gone.agent, gone.node_rank, finding_id, reason)
+
+    def _spare_joined(self, agent: AgentState) -> None:
+        """A spare host admitted: it waits for a node rank (refused with snapshots on)."""
+        if self.snapshots:
+            self.members.fence(agent.agent, SNAPSHOTS_REFUSAL, key="refused")
+            self._event(
+                f"agent:{agent.agent}",
+                Phase.EXITED,
+                host=agent.host,
+                spare=True,
+                reason=SNAPSHOTS_REFUSAL,
+            )
+            return
+        self._spares.join(agent)
+        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True)
+
+    def _replace(self, agent: str, node: int, finding_id: int, reason: str) -> None:
+        """The host of ``node`` lost or evicted: fenced for good; the first spare alive
+        takes its node rank and every host restarts as the next attempt (the ranks of the
+        attempt that was running are ended), within the restart budget. With no spare, or
+        no budget left, the job stops."""
+        held = self._by_node.get(node)
+        if agent in self.members.fenced:
+            return  # already out of the job (a second finding on the same host)
+        self.members.fence(agent, reason)
+        spare = self._spares.take() if held is not None and held.agent == agent else None
+        if spare is None:
+            why = "no spare host: stopped"
+            self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, why)
+            self._end(Phase.FAILED, reason)
+            return
+        if self.attempt >= self.max_restarts:
+            self._spares.put_back(spare)
+            why = f"the spare {spare.agent} is left unused: the restart budget is spent; stopped"
+            self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, why)
+            self._end(Phase.FAILED, f"{reason} and the restart budget is spent")
+            return
+        self.members.assign(spare.agent, node)
+        self._by_node[node] = spare
+        self.attempt += 1
+        self._succeeded.clear()
+        self._detectors = reduced_detectors()  # each attempt is a new baseline
+        self._event(
+            "job",
+            Phase.RECOVERING,
+            reason=f"{reason}: node rank {node} moved to the spare {spare.agent}",
+            node=node,
+            spare=spare.agent,
+            host=spare.host,
+        )
+        self._launch("restart")
+        why = (
+            f"node rank {node} moved to the spare {spare.agent} on {spare.host}; "
+            f"every host restarted as attempt {self.attempt}"
+        )
+        self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, why)
 
     def _end(self, phase: Phase, reason: str, grace_s: float | None = None) -> Phase:
         self.phase = phase
