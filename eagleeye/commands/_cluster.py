@@ -18,9 +18,11 @@ through them, restarts it on every host when a rank fails, finds a lost host fro
 agent's silence on the controller's clock, and records everything in the run store. Each
 agent starts its host's ranks with torchrun's environment, keeps their telemetry on its
 host and sends the controller one summary per step (the host's statistics and the ranks
-that stand out). Both print one JSON line per event on stdout. SIGTERM or SIGINT to
-either stops the job on every host and records why; with --grace-period the loops are
-asked for a checkpoint first.
+that stand out). An agent started with --spare instead of --node-rank runs nothing until
+a lost or evicted host's node rank is given to it (the job then restarts on the new set
+of hosts; the replaced host is fenced). Both print one JSON line per event on stdout.
+SIGTERM or SIGINT to either stops the job on every host and records why; with
+--grace-period the loops are asked for a checkpoint first.
 """
 """The help page of both commands."""
 

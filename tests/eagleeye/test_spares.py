@@ -256,3 +256,24 @@ def test_spare_and_node_rank_are_exclusive(tmp_path: Path) -> None:
     neither = subprocess.run([*argv, "x.py"], capture_output=True, text=True)
     assert neither.returncode == 2
     assert "one of the arguments --node-rank --spare is required" in neither.stderr
+
+
+def test_a_spare_agent_refused_by_a_snapshots_controller_says_why_and_ends(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "s").write_bytes(SECRET + b"\n")
+    job = Job(tmp_path, snapshots=True).start()
+    try:
+        host, port = job.members.address.removeprefix("tcp://").rsplit(":", 1)
+        agent = subprocess.run(
+            [sys.executable, "-m", "eagleeye", "agent", "--controller", f"{host}:{port}"]
+            + ["--secret-file", str(tmp_path / "s"), "--spare", "--heartbeat", "0.2"]
+            + ["--advertise", "127.0.0.1", "--log-dir", str(tmp_path / "logs"), "x.py"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        job.close()
+    assert agent.returncode == 2
+    assert f"eagleeye agent: refused by the controller: {SNAPSHOTS_REFUSAL}\n" in agent.stderr
