@@ -181,6 +181,12 @@ class JobCoordinator:
         if is_spare(agent):
             self._spare_joined(agent)
             return
+        held = self._by_node.get(agent.node_rank)
+        if self.phase is Phase.RUNNING and held is not None and held.agent != agent.agent:
+            why = f"node rank {agent.node_rank} is held by {held.agent} in this job"
+            self.members.fence(agent.agent, why, key="refused")  # it takes no host's place
+            self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
+            return
         self._by_node[agent.node_rank] = agent
         self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, node=agent.node_rank)
 

@@ -277,3 +277,28 @@ def test_a_spare_agent_refused_by_a_snapshots_controller_says_why_and_ends(
         job.close()
     assert agent.returncode == 2
     assert f"eagleeye agent: refused by the controller: {SNAPSHOTS_REFUSAL}\n" in agent.stderr
+
+
+def test_another_agent_claiming_a_held_node_rank_is_refused(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        nodes[1].beating = False
+        pump(hosts, lambda: restarted(spare, 1))
+        claimant = Host(job.members.address, "h9", 1)  # node rank 1 is the spare's now
+        hosts.append(claimant)
+        pump(hosts, lambda: claimant.kinds("stop"))
+        assert claimant.kinds("stop")[0] == {"refused": "node rank 1 is held by hs in this job"}
+        nodes[0].send("exit", {"rank": 0, "code": 0, "attempt": 1})
+        spare.send("exit", {"rank": 1, "code": 0, "attempt": 1})
+        pump(hosts, lambda: job.result)
+        assert job.result == [Phase.SUCCEEDED]
+        assert claimant.kinds("restart") == []
+    finally:
+        job.close()
+        for host in hosts:
+            host.close()
