@@ -64,8 +64,5 @@ class Spares:
         """A spare taken but not used (the restart budget was spent): first in line again."""
         self._waiting = {agent.agent: agent, **self._waiting}
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
 
 __all__ = ["SNAPSHOTS_REFUSAL", "Spares", "is_spare"]
