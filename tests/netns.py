@@ -89,6 +89,10 @@ class NetHosts:
         """Takes host ``host``'s link down (a cable pulled)."""
         _ip("link", "set", self._links[host][0], "down")
 
+    def restore(self, host: int) -> None:
+        """Brings host ``host``'s link back up (the cable plugged in again)."""
+        _ip("link", "set", self._links[host][0], "up")
+
     def close(self) -> None:
         for host in range(len(self.names)):
             for pid in self.pids(host):

@@ -6,21 +6,24 @@ records every launch, exit, finding and action in the run store. Every finding g
 through the remediation policy (``Remediator``), which decides the actions and, unless
 it is a dry run, has the coordinator execute them (``execute``, the runtime of a job
 across hosts): a restart of the whole job on every agent, within the restart budget; an
-eviction of a host, which stops the job (no spare host takes its ranks); a notice,
-logged. Other actions are decided and skipped with the reason. The first failed rank of
-an attempt is a ``process_exit`` finding; when no restart follows it (a dry run, a policy
-without one) the job fails, as ``eagleeye run``'s does; the exits that follow it in the
-same attempt are its collateral. An agent lost (``Membership.lost``) is a ``host_lost``
-finding: with no spare host the job stops, the other agents' ranks ended (do no harm:
-nothing is restarted onto a host that is gone). Every rank exiting 0 ends the job as
-succeeded. The samples the agents forward from their hosts' sources are stored and read
-by the host rules (an XID, an ECC error, a thermal throttle on the rank using the GPU).
-The ranks' telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
-``reduced_detectors``. Findings from outside (Alertmanager's webhook, ``inbox``) placed
-on the job's ranks or nodes are answered the same way; one on a host the job does not
-run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
-for a checkpoint first when there is a grace period. With ``snapshots`` on, every launch
-carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``).
+eviction of a host (fenced for good, ``Membership.fence``: a spare host, an agent
+admitted with ``--spare`` (``eagleeye.agents.spares``), takes its node rank and the job
+restarts on the new set of hosts as the next attempt; with no spare the job stops); a
+notice, logged. Other actions are decided and skipped with the reason. The first failed
+rank of an attempt is a ``process_exit`` finding; when no restart follows it (a dry run,
+a policy without one) the job fails, as ``eagleeye run``'s does; the exits that follow
+it in the same attempt are its collateral. An agent lost (``Membership.lost``) is a
+``host_lost`` finding, answered as an eviction (a spare takes its place, else the job
+stops and the other agents' ranks are ended: nothing is restarted onto a host that is
+gone). Every rank exiting 0 ends the job as succeeded. The samples the agents forward
+from their hosts' sources are stored and read by the host rules (an XID, an ECC error, a
+thermal throttle on the rank using the GPU). The ranks' telemetry arrives reduced on the
+hosts (``SummaryIntake``) and is judged by ``reduced_detectors``. Findings from outside
+(Alertmanager's webhook, ``inbox``) placed on the job's ranks or nodes are answered the
+same way; one on a host the job does not run on is recorded only. A stop (a signal to
+the controller or an agent) asks the loops for a checkpoint first when there is a grace
+period. With ``snapshots`` on, every launch carries the ring of the agents' snapshot
+holders (``eagleeye.agents.snapshots``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from detectors.types import Finding, Severity
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.snapshots import ring_of
+from eagleeye.agents.spares import SNAPSHOTS_REFUSAL, Spares, is_spare
 from eagleeye.detection import host_detectors, reduced_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import host_frames
@@ -103,8 +107,10 @@ class JobCoordinator:
     _done_keys: set[str] = field(default_factory=set)
     snapshots: bool = False  # every host's snapshot holder in one ring, backing up across
     _ring: str | None = None
+    _spares: Spares = field(init=False)  # spare hosts waiting for a node rank
 
     def __post_init__(self) -> None:
+        self._spares = Spares(self.members)
         if self.intake is None:
             self.intake = SummaryIntake(self.layout, clock=self.clock)
         self.members.intake = self.intake
@@ -221,6 +227,15 @@ class JobCoordinator:
         self.on_update(decision)
 
     def _joined(self, agent: AgentState) -> None:
+        if is_spare(agent):
+            self._spare_joined(agent)
+            return
+        held = self._by_node.get(agent.node_rank)
+        if self.phase is Phase.RUNNING and held is not None and held.agent != agent.agent:
+            why = f"node rank {agent.node_rank} is held by {held.agent} in this job"
+            self.members.fence(agent.agent, why, key="refused")  # it takes no host's place
+            self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
+            return
         self._by_node[agent.node_rank] = agent
         self.on_joined(agent)
         self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, node=agent.node_rank)
@@ -238,8 +253,8 @@ class JobCoordinator:
         self._event("job", Phase.LAUNCH, **body)
         if self._ring is not None:
             body["snapshots"] = self._ring
-        for agent in self._by_node.values():
-            self.members.send(agent.agent, kind, body)
+        for node, agent in self._by_node.items():  # a spare learns its node rank here
+            self.members.send(agent.agent, kind, {**body, "node_rank": node})
 
     def _report(self, report: AgentReport) -> None:
         body = report.body
@@ -319,13 +334,17 @@ class JobCoordinator:
         evicted. With no spare host to take its ranks, the job stops (a restart on the
         same GPU would fail again; a scheduler's requeue finds healthy hosts)."""
         node = action.target.removeprefix("node:")
-        agent = next((a for n, a in self._by_node.items() if f"node{n}" == node), None)
-        if not action.target.startswith("node:") or agent is None:
+        held = next(((n, a) for n, a in self._by_node.items() if f"node{n}" == node), None)
+        if not action.target.startswith("node:") or held is None:
             why = f"no agent of the job on {action.target}: nothing to evict"
             return Outcome(action, OutcomeStatus.SKIPPED, why, now)
+        rank, agent = held
         self._event(f"agent:{agent.agent}", Phase.EVICTED, host=agent.host, cause=action.reason)
-        self._end(Phase.FAILED, f"host {agent.host} ({node}) evicted: {action.reason}")
-        return Outcome(action, OutcomeStatus.DONE, "no spare host: stopped", self.clock())
+        cause = f"host {agent.host} ({node}) evicted: {action.reason}"
+        done = self._replace(agent.agent, rank, cause)
+        if done is None:
+            return Outcome(action, OutcomeStatus.SKIPPED, "the host is out of the job already", now)
+        return Outcome(action, OutcomeStatus.DONE, done, self.clock())
 
     def _rank_events(self, report: AgentReport) -> list[Sample]:
         """The ranks' events an agent forwards as they are (checkpoints, faults, loops
@@ -379,6 +398,11 @@ class JobCoordinator:
             self._end(Phase.FAILED, f"rank {rank} exited {code} and no recovery was run")
 
     def _host_lost(self, gone: AgentLost) -> None:
+        held = self._by_node.get(gone.node_rank)
+        if held is None or held.agent != gone.agent:  # a spare, or no node rank's host
+            self._spares.drop(gone.agent)
+            self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, spare=True)
+            return
         finding = Finding(
             "host_lost",
             Subject(node=f"node{gone.node_rank}"),
@@ -392,8 +416,62 @@ class JobCoordinator:
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
         self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, node=gone.node_rank)
-        self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, "no spare host: stopped")
-        self._end(Phase.FAILED, f"host {gone.host} (node rank {gone.node_rank}) was lost")
+        reason = f"host {gone.host} (node rank {gone.node_rank}) was lost"
+        why = self._replace(gone.agent, gone.node_rank, reason)
+        if why is not None:
+            self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, why)
+
+    def _spare_joined(self, agent: AgentState) -> None:
+        """A spare host admitted: it waits for a node rank (refused with snapshots on)."""
+        if self.snapshots:
+            self.members.fence(agent.agent, SNAPSHOTS_REFUSAL, key="refused")
+            self._event(
+                f"agent:{agent.agent}",
+                Phase.EXITED,
+                host=agent.host,
+                spare=True,
+                reason=SNAPSHOTS_REFUSAL,
+            )
+            return
+        self._spares.join(agent)
+        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True)
+
+    def _replace(self, agent: str, node: int, reason: str) -> str | None:
+        """The host of ``node`` lost or evicted: fenced for good; the first spare alive
+        takes its node rank and every host restarts as the next attempt (the ranks of the
+        attempt that was running are ended), within the restart budget. With no spare, or
+        no budget left, the job stops. Returns what was done (None: the host was out of
+        the job already, a second finding on it)."""
+        held = self._by_node.get(node)
+        if agent in self.members.fenced:
+            return None
+        self.members.fence(agent, reason)
+        spare = self._spares.take() if held is not None and held.agent == agent else None
+        if spare is None:
+            self._end(Phase.FAILED, reason)
+            return "no spare host: stopped"
+        if self.attempt >= self.max_restarts:
+            self._spares.put_back(spare)
+            self._end(Phase.FAILED, f"{reason} and the restart budget is spent")
+            return f"the spare {spare.agent} is left unused: the restart budget is spent; stopped"
+        self.members.assign(spare.agent, node)
+        self._by_node[node] = spare
+        self.attempt += 1
+        self._succeeded.clear()
+        self._detectors = reduced_detectors()  # each attempt is a new baseline
+        self._event(
+            "job",
+            Phase.RECOVERING,
+            reason=f"{reason}: node rank {node} moved to the spare {spare.agent}",
+            node=node,
+            spare=spare.agent,
+            host=spare.host,
+        )
+        self._launch("restart")
+        return (
+            f"node rank {node} moved to the spare {spare.agent} on {spare.host}; "
+            f"every host restarted as attempt {self.attempt}"
+        )
 
     def _end(self, phase: Phase, reason: str, grace_s: float | None = None) -> Phase:
         self.phase = phase

@@ -11,7 +11,10 @@ counters) are read on their period and their samples forwarded to the controller
 The ranks of node rank ``n`` of an ``nnodes × nproc_per_node`` job are its ranks
 ``n·nproc_per_node`` to ``(n+1)·nproc_per_node - 1``, with the controller's
 ``MASTER_ADDR``/``MASTER_PORT`` and attempt. Their output goes to
-``<log_dir>/attempt-N/rank-R.log``.
+``<log_dir>/attempt-N/rank-R.log``. A spare host's agent starts with no node rank (-1)
+and runs nothing until a launch names its node rank. A ``stop`` that says the host is
+fenced (lost or evicted, its node rank given to a spare) or the agent refused ends the
+ranks all the same, and says why (``ended_by``).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class HostAgent:
     holder_at: str = ""  # where this host's snapshot holder listens (declared in the hello)
     holder_token: str = ""  # the job's holder token (from its shared secret)
     _holder: HostHolder | None = None  # started at the first launch with snapshots on
+    ended_by: str | None = None  # why the controller put this agent out (fenced, refused)
 
     @property
     def specs(self) -> list[RankSpec]:
@@ -108,7 +112,7 @@ class HostAgent:
                     self._forward()
                     self._close()
                     self.link.report("outcome", {"action": "stop", "status": "done"})
-                    return 0
+                    return self._stopped(message.body)
                 self._act(message.kind, message.body)
             self._watch()
             self._forward()
@@ -121,9 +125,20 @@ class HostAgent:
             self.link.report("outcome", {"action": "stop", "status": status})
         return 1
 
+    def _stopped(self, body: Mapping[str, Any]) -> int:
+        """The exit status of a ``stop``: 0, or 2 when the controller refused this agent
+        (a spare where none is taken); a fenced host's agent ends as told (0)."""
+        if "refused" in body:
+            self.ended_by = f"refused by the controller: {body['refused']}"
+            return 2
+        if "fenced" in body:
+            self.ended_by = f"fenced by the controller ({body['fenced']}); its ranks ended"
+        return 0
+
     def _act(self, kind: str, body: Mapping[str, Any]) -> None:
         if kind in ("launch", "restart"):
             self.stop_all()
+            self.node_rank = int(body.get("node_rank", self.node_rank))  # a spare's, given
             self.layout = JobLayout(int(body["nnodes"]), int(body["nproc_per_node"]))
             self._open_sources()
             self._open_holder(body.get("snapshots"))

@@ -7,12 +7,17 @@ never the agent's clock. An agent is lost when nothing at all came from it (hear
 reports, replies to the controller's pings) for ``missed`` periods: the pings are the
 evidence that the silence is the host's, not a quiet moment. A refused message (no or a
 wrong secret, a replay, a broken schema) is counted by reason, logged (the first few per
-reason) and never acted on; a sender is never admitted by one.
+reason) and never acted on; a sender is never admitted by one. An agent fenced
+(``fence``: its host was lost or evicted, its node rank given to a spare) is never
+admitted again: whatever it sends later is refused (reason ``fenced``) and answered with
+a ``stop``, so a host whose link comes back ends its ranks. A spare (an agent that says
+``hello`` without a node rank, ``node_rank`` -1) is given one with ``assign``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections import Counter
@@ -98,6 +103,8 @@ class Membership:
         self._sequencer = Sequencer()
         self._pinged: dict[str, float] = {}
         self._pings: Counter[str] = Counter()
+        self.fenced: dict[str, str] = {}  # agent -> why: refused, told to stop, for good
+        self._fence_told: dict[str, float] = {}  # when a fenced agent was last told to stop
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -144,6 +151,12 @@ class Membership:
 
     def _take(self, identity: bytes, message: Message) -> AgentState | AgentReport | None:
         now = self.clock()
+        if message.sender in self.fenced:
+            self._refuse(Refused(f"{message.sender} is fenced", "fenced"), identity)
+            if now - self._fence_told.get(message.sender, -math.inf) >= self.period_s:
+                self._fence_told[message.sender] = now  # its link came back: end its ranks
+                self._send_to(identity, "stop", {"fenced": self.fenced[message.sender]})
+            return None
         if message.kind == "hello":
             return self._admit(identity, message, now)
         state = self.agents.get(message.sender)
@@ -238,16 +251,35 @@ class Membership:
     def alive(self) -> list[AgentState]:
         return [s for s in self.agents.values() if s.lost_at is None]
 
+    def fence(self, agent: str, why: str, key: str = "fenced") -> None:
+        """Puts ``agent`` out of the job for good: told to stop its ranks now (``{key:
+        why}``, delivered when its link comes back), every later message refused and
+        answered with a stop, never admitted again (its hello included)."""
+        self.fenced[agent] = why
+        state = self.agents.get(agent)
+        if state is not None and state.lost_at is None:
+            state.lost_at = self.clock()
+        self._fence_told[agent] = self.clock()
+        self.send(agent, "stop", {key: why})
+
+    def assign(self, agent: str, node_rank: int) -> None:
+        """Gives the admitted spare ``agent`` the node rank ``node_rank`` (its summaries
+        and losses are that node's from now on)."""
+        self.agents[agent].node_rank = node_rank
+
     # ---- sending --------------------------------------------------------------------------
     def send(self, agent: str, kind: str, body: Mapping[str, Any]) -> bool:
         """Sends ``kind`` to an admitted agent; False when it is not connected."""
         state = self.agents.get(agent)
         if state is None:
             return False
+        return self._send_to(state.identity, kind, body)
+
+    def _send_to(self, identity: bytes, kind: str, body: Mapping[str, Any]) -> bool:
         self._seq += 1
         frames = seal(self.secret, Message(kind, "controller", self.session, self._seq, body))
         try:
-            self._socket.send_multipart([state.identity, *frames], zmq.NOBLOCK)
+            self._socket.send_multipart([identity, *frames], zmq.NOBLOCK)
         except (zmq.Again, zmq.ZMQError):
             return False
         return True

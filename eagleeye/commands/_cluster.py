@@ -21,9 +21,11 @@ the controller's clock, and records everything in the run store; --metrics-port 
 its exporter and --webhook Alertmanager's alerts, placed on the agent of their host. Each
 agent starts its host's ranks with torchrun's environment, keeps their telemetry on its
 host and sends the controller one summary per step (the host's statistics and the ranks
-that stand out). Both print one JSON line per event on stdout. SIGTERM or SIGINT to
-either stops the job on every host and records why; with --grace-period the loops are
-asked for a checkpoint first.
+that stand out). An agent started with --spare instead of --node-rank runs nothing until
+a lost or evicted host's node rank is given to it (the job then restarts on the new set
+of hosts; the replaced host is fenced). Both print one JSON line per event on stdout.
+SIGTERM or SIGINT to either stops the job on every host and records why; with
+--grace-period the loops are asked for a checkpoint first.
 """
 """The help page of both commands."""
 

@@ -26,8 +26,13 @@ def add_parser(sub: Any) -> None:
         "--controller", type=address_port, required=True, metavar="HOST:PORT", help="controller"
     )
     add_common(a)
-    a.add_argument(
-        "--node-rank", type=non_negative, required=True, help="this host's node rank (0: master)"
+    role = a.add_mutually_exclusive_group(required=True)
+    role.add_argument("--node-rank", type=non_negative, help="this host's node rank (0: master)")
+    role.add_argument(
+        "--spare",
+        action="store_true",
+        help="join as a spare host: run no ranks until the controller gives this host the "
+        "node rank of a host that was lost or evicted (not with the controller's --snapshots)",
     )
     a.add_argument(
         "--advertise",
@@ -110,20 +115,26 @@ def _agent(args: argparse.Namespace) -> int:
         print(f"eagleeye agent: no snapshot holder: {exc}", file=sys.stderr)
         holder_at = ""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    node_rank = -1 if args.spare else args.node_rank  # a spare's comes with its launch
     link = AgentLink(
         f"tcp://{host}:{port}",
         secret,
-        agent=f"{hostname}-{args.node_rank}",
-        node_rank=args.node_rank,
+        agent=f"{hostname}-{'spare' if args.spare else node_rank}",
+        node_rank=node_rank,
         period_s=args.heartbeat,
-        info={"address": advertise, "visible_devices": visible, "holder": holder_at},
+        info={
+            "address": advertise,
+            "visible_devices": visible,
+            "holder": holder_at,
+            "spare": args.spare,
+        },
         host=hostname,
     ).start()
     script_args = list(args.script_args)
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
     target = ["-m", args.script] if args.module else [str(Path(args.script).resolve())]
-    agent = HostAgent(link, args.node_rank, [*target, *script_args], Path(args.log_dir))
+    agent = HostAgent(link, node_rank, [*target, *script_args], Path(args.log_dir))
     agent.holder_at, agent.holder_token = holder_at, holder_token(secret)
     agent.sources = HostSourcesConfig(
         every_s=args.sources_period,
@@ -152,5 +163,7 @@ def _agent(args: argparse.Namespace) -> int:
         code = agent.run()
     finally:
         link.close()
+    if agent.ended_by is not None:  # fenced, or refused by the controller: one line why
+        print(f"eagleeye agent: {agent.ended_by}", file=sys.stderr, flush=True)
     print(json.dumps({"type": "AgentEnded", "code": code}), file=sys.stderr, flush=True)
     return code

@@ -1,0 +1,304 @@
+"""Spare hosts on loopback, with the real Membership and the controller's JobCoordinator
+over real sockets and a real run store; the hosts are driven by hand (signed messages on
+a DEALER socket each), so a host "loses its link" by going quiet and "comes back" by
+speaking again on the same connection. A lost or evicted node rank goes to the spare
+(node rank 0's replacement moves MASTER_ADDR), every host restarts as the next attempt,
+the lost host is fenced (told to stop, its late reports refused, its hello too); with the
+restart budget spent the spare is left unused and the job stops; a spare that joins a
+controller run with --snapshots is refused with the reason."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from eagleeye.agents import Membership, Message
+from eagleeye.agents.coordinator import JobCoordinator
+from eagleeye.agents.spares import SNAPSHOTS_REFUSAL
+from eagleeye.agents.wire import seal, unseal
+from eagleeye.store import RunReader, RunStore
+from ft_runtime.layout import JobLayout
+from ft_runtime.types import Phase
+
+pytestmark = pytest.mark.timeout(120)
+SECRET = b"0123456789abcdef0123456789abcdef"
+PERIOD_S = 0.2
+
+
+class Host:
+    """One host's agent, by hand: a hello, heartbeats while ``beating``, what it got."""
+
+    def __init__(self, address: str, name: str, node_rank: int, spare: bool = False) -> None:
+        self.name = name
+        self.address = f"10.9.9.{node_rank + 2}" if not spare else "10.9.9.99"
+        self.socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+        self.session = secrets.token_hex(8)
+        self.seq = 0
+        self.beating = True
+        self.got: list[Message] = []
+        self.hello(node_rank, spare)
+
+    def hello(self, node_rank: int, spare: bool = False) -> None:
+        body = {"host": self.name, "node_rank": node_rank, "address": self.address}
+        self.send("hello", {**body, "spare": spare, "holder": ""})
+
+    def send(self, kind: str, body: dict[str, Any]) -> None:
+        self.seq += 1
+        message = Message(kind, self.name, self.session, self.seq, body)
+        self.socket.send_multipart(seal(SECRET, message))
+
+    def pump(self) -> None:
+        if self.beating:
+            self.send("heartbeat", {})
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.got.append(unseal(SECRET, frames))
+
+    def kinds(self, kind: str) -> list[dict[str, Any]]:
+        return [dict(m.body) for m in self.got if m.kind == kind]
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def pump(hosts: list[Host], until: Callable[[], object], limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        for host in hosts:
+            host.pump()
+        if until():
+            return
+        time.sleep(0.04)
+    raise AssertionError("not seen in time")
+
+
+class Job:
+    """The controller's coordinator on its own thread, over a real Membership."""
+
+    def __init__(self, tmp: Path, max_restarts: int = 2, snapshots: bool = False) -> None:
+        self.members = Membership(SECRET, period_s=PERIOD_S)
+        self.run_dir = tmp / "run"
+        self.run_dir.mkdir()
+        self.store = RunStore(self.run_dir)
+        self.coordinator = JobCoordinator(
+            self.members,
+            JobLayout(2, 1),
+            self.store,
+            max_restarts=max_restarts,
+            snapshots=snapshots,
+        )
+        self.result: list[Phase] = []
+        self.thread = threading.Thread(
+            target=lambda: self.result.append(self.coordinator.run(30.0, 60.0)), daemon=True
+        )
+
+    def start(self) -> Job:
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.coordinator.request_stop("the test's end")
+        self.thread.join(timeout=30)
+        self.store.close()
+        self.members.close()
+
+
+def restarted(host: Host, attempt: int) -> dict[str, Any] | None:
+    return next((b for b in host.kinds("restart") if b["attempt"] == attempt), None)
+
+
+@pytest.mark.parametrize("lost", [1, 0])
+def test_a_lost_node_rank_goes_to_the_spare_and_the_lost_host_is_fenced(
+    tmp_path: Path, lost: int
+) -> None:
+    job = Job(tmp_path)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        assert [h.kinds("launch")[0]["node_rank"] for h in nodes] == [0, 1]
+        assert spare.kinds("launch") == []  # a spare runs no ranks
+        nodes[lost].beating = False  # its link is cut: no heartbeat, no pong
+        stay = nodes[1 - lost]
+        pump(hosts, lambda: restarted(spare, 1) and restarted(stay, 1))
+        took, kept = restarted(spare, 1), restarted(stay, 1)
+        assert took is not None
+        assert kept is not None
+        assert (took["node_rank"], kept["node_rank"]) == (lost, 1 - lost)
+        master = spare.address if lost == 0 else nodes[0].address  # node rank 0's host
+        assert took["master_addr"] == kept["master_addr"] == master
+        assert nodes[lost].kinds("restart") == []  # nothing restarted onto the lost host
+
+        # the link comes back: a late report on the same connection is refused and
+        # answered with a stop; a new hello of the same agent is refused too
+        back = nodes[lost]
+        back.send("exit", {"rank": lost, "code": 1, "attempt": 0})
+        pump(hosts, lambda: back.kinds("stop"))
+        assert "was lost" in back.kinds("stop")[0]["fenced"]
+        back.session = secrets.token_hex(8)
+        back.seq = 0
+        back.hello(lost)
+        pump(hosts, lambda: job.members.refused["fenced"] >= 2)
+        assert back.kinds("welcome") == [{"period_s": PERIOD_S}]  # only its first hello's
+
+        stay.send("exit", {"rank": 1 - lost, "code": 0, "attempt": 1})
+        spare.send("exit", {"rank": lost, "code": 0, "attempt": 1})
+        pump(hosts, lambda: job.result)
+        assert job.result == [Phase.SUCCEEDED]
+        pump(hosts, lambda: spare.kinds("stop") and stay.kinds("stop"))  # the end, to both
+    finally:
+        job.close()
+        for host in hosts:
+            host.close()
+    with RunReader(job.run_dir) as run:
+        findings = run.findings()
+        actions = run.actions()
+    assert list(zip(findings["kind"], findings["node"], strict=True)) == [
+        ("host_lost", f"node{lost}")
+    ]
+    assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
+    assert f"node rank {lost} moved to the spare hs" in actions["detail"][0]
+    assert "attempt 1" in actions["detail"][0]
+
+
+def test_an_evicted_host_is_replaced_by_the_spare(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        xid = {"name": "gpu_xid", "value": 79.0, "time": time.time(), "labels": {"node": "node1"}}
+        nodes[1].send("samples", {"samples": [xid, xid]})  # two findings, one eviction
+        pump(hosts, lambda: restarted(spare, 1) and nodes[1].kinds("stop"))
+        assert "evicted: xid" in nodes[1].kinds("stop")[0]["fenced"]
+        nodes[1].send("samples", {"samples": [xid]})  # refused: never acted on again
+        pump(hosts, lambda: job.members.refused["fenced"] >= 1)
+        nodes[0].send("exit", {"rank": 0, "code": 0, "attempt": 1})
+        spare.send("exit", {"rank": 1, "code": 0, "attempt": 1})
+        pump(hosts, lambda: job.result)
+        assert job.result == [Phase.SUCCEEDED]
+    finally:
+        job.close()
+        for host in hosts:
+            host.close()
+    with RunReader(job.run_dir) as run:
+        actions = run.actions()
+    assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [("evict", "xid")]
+    assert "moved to the spare hs" in actions["detail"][0]
+
+
+def test_with_the_budget_spent_the_spare_is_left_and_the_job_stops(tmp_path: Path) -> None:
+    job = Job(tmp_path, max_restarts=0)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        nodes[1].beating = False
+        pump(hosts, lambda: job.result)
+        assert job.result == [Phase.FAILED]
+        pump(hosts, lambda: spare.kinds("stop"))  # the job's end
+        assert spare.kinds("restart") == []
+    finally:
+        job.close()
+        for host in hosts:
+            host.close()
+    with RunReader(job.run_dir) as run:
+        actions = run.actions()
+    assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [
+        ("evict", "host_lost")
+    ]
+    assert "restart budget is spent" in actions["detail"][0]
+
+
+def test_a_spare_is_refused_by_a_controller_with_snapshots(tmp_path: Path) -> None:
+    job = Job(tmp_path, snapshots=True)
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    job.start()
+    try:
+        pump([spare], lambda: spare.kinds("stop"))
+        assert spare.kinds("stop")[0] == {"refused": SNAPSHOTS_REFUSAL}
+        spare.send("heartbeat", {})
+        pump([spare], lambda: job.members.refused["fenced"] >= 1)
+    finally:
+        job.close()
+        spare.close()
+
+
+def test_spare_and_node_rank_are_exclusive(tmp_path: Path) -> None:
+    (tmp_path / "s").write_text("0123456789abcdef0123456789abcdef\n")
+    argv = [sys.executable, "-m", "eagleeye", "agent", "--controller", "127.0.0.1:1"]
+    argv += ["--secret-file", str(tmp_path / "s")]
+    both = subprocess.run(
+        [*argv, "--spare", "--node-rank", "1", "x.py"], capture_output=True, text=True
+    )
+    assert both.returncode == 2
+    assert "argument --node-rank: not allowed with argument --spare" in both.stderr
+    neither = subprocess.run([*argv, "x.py"], capture_output=True, text=True)
+    assert neither.returncode == 2
+    assert "one of the arguments --node-rank --spare is required" in neither.stderr
+
+
+def test_a_spare_agent_refused_by_a_snapshots_controller_says_why_and_ends(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "s").write_bytes(SECRET + b"\n")
+    job = Job(tmp_path, snapshots=True).start()
+    try:
+        host, port = job.members.address.removeprefix("tcp://").rsplit(":", 1)
+        agent = subprocess.run(
+            [sys.executable, "-m", "eagleeye", "agent", "--controller", f"{host}:{port}"]
+            + ["--secret-file", str(tmp_path / "s"), "--spare", "--heartbeat", "0.2"]
+            + ["--advertise", "127.0.0.1", "--log-dir", str(tmp_path / "logs"), "x.py"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        job.close()
+    assert agent.returncode == 2
+    assert f"eagleeye agent: refused by the controller: {SNAPSHOTS_REFUSAL}\n" in agent.stderr
+
+
+def test_another_agent_claiming_a_held_node_rank_is_refused(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        nodes[1].beating = False
+        pump(hosts, lambda: restarted(spare, 1))
+        claimant = Host(job.members.address, "h9", 1)  # node rank 1 is the spare's now
+        hosts.append(claimant)
+        pump(hosts, lambda: claimant.kinds("stop"))
+        assert claimant.kinds("stop")[0] == {"refused": "node rank 1 is held by hs in this job"}
+        nodes[0].send("exit", {"rank": 0, "code": 0, "attempt": 1})
+        spare.send("exit", {"rank": 1, "code": 0, "attempt": 1})
+        pump(hosts, lambda: job.result)
+        assert job.result == [Phase.SUCCEEDED]
+        assert claimant.kinds("restart") == []
+    finally:
+        job.close()
+        for host in hosts:
+            host.close()
