@@ -37,7 +37,7 @@ def test_an_evicted_host_is_replaced_by_the_spare_and_the_job_succeeds(tmp_path:
     listen = f"127.0.0.1:{free_port()}"
     common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.2"]
     controller = subprocess.Popen(
-        [*EAGLEEYE, "controller", "--listen", listen, "--nnodes", "2", *common]
+        [*EAGLEEYE, "controller", "--listen", listen, "--nnodes", "2", "--remediate", *common]
         + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -92,7 +92,7 @@ def test_a_spare_takes_the_node_rank_of_a_host_whose_link_was_cut(tmp_path: Path
         listen = f"{hosts.addresses[0]}:5704"
         controller = hosts.popen(
             0,
-            [*eagleeye, "controller", "--listen", listen, "--nnodes", "2"]
+            [*eagleeye, "controller", "--listen", listen, "--nnodes", "2", "--remediate"]
             + ["--nproc-per-node", "1", "--heartbeat", "0.5", "--max-restarts", "2"]
             + ["--secret-file", str(tmp_path / "secret"), "--runs-dir", str(tmp_path / "runs")]
             + ["--run-id", "spare"],

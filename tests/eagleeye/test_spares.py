@@ -100,6 +100,7 @@ class Job:
             self.store,
             max_restarts=max_restarts,
             snapshots=snapshots,
+            dry_run=False,  # `eagleeye controller --remediate`
         )
         self.result: list[Phase] = []
         self.thread = threading.Thread(
