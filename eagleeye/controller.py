@@ -459,19 +459,22 @@ class Controller:
 
     def _fencing_cause(self, event: LifecycleEvent) -> None:
         """A replica the quorum dropped as hung: its cause (the hang, on the late ranks, with
-        the wait and the limit as evidence) is the finding, the fencing kill its action; the
-        killed ranks' exits that follow are its consequence."""
+        the wait, the limit and the ranks found stopped as evidence) is the finding, the
+        fencing kill its action; the killed ranks' exits that follow are its consequence."""
         replica = int(event.subject.removeprefix("replica:"))
         seen = event.detail.get("evidence") or {}
         late = [int(r) for r in seen.get("late_ranks", [])]
+        stopped = [int(r) for r in seen.get("stopped_ranks", [])]
         waited, limit = float(seen.get("waited_s", 0.0)), float(seen.get("limit_s", 0.0))
         evidence = {"fenced": 1.0, "waited_s": waited, "limit_s": limit}
         evidence.update({f"late_rank_{rank}": 1.0 for rank in late})
+        evidence.update({f"stopped_rank_{rank}": 1.0 for rank in stopped})
         steps = [self._last_step[r] for r in late if r in self._last_step]
+        score = waited / limit if limit > 0 else 1.0
         finding = Finding(
             "hang",
             Subject(replica=replica, rank=late[0] if len(late) == 1 else None),
-            waited / limit if limit > 0 else 1.0,
+            max(score, 1.0) if stopped else score,  # a stopped process is a hang outright
             Severity.CRITICAL,
             event.time,
             min(steps) if steps else None,

@@ -94,10 +94,11 @@ MAX_STEPS_BETWEEN_LOOKS = 8
 
 @dataclass(frozen=True, slots=True)
 class StallReport:
-    """One look at the heartbeats: the members found hung (none: no stall), the ranks
-    that never entered the exchange the others wait in, how long the first of those
-    waited (the coordinator's clock) and the limit it was judged by (None: no pace known
-    yet)."""
+    """One look at the heartbeats: the members found hung by the limit (none: no stall),
+    the ranks that have not entered the exchange the others wait in (named as soon as one
+    waits, limit or not: a caller with evidence of its own, a stopped process, may act on
+    them before the limit), how long the first of those waited (the coordinator's clock)
+    and the limit it was judged by (None: no pace known yet)."""
 
     replicas: tuple[int, ...] = ()
     late_ranks: tuple[int, ...] = ()
@@ -316,9 +317,9 @@ class QuorumService:
         waiting = [t for step, t in beats.values() if step == front]
         limit = self.stall_limit()
         waited_s = now - min(waiting)
-        if limit is None or waited_s < limit:
-            return StallReport((), (), waited_s, limit)
         late_ranks = tuple(sorted(rank for rank, (step, _) in beats.items() if step < front))
+        if limit is None or waited_s < limit:
+            return StallReport((), late_ranks, waited_s, limit)
         late = {rank // self.replica_size for rank in late_ranks}
         hung = tuple(sorted(r for r in late if r in self.current.members))
         return StallReport(hung, late_ranks, waited_s, limit)

@@ -25,7 +25,7 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +80,8 @@ class ReplicaSupervisor(StopOnRequest):
             (0: not at all), so their start-up does not slow the replicas that train.
         straggler_factor: a replica the quorum finds stalled whose late ranks are all
             running (``ft_runtime.procstat``) is given up to this many stall limits before
-            it counts as hung; a stopped or blocked rank counts at once.
+            it counts as hung; a blocked rank counts at the limit, a stopped (SIGSTOP) one
+            as soon as a member waits for it, limit or not.
         launcher: starts, signals and stops the ranks (default: on this machine).
         timer: monotonic seconds, for command deadlines.
     """
@@ -120,6 +121,9 @@ class ReplicaSupervisor(StopOnRequest):
         # Variables of an attempt that only the caller knows (unused: ranks resume through
         # their replicas, or from the checkpoint the quorum's restart names).
         self.attempt_env: Callable[[int], Mapping[str, str]] = lambda attempt: {}
+        # Ranks stopped on purpose right now (an injected slow fault's duty cycle): their
+        # stopped state is no evidence of a hang.
+        self.held: Callable[[], Collection[int]] = lambda: ()
         self._ranks: dict[int, _Rank] = {}
         self._looks: dict[int, ProcSample] = {}  # by pid: the last look at each rank
         self._lost: set[int] = set()
@@ -222,17 +226,24 @@ class ReplicaSupervisor(StopOnRequest):
             self.restart_coordinator(f"coordinator failed: {exc}")
             report = StallReport()
         looks = self._look_at_ranks()
-        for replica in report.replicas:
-            if self._straggling(replica, report, looks):
+        stopped = self._stopped_ranks(report, looks)
+        for replica in sorted({*report.replicas, *(self._replica(r) for r in stopped)}):
+            mine = [r for r in stopped if self._replica(r) == replica]
+            if mine:  # evidence: a stopped process does not arrive, whatever the limit
+                reason = "hung: stopped (SIGSTOP) while the others wait in the exchange"
+            elif self._straggling(replica, report, looks):
                 continue  # running, only slow: a busy machine, not a hang (yet)
-            if self._exiting(replica, report, looks):
+            elif self._exiting(replica, report, looks):
                 continue  # dead, its exit not collected yet: the next poll names the cause
+            else:
+                reason = "hung: never entered the exchange the others wait in"
             self.isolate(
                 replica,
-                "hung: never entered the exchange the others wait in",
-                late_ranks=self._late_ranks(replica, report),
+                reason,
+                late_ranks=self._late_ranks(replica, report) or mine,
                 waited_s=report.waited_s,
                 limit_s=report.limit_s or 0.0,
+                stopped_ranks=mine,
             )
         joined = self.quorum.poll_joins()
         if joined is not None:
@@ -282,6 +293,24 @@ class ReplicaSupervisor(StopOnRequest):
             if now is not None:
                 self._looks[rank.pid] = now
         return looks
+
+    def _stopped_ranks(self, report: StallReport, looks: Looks) -> list[int]:
+        """Ranks that hold the others up and are stopped (``procstat.stopped``: SIGSTOP),
+        found as soon as a member waits for them: the late ones, and once the others have
+        waited a whole limit, any member's rank (stopped inside the exchange, after its
+        heartbeat). A rank something holds stopped on purpose (``held``: an injected slow
+        fault) is slow, not stopped, and goes by the limit like any other."""
+        suspects = set(report.late_ranks)
+        if report.limit_s is not None and report.waited_s >= report.limit_s:
+            healthy = set(self.quorum.healthy)
+            suspects |= {r for r, rank in self._ranks.items() if rank.spec.replica in healthy}
+        held = set(self.held())
+        return sorted(
+            r for r in suspects if r in looks and r not in held and procstat.stopped(looks[r][1])
+        )
+
+    def _replica(self, rank: int) -> int:
+        return self.launch.layout.rank(rank).replica
 
     def _straggling(self, replica: int, report: StallReport, looks: Looks) -> bool:
         """Whether every late rank of ``replica`` is running (runnable, or it got CPU time
