@@ -359,14 +359,38 @@ class QuorumService:
             elif not front - 8 <= step <= front:  # a beat overwritten unseen, or a rollback
                 del self._arrivals[step]
 
-    def _heartbeats(self) -> dict[int, tuple[int, float]]:
-        assert self.store is not None
-        ranks = [
+    def behind(self) -> dict[int, int]:
+        """The ranks whose latest heartbeat is behind the others' newest step, with that
+        step, as the store holds them now: a peek that records nothing (no arrival, no
+        lateness, no look), so that it can be taken often without changing how ``stalled``
+        judges."""
+        if self.store is None or len(self.current.members) < 2:
+            return {}
+        ranks = self._beating_ranks()
+        keys = [key_heartbeat(rank) for rank in ranks]
+        if not self.store.check(keys):
+            return {}
+        steps = {}
+        for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True):
+            try:
+                steps[rank] = decode(Heartbeat, raw).step
+            except ProtocolError:
+                continue
+        front = max(steps.values(), default=0)
+        return {rank: step for rank, step in sorted(steps.items()) if step < front}
+
+    def _beating_ranks(self) -> list[int]:
+        """The ranks of the members that are not joining: those whose heartbeats count."""
+        return [
             r * self.replica_size + i
             for r in self.current.members
             if r not in self.current.joining
             for i in range(self.replica_size)
         ]
+
+    def _heartbeats(self) -> dict[int, tuple[int, float]]:
+        assert self.store is not None
+        ranks = self._beating_ranks()
         keys = [key_heartbeat(rank) for rank in ranks]
         if not self.store.check(keys):
             return {}

@@ -259,6 +259,30 @@ def test_a_rank_a_slow_fault_holds_is_judged_by_the_limit_not_its_state(made, cl
     assert fenced.detail["evidence"]["stopped_ranks"] == []
 
 
+def test_a_job_suspended_as_a_whole_is_no_hang(made, clock) -> None:
+    sup, launcher, _ = made
+    steady(sup, clock)
+    beat(sup, 5, (0,))
+    launcher.freeze(0)  # a scheduler stops every rank, rank 1 before its exchange
+    launcher.freeze(1)
+    for _ in range(4):  # well past the limit: still nobody waits for anybody
+        sup.poll()
+        clock.advance(0.1)
+    assert sup.quorum.current.members == (0, 1)
+    assert launcher.signals == []
+
+
+def test_a_rank_resumed_before_the_second_look_is_no_hang(made, clock) -> None:
+    sup, launcher, _ = made
+    steady(sup, clock)
+    launcher.freeze(1)
+    beat(sup, 5, (0,))
+    sup.sleep = lambda seconds: launcher.thaw(1)  # SIGCONT comes between the two looks
+    sup.poll()
+    assert sup.quorum.current.members == (0, 1)
+    assert launcher.signals == []
+
+
 def test_a_late_rank_that_runs_is_a_straggler_until_five_limits(made, clock) -> None:
     sup, launcher, _ = made
     steady(sup, clock)
