@@ -210,7 +210,8 @@ class ReplicaSupervisor(StopOnRequest):
     # ---- watching ----------------------------------------------------------------------
     def poll(self) -> list[LifecycleEvent]:
         """Collects exits, drops dead and hung replicas from the quorum, admits joiners,
-        and collects the answers to commands in flight. Never waits on a rank."""
+        and collects the answers to commands in flight. Never waits on a rank (only
+        ``CONFIRM_S`` for a second look at one found stopped)."""
         if self.phase is Phase.RUNNING and self.store_host and not self.store_host.alive:
             self._store_lost()  # before the exits it caused, whose handling needs the store
             return self._take_events()
