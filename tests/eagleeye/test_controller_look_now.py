@@ -6,13 +6,17 @@ The tick here waits 60 s for telemetry that never comes: only the early look end
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
 from collector.transport import TelemetryReceiver
 from eagleeye.controller import Controller
+from eagleeye.injector import OutsideInjector
+from eagleeye.launch import _hold_is_no_hang
 from eagleeye.store import RunReader, RunStore
+from ft_runtime.faults import parse_specs
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica import ReplicaSupervisor
@@ -73,3 +77,48 @@ def test_the_early_look_asks_once_and_not_for_a_running_or_held_rank(rig) -> Non
     assert sup.look_now()
     assert not sup.look_now()  # said once for this heartbeat: no busy loop on it
     assert sup.quorum.current.members == (0, 1)  # a look records and decides nothing
+
+
+def test_a_rank_an_outside_slow_fault_holds_is_not_fenced_on_its_state(
+    tmp_path: Path, clock: VirtualClock
+) -> None:
+    # A script without the in-loop hook is slowed from outside: the injector holds the rank
+    # stopped (SIGSTOP, later SIGCONT). The run wires its holds into the supervisor, so the
+    # stopped state of a held rank is no evidence; the limit judges it like any late rank.
+    launch = LaunchSpec(["train.py"], JobLayout(2, 1, 2), "t", str(tmp_path / "logs"))
+    launcher = FakeLauncher(clock)
+    sup = ReplicaSupervisor(
+        launch, QuorumService(2, 1, clock=clock, stall_floor_s=0.1), clock=clock, launcher=launcher
+    )
+    ranks_of = lambda: {pid: rank for rank, pid in sup.pids().items()}  # noqa: E731
+
+    def send(pid: int, sig: int) -> None:
+        (launcher.freeze if sig == signal.SIGSTOP else launcher.thaw)(ranks_of()[pid])
+
+    injector = OutsideInjector(
+        parse_specs(["slow:rank=1@time=0,seconds=30"]), sup.pids, lambda fired: None, send
+    )
+    receiver, store = TelemetryReceiver(), RunStore(tmp_path)
+    remediator = Remediator(replica_restart_policy(), sup, dry_run=True)
+    controller = Controller(sup, receiver, store, [], remediator, tick_s=0.01, injector=injector)
+    _hold_is_no_hang(sup, controller)
+    sup.start()
+    try:
+        for step in range(5):
+            beat(sup, step, range(2))
+            sup.poll()
+            clock.advance(0.1)
+        injector.new_attempt(0, 0.0)
+        injector.poll(1.0)  # the hold begins: rank 1 stopped, held
+        assert sup.held() == {1}
+        beat(sup, 5, (0,))  # replica 0 waits for the held rank
+        assert not sup.look_now()
+        controller.tick()
+        clock.advance(0.05)
+        controller.tick()
+        assert sup.quorum.current.members == (0, 1)
+    finally:
+        injector.close()
+        sup.stop_all()
+        receiver.close()
+        store.close()
