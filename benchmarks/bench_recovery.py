@@ -123,9 +123,10 @@ def survivors(run_dir: Path, kill_step: int) -> dict[str, float]:
     }
 
 
-def detection(run_dir: Path) -> tuple[float, float, float, float]:
+def detection(run_dir: Path) -> tuple[float, float, float, float, bool]:
     """Seconds from a SIGSTOP to the quorum dropping the replica, the same in median
-    steps, and the stall evidence: the hang limit then and how long the others waited."""
+    steps, and the stall evidence: the hang limit then, how long the others waited, and
+    whether the rank was found stopped (its process state) rather than by the limit."""
     steps, events, faults = samples(run_dir)
     stop = float(faults.iloc[0]["time"])
     drops = events[(events["subject"] == "quorum") & events["detail"].map(lambda d: "removed" in d)]
@@ -134,11 +135,13 @@ def detection(run_dir: Path) -> tuple[float, float, float, float]:
     fenced = events[events["detail"].map(_stall_evidence).map(bool)]
     evidence = _stall_evidence(fenced["detail"].iloc[0]) if len(fenced) else {}
     limit, waited = evidence.get("limit_s", float("nan")), evidence.get("waited_s", float("nan"))
-    return delay, delay / float(before["value"].median()), float(limit), float(waited)
+    stopped = bool(evidence.get("stopped_ranks"))
+    return delay, delay / float(before["value"].median()), float(limit), float(waited), stopped
 
 
-def _stall_evidence(detail: object) -> dict[str, float]:
-    """The stall evidence an isolation event carries (the limit, the wait), or {}."""
+def _stall_evidence(detail: object) -> dict[str, object]:
+    """The stall evidence an isolation event carries (the limit, the wait, the ranks found
+    stopped), or {}."""
     evidence = detail.get("evidence") if isinstance(detail, dict) else None
     return dict(evidence) if isinstance(evidence, dict) and "limit_s" in evidence else {}
 
@@ -285,9 +288,10 @@ def main() -> None:
                     f"server at nice +{nice}, {key}: "
                     f"median {statistics.median(ratios):.2f}x ({shown})"
                 )
-    for delay, steps, limit, waited in stops:
+    for delay, steps, limit, waited, stopped in stops:
+        how = "found stopped" if stopped else "by the limit"
         print(
-            f"SIGSTOP found after {delay:.3f} s = {steps:.2f} median step times "
+            f"SIGSTOP found after {delay:.3f} s = {steps:.2f} median step times, {how} "
             f"(hang limit {limit:.3f} s, the others waited {waited:.3f} s)"
         )
     print(f"replicas isolated as hung in the runs without a SIGSTOP: {false_hangs}")

@@ -1,6 +1,7 @@
 """The watch loop: telemetry and lifecycle in, findings and actions out, all recorded.
 
-One thread drives it, ``tick_s`` at a time: drain telemetry (stored, turned into frames),
+One thread drives it, ``tick_s`` at a time (sooner when telemetry arrives, or when the
+supervisor has something to judge now): drain telemetry (stored, turned into frames),
 poll the supervisor (exits, launches), look at the rank processes (/proc), run the
 detectors, hand findings to remediation, which acts through the runtime, and record every
 finding, decision and event. No stage waits on a rank: an action that takes longer than a
@@ -47,6 +48,9 @@ log = logging.getLogger(__name__)
 # what the controller adds: a look at the process, a restart of the whole job.
 MARKERS = frozenset({"in_collective", "closing", "pause", "job_restart"}) | PROC_FEATURES
 COMMIT_WAIT_S = 2.0  # how long a finding or action waits to be committed before it is shown
+LOOK_S = 0.01
+"""While it waits for telemetry, the loop asks the supervisor this often whether something
+is to be judged now (``look_now``: a stopped rank the others wait for)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +239,18 @@ class Controller:
         except Exception:
             log.exception("could not record a controller failure")
 
+    def _receive(self) -> list[Sample]:
+        """Telemetry that arrives within ``tick_s`` (the wait ends with the first of it), or
+        none, sooner, when the supervisor has something to judge now."""
+        deadline = time.monotonic() + self.tick_s
+        while True:
+            left = deadline - time.monotonic()
+            samples = self.receiver.receive(timeout_s=max(0.0, min(LOOK_S, left)))
+            if samples or left <= LOOK_S or self.supervisor.look_now():
+                return samples
+
     def _tick(self) -> None:
-        samples = self.receiver.receive(timeout_s=self.tick_s)
+        samples = self._receive()
         if self.receiver.malformed != self._rejected:  # dropped telemetry, counted by reason
             self._rejected = self.receiver.malformed
             self.store.set_meta("telemetry_rejected", dict(self.receiver.rejected))
@@ -459,19 +473,22 @@ class Controller:
 
     def _fencing_cause(self, event: LifecycleEvent) -> None:
         """A replica the quorum dropped as hung: its cause (the hang, on the late ranks, with
-        the wait and the limit as evidence) is the finding, the fencing kill its action; the
-        killed ranks' exits that follow are its consequence."""
+        the wait, the limit and the ranks found stopped as evidence) is the finding, the
+        fencing kill its action; the killed ranks' exits that follow are its consequence."""
         replica = int(event.subject.removeprefix("replica:"))
         seen = event.detail.get("evidence") or {}
         late = [int(r) for r in seen.get("late_ranks", [])]
+        stopped = [int(r) for r in seen.get("stopped_ranks", [])]
         waited, limit = float(seen.get("waited_s", 0.0)), float(seen.get("limit_s", 0.0))
         evidence = {"fenced": 1.0, "waited_s": waited, "limit_s": limit}
         evidence.update({f"late_rank_{rank}": 1.0 for rank in late})
+        evidence.update({f"stopped_rank_{rank}": 1.0 for rank in stopped})
         steps = [self._last_step[r] for r in late if r in self._last_step]
+        score = waited / limit if limit > 0 else 1.0
         finding = Finding(
             "hang",
             Subject(replica=replica, rank=late[0] if len(late) == 1 else None),
-            waited / limit if limit > 0 else 1.0,
+            max(score, 1.0) if stopped else score,  # a stopped process is a hang outright
             Severity.CRITICAL,
             event.time,
             min(steps) if steps else None,

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -277,6 +278,17 @@ def supervisor_for(
     )
 
 
+def _hold_is_no_hang(supervisor: Supervisor, controller: Controller) -> None:
+    """A replica supervisor learns which ranks an injected slow fault holds stopped right
+    now: their stopped state is no evidence of a hang."""
+    if controller.injector is None or "ft_runtime.replica" not in sys.modules:
+        return
+    from ft_runtime.replica import ReplicaSupervisor
+
+    if isinstance(supervisor, ReplicaSupervisor):
+        supervisor.held = controller.injector.held
+
+
 @dataclass(frozen=True, slots=True)
 class RunStarted:
     """A run's folder exists and its ranks are about to start (for the console)."""
@@ -419,6 +431,7 @@ def _run_in(
         host_detectors=host_detectors() if sources is not None else (),
     )
     supervisor.attempt_env = resume_env(controller)
+    _hold_is_no_hang(supervisor, controller)
     if stored is not None:
         _continue(stored, supervisor, controller, store)
     output = RankOutput(run_dir / "logs", config.stream_ranks, skip_existing=stored is not None)

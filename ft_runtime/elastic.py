@@ -147,6 +147,9 @@ class ElasticWorkers:
     def outcomes(self) -> list[Outcome]:
         return []
 
+    def look_now(self) -> bool:
+        return False
+
     def execute(self, action: Action) -> Outcome:
         unsupported = (
             f"{action.kind.value} needs `eagleeye run` or `eagleeye agent`; under torchrun "

@@ -3,7 +3,9 @@
 A rank that is late into an exchange because the machine is busy is runnable (state
 ``R``) or gets CPU time between two looks; a stopped rank (SIGSTOP: state ``T``) or one
 blocked for good gets none. Linux's ``/proc`` says both; elsewhere nothing is known
-(``None``) and callers go by the heartbeats alone.
+(``None``) and callers go by the heartbeats alone. A job-control stop (``T``) is evidence
+by itself (``stopped``): nothing a healthy rank does puts it there. A tracing stop (``t``:
+a debugger or a stack reader holds it) is not; it passes.
 
 >>> import os
 >>> sample(os.getpid()).state  # the process asking is running
@@ -49,6 +51,12 @@ def running(before: ProcSample | None, now: ProcSample | None) -> bool:
     if now.state == "R":
         return True
     return before is not None and now.cpu_ns > before.cpu_ns and now.state not in "TtZX"
+
+
+def stopped(now: ProcSample | None) -> bool:
+    """Whether a process is stopped by a signal (SIGSTOP, SIGTSTP): state ``T``. A tracing
+    stop (``t``) is not counted: a debugger or a stack reader holds it only for a moment."""
+    return now is not None and now.state == "T"
 
 
 def exited(now: ProcSample | None) -> bool:

@@ -94,10 +94,11 @@ MAX_STEPS_BETWEEN_LOOKS = 8
 
 @dataclass(frozen=True, slots=True)
 class StallReport:
-    """One look at the heartbeats: the members found hung (none: no stall), the ranks
-    that never entered the exchange the others wait in, how long the first of those
-    waited (the coordinator's clock) and the limit it was judged by (None: no pace known
-    yet)."""
+    """One look at the heartbeats: the members found hung by the limit (none: no stall),
+    the ranks that have not entered the exchange the others wait in (named as soon as one
+    waits, limit or not: a caller with evidence of its own, a stopped process, may act on
+    them before the limit), how long the first of those waited (the coordinator's clock)
+    and the limit it was judged by (None: no pace known yet)."""
 
     replicas: tuple[int, ...] = ()
     late_ranks: tuple[int, ...] = ()
@@ -316,9 +317,9 @@ class QuorumService:
         waiting = [t for step, t in beats.values() if step == front]
         limit = self.stall_limit()
         waited_s = now - min(waiting)
-        if limit is None or waited_s < limit:
-            return StallReport((), (), waited_s, limit)
         late_ranks = tuple(sorted(rank for rank, (step, _) in beats.items() if step < front))
+        if limit is None or waited_s < limit:
+            return StallReport((), late_ranks, waited_s, limit)
         late = {rank // self.replica_size for rank in late_ranks}
         hung = tuple(sorted(r for r in late if r in self.current.members))
         return StallReport(hung, late_ranks, waited_s, limit)
@@ -358,14 +359,38 @@ class QuorumService:
             elif not front - 8 <= step <= front:  # a beat overwritten unseen, or a rollback
                 del self._arrivals[step]
 
-    def _heartbeats(self) -> dict[int, tuple[int, float]]:
-        assert self.store is not None
-        ranks = [
+    def behind(self) -> dict[int, int]:
+        """The ranks whose latest heartbeat is behind the others' newest step, with that
+        step, as the store holds them now: a peek that records nothing (no arrival, no
+        lateness, no look), so that it can be taken often without changing how ``stalled``
+        judges."""
+        if self.store is None or len(self.current.members) < 2:
+            return {}
+        ranks = self._beating_ranks()
+        keys = [key_heartbeat(rank) for rank in ranks]
+        if not self.store.check(keys):
+            return {}
+        steps = {}
+        for rank, raw in zip(ranks, self.store.multi_get(keys), strict=True):
+            try:
+                steps[rank] = decode(Heartbeat, raw).step
+            except ProtocolError:
+                continue
+        front = max(steps.values(), default=0)
+        return {rank: step for rank, step in sorted(steps.items()) if step < front}
+
+    def _beating_ranks(self) -> list[int]:
+        """The ranks of the members that are not joining: those whose heartbeats count."""
+        return [
             r * self.replica_size + i
             for r in self.current.members
             if r not in self.current.joining
             for i in range(self.replica_size)
         ]
+
+    def _heartbeats(self) -> dict[int, tuple[int, float]]:
+        assert self.store is not None
+        ranks = self._beating_ranks()
         keys = [key_heartbeat(rank) for rank in ranks]
         if not self.store.check(keys):
             return {}

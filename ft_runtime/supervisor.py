@@ -239,6 +239,10 @@ class JobSupervisor(StopOnRequest):
         """Every action here is over when ``execute`` returns: none is ever pending."""
         return []
 
+    def look_now(self) -> bool:
+        """Hangs are the detectors' to find, from telemetry: nothing to look at sooner."""
+        return False
+
     # ---- state -----------------------------------------------------------------------------
     def log_path(self, rank: int) -> Path | None:
         """The log file of the rank's current process."""

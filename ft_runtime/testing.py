@@ -90,6 +90,10 @@ class FakeLauncher:
         """The rank stops (as with SIGSTOP): state T, no more CPU time."""
         self._frozen.add(rank)
 
+    def thaw(self, rank: int) -> None:
+        """The rank goes on (as with SIGCONT)."""
+        self._frozen.discard(rank)
+
     def exits(self) -> list[RankExit]:
         found, self._exits = self._exits, []
         return found

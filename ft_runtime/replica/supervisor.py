@@ -25,7 +25,7 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,8 @@ from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, Outcom
 log = logging.getLogger(__name__)
 Looks = dict[int, tuple[ProcSample | None, ProcSample | None]]
 """Per live rank: its previous and its current look (state, CPU time)."""
+CONFIRM_S = 0.005
+"""A rank found stopped is looked at once more this much later before it counts as hung."""
 
 
 @dataclass
@@ -80,7 +82,8 @@ class ReplicaSupervisor(StopOnRequest):
             (0: not at all), so their start-up does not slow the replicas that train.
         straggler_factor: a replica the quorum finds stalled whose late ranks are all
             running (``ft_runtime.procstat``) is given up to this many stall limits before
-            it counts as hung; a stopped or blocked rank counts at once.
+            it counts as hung; a blocked rank counts at the limit, a stopped (SIGSTOP) one
+            as soon as a member waits for it, limit or not.
         launcher: starts, signals and stops the ranks (default: on this machine).
         timer: monotonic seconds, for command deadlines.
     """
@@ -120,8 +123,13 @@ class ReplicaSupervisor(StopOnRequest):
         # Variables of an attempt that only the caller knows (unused: ranks resume through
         # their replicas, or from the checkpoint the quorum's restart names).
         self.attempt_env: Callable[[int], Mapping[str, str]] = lambda attempt: {}
+        # Ranks stopped on purpose right now (an injected slow fault's duty cycle): their
+        # stopped state is no evidence of a hang.
+        self.held: Callable[[], Collection[int]] = lambda: ()
+        self.sleep: Callable[[float], None] = time.sleep  # the wait before a second look
         self._ranks: dict[int, _Rank] = {}
         self._looks: dict[int, ProcSample] = {}  # by pid: the last look at each rank
+        self._woken: set[tuple[int, int]] = set()  # (pid, step) look_now woke the loop for
         self._lost: set[int] = set()
         self._events: list[LifecycleEvent] = []
         self._done_keys: set[str] = set()
@@ -202,7 +210,8 @@ class ReplicaSupervisor(StopOnRequest):
     # ---- watching ----------------------------------------------------------------------
     def poll(self) -> list[LifecycleEvent]:
         """Collects exits, drops dead and hung replicas from the quorum, admits joiners,
-        and collects the answers to commands in flight. Never waits on a rank."""
+        and collects the answers to commands in flight. Never waits on a rank (only
+        ``CONFIRM_S`` for a second look at one found stopped)."""
         if self.phase is Phase.RUNNING and self.store_host and not self.store_host.alive:
             self._store_lost()  # before the exits it caused, whose handling needs the store
             return self._take_events()
@@ -222,17 +231,26 @@ class ReplicaSupervisor(StopOnRequest):
             self.restart_coordinator(f"coordinator failed: {exc}")
             report = StallReport()
         looks = self._look_at_ranks()
-        for replica in report.replicas:
-            if self._straggling(replica, report, looks):
+        if self._suspended(looks):
+            report = StallReport()  # the whole job stands still on purpose: no hang
+        stopped = self._stopped_ranks(report, looks)
+        for replica in sorted({*report.replicas, *(self._replica(r) for r in stopped)}):
+            mine = [r for r in stopped if self._replica(r) == replica]
+            if mine:  # evidence: a stopped process does not arrive, whatever the limit
+                reason = "hung: stopped (SIGSTOP) while the others wait in the exchange"
+            elif self._straggling(replica, report, looks):
                 continue  # running, only slow: a busy machine, not a hang (yet)
-            if self._exiting(replica, report, looks):
+            elif self._exiting(replica, report, looks):
                 continue  # dead, its exit not collected yet: the next poll names the cause
+            else:
+                reason = "hung: never entered the exchange the others wait in"
             self.isolate(
                 replica,
-                "hung: never entered the exchange the others wait in",
-                late_ranks=self._late_ranks(replica, report),
+                reason,
+                late_ranks=self._late_ranks(replica, report) or mine,
                 waited_s=report.waited_s,
                 limit_s=report.limit_s or 0.0,
+                stopped_ranks=mine,
             )
         joined = self.quorum.poll_joins()
         if joined is not None:
@@ -282,6 +300,72 @@ class ReplicaSupervisor(StopOnRequest):
             if now is not None:
                 self._looks[rank.pid] = now
         return looks
+
+    def look_now(self) -> bool:
+        """Whether a rank the others wait for is stopped now (the quorum's heartbeats as the
+        store holds them, the rank's state from the launcher): then the controller polls at
+        once instead of at the end of its telemetry wait. Records nothing, and says so once
+        per rank and heartbeat (a job suspended as a whole, or a coordinator in its grace
+        period, would otherwise have it ask again and again)."""
+        if self.phase is not Phase.RUNNING or self.quorum.store is None:
+            return False
+        try:
+            behind = self.quorum.behind()
+        except RuntimeError:
+            return True  # the store connection failed: the poll's handling is due
+        held = set(self.held())
+        for rank, step in behind.items():
+            found = self._ranks.get(rank)
+            if found is None or found.exit_collected or rank in held:
+                continue
+            if (found.pid, step) in self._woken:
+                continue
+            if procstat.stopped(self.launcher.sample(rank)):
+                self._woken.add((found.pid, step))
+                return True
+        return False
+
+    def _stopped_ranks(self, report: StallReport, looks: Looks) -> list[int]:
+        """The stopped ranks that hold the others up (``_stopped_in``), seen so twice: once
+        more ``CONFIRM_S`` later, as a job suspended or resumed rank by rank passes through
+        moments in which only some of its ranks are stopped."""
+        found = self._stopped_in(report, looks)
+        if not found:
+            return []
+        self.sleep(CONFIRM_S)
+        again = {r: (now, self.launcher.sample(r)) for r, (_, now) in looks.items()}
+        if self._suspended(again):
+            return []
+        return sorted(set(found) & set(self._stopped_in(report, again)))
+
+    def _stopped_in(self, report: StallReport, looks: Looks) -> list[int]:
+        """Ranks that hold the others up and are stopped (``procstat.stopped``: SIGSTOP),
+        found as soon as a member waits for them: the late ones, and once the others have
+        waited a whole limit, any member's rank (stopped inside the exchange, after its
+        heartbeat). A rank something holds stopped on purpose (``held``: an injected slow
+        fault) is slow, not stopped, and goes by the limit like any other."""
+        members = self._member_ranks(looks)
+        suspects = set(report.late_ranks)
+        if report.limit_s is not None and report.waited_s >= report.limit_s:
+            suspects |= members
+        held = set(self.held())
+        return sorted(
+            r for r in suspects & members if r not in held and procstat.stopped(looks[r][1])
+        )
+
+    def _member_ranks(self, looks: Looks) -> set[int]:
+        """The live ranks of the healthy members that were looked at."""
+        healthy = set(self.quorum.healthy)
+        return {r for r in looks if r in self._ranks and self._replica(r) in healthy}
+
+    def _suspended(self, looks: Looks) -> bool:
+        """Whether every live rank of the healthy members is stopped: the job was suspended
+        as a whole (a scheduler's SIGSTOP), nobody waits for anybody, and nobody is hung."""
+        members = self._member_ranks(looks)
+        return bool(members) and all(procstat.stopped(looks[r][1]) for r in members)
+
+    def _replica(self, rank: int) -> int:
+        return self.launch.layout.rank(rank).replica
 
     def _straggling(self, replica: int, report: StallReport, looks: Looks) -> bool:
         """Whether every late rank of ``replica`` is running (runnable, or it got CPU time

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ft_runtime.procstat import ProcSample, exited, running, sample
+from ft_runtime.procstat import ProcSample, exited, running, sample, stopped
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's /proc")
 
@@ -36,6 +36,10 @@ def test_a_busy_process_is_running_and_a_stopped_one_is_not() -> None:
         assert now is not None
         assert now.state == "T"
         assert not running(before, now)
+        assert stopped(now)
+        busy.send_signal(signal.SIGCONT)
+        time.sleep(0.05)
+        assert not stopped(sample(busy.pid))
     finally:
         busy.kill()
         busy.wait()
@@ -50,6 +54,7 @@ def test_a_blocked_process_is_not_running_and_an_unknown_one_is_not_either() -> 
         assert before is not None
         assert now.cpu_ns == before.cpu_ns
         assert not running(before, now)
+        assert not stopped(now)  # blocked is not stopped: the limit judges it
         assert not exited(now)
         blocked.kill()
         time.sleep(0.1)

@@ -181,7 +181,7 @@ def test_a_stall_is_a_report_and_a_stopped_rank_is_fenced_with_it(made, clock) -
     sup.poll()
     launcher.freeze(1)
     clock.advance(0.08)
-    assert sup.quorum.stalled() == StallReport((), (), pytest.approx(0.08), pytest.approx(0.1))
+    assert sup.quorum.stalled() == StallReport((), (1,), pytest.approx(0.08), pytest.approx(0.1))
     clock.advance(0.04)
     report = sup.quorum.stalled()
     assert report == StallReport((1,), (1,), pytest.approx(0.12), pytest.approx(0.1))
@@ -194,6 +194,93 @@ def test_a_stall_is_a_report_and_a_stopped_rank_is_fenced_with_it(made, clock) -
     assert (1, signal.SIGKILL) in launcher.signals
     assert sup.replicas[1].dropped_at == clock()
     assert sup.quorum.current.members == (0,)
+
+
+def test_a_stopped_late_rank_is_fenced_at_the_first_look_before_any_limit(made, clock) -> None:
+    sup, launcher, _ = made
+    steady(sup, clock)
+    launcher.freeze(1)  # SIGSTOPped while it computes step 5
+    beat(sup, 5, (0,))  # replica 0 enters the exchange of step 5 and waits
+    events = sup.poll()
+    (fenced,) = [e for e in events if e.subject == "replica:1" and e.phase is Phase.EXITED]
+    assert fenced.detail["reason"].startswith("hung: stopped")
+    evidence = fenced.detail["evidence"]
+    assert evidence["stopped_ranks"] == evidence["late_ranks"] == [1]
+    assert evidence["waited_s"] < evidence["limit_s"] == pytest.approx(0.1)
+    assert sup.quorum.current.members == (0,)
+
+
+def test_healthy_lateness_and_a_stopped_rank_nobody_waits_for_are_left_alone(made, clock) -> None:
+    sup, launcher, _ = made
+    steady(sup, clock)
+    beat(sup, 5, (0,))  # rank 1 late, but running: the limit decides, not the look
+    sup.poll()
+    clock.advance(0.05)
+    sup.poll()
+    beat(sup, 5, (1,))
+    sup.poll()
+    launcher.freeze(1)  # stopped between exchanges: nobody waits for it yet
+    clock.advance(0.02)
+    sup.poll()
+    assert sup.quorum.current.members == (0, 1)
+    assert (1, signal.SIGKILL) not in launcher.signals
+
+
+def test_a_rank_stopped_inside_the_exchange_is_fenced_after_one_limit(made, clock) -> None:
+    sup, launcher, _ = made
+    steady(sup, clock)
+    beat(sup, 5, range(2))  # both entered step 5's exchange; rank 1 stops inside it
+    launcher.freeze(1)
+    sup.poll()
+    clock.advance(0.08)
+    sup.poll()
+    assert sup.quorum.current.members == (0, 1)  # nobody late: the limit first
+    clock.advance(0.04)
+    events = sup.poll()
+    (fenced,) = [e for e in events if e.subject == "replica:1" and e.phase is Phase.EXITED]
+    assert fenced.detail["evidence"]["stopped_ranks"] == [1]
+    assert sup.quorum.current.members == (0,)
+
+
+def test_a_rank_a_slow_fault_holds_is_judged_by_the_limit_not_its_state(made, clock) -> None:
+    sup, launcher, _ = made
+    sup.held = lambda: {1}  # the injector's duty cycle holds it stopped right now
+    steady(sup, clock)
+    launcher.freeze(1)
+    beat(sup, 5, (0,))
+    sup.poll()
+    clock.advance(0.08)
+    sup.poll()
+    assert sup.quorum.current.members == (0, 1)
+    clock.advance(0.04)  # past the limit and not running: hung, as before
+    events = sup.poll()
+    (fenced,) = [e for e in events if e.subject == "replica:1" and e.phase is Phase.EXITED]
+    assert fenced.detail["reason"] == "hung: never entered the exchange the others wait in"
+    assert fenced.detail["evidence"]["stopped_ranks"] == []
+
+
+def test_a_job_suspended_as_a_whole_is_no_hang(made, clock) -> None:
+    sup, launcher, _ = made
+    steady(sup, clock)
+    beat(sup, 5, (0,))
+    launcher.freeze(0)  # a scheduler stops every rank, rank 1 before its exchange
+    launcher.freeze(1)
+    for _ in range(4):  # well past the limit: still nobody waits for anybody
+        sup.poll()
+        clock.advance(0.1)
+    assert sup.quorum.current.members == (0, 1)
+    assert launcher.signals == []
+
+
+def test_a_rank_resumed_before_the_second_look_is_no_hang(made, clock) -> None:
+    sup, launcher, _ = made
+    steady(sup, clock)
+    launcher.freeze(1)
+    beat(sup, 5, (0,))
+    sup.sleep = lambda seconds: launcher.thaw(1)  # SIGCONT comes between the two looks
+    sup.poll()
+    assert sup.quorum.current.members == (0, 1)
+    assert launcher.signals == []
 
 
 def test_a_late_rank_that_runs_is_a_straggler_until_five_limits(made, clock) -> None:
