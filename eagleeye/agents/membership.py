@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from eagleeye.agents.summary import MAGIC, parse_summary, summary_key
+from eagleeye.agents.summary import MAGIC, summary_mac
 from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
 
 if TYPE_CHECKING:
     from eagleeye.agents.intake import SummaryIntake
 
 log = logging.getLogger(__name__)
+#: Messages taken off the socket at most per ``poll`` before they are handled.
+MAX_DRAIN = 1 << 16
 
 
 @dataclass
@@ -91,7 +93,7 @@ class Membership:
         self.session = secrets.token_hex(8)
         self.agents: dict[str, AgentState] = {}
         self.intake: SummaryIntake | None = None  # where host summaries go (None: refused)
-        self._summary_key = summary_key(secret)
+        self._summary_mac = summary_mac(secret)
         self._by_identity: dict[bytes, AgentState] = {}
         self.refused: Counter[str] = Counter()
         self._seq = 0
@@ -114,33 +116,48 @@ class Membership:
     def poll(self, timeout_s: float = 0.0) -> list[AgentState | AgentReport]:
         """Takes every message that arrived (waiting up to ``timeout_s`` for the first):
         newly admitted agents and their reports, in order."""
-        out: list[AgentState | AgentReport] = []
         if not self._socket.poll(int(timeout_s * 1000)):
-            return out
-        while True:
+            return []
+        messages: list[list[bytes]] = []
+        while len(messages) < MAX_DRAIN:
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                messages.append(self._socket.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                return out
-            got = self.receive(frames)
-            if got is not None:
-                out.append(got)
+                break
+        return self.receive_all(messages)
 
     def receive(self, frames: list[bytes]) -> AgentState | AgentReport | None:
         """One message as the socket delivers it (the sender's connection, then the
         message's frames): an agent admitted, a report, or None (a heartbeat, a summary
         handed to the intake, or a message refused)."""
-        if len(frames) == 3 and frames[1][:4] == MAGIC:  # a host summary, the hot path
-            self._summary(frames)
-            return None
-        identity, rest = frames[0], frames[1:]
-        try:
-            message = unseal(self.secret, rest)
-            self._sequencer.check(message)
-        except Refused as exc:
-            self._refuse(exc, identity)
-            return None
-        return self._take(identity, message)
+        got = self.receive_all([frames])
+        return got[0] if got else None
+
+    def receive_all(self, messages: list[list[bytes]]) -> list[AgentState | AgentReport]:
+        """Messages as the socket delivered them, in order: the agents admitted and the
+        reports. Host summaries in a row are taken together (``_summaries``)."""
+        out: list[AgentState | AgentReport] = []
+        summaries: list[list[bytes]] = []
+        for frames in messages:
+            if len(frames) == 3 and frames[1][:4] == MAGIC:  # a host summary, the hot path
+                summaries.append(frames)
+                continue
+            if summaries:
+                self._summaries(summaries)
+                summaries = []
+            identity, rest = frames[0], frames[1:]
+            try:
+                message = unseal(self.secret, rest)
+                self._sequencer.check(message)
+            except Refused as exc:
+                self._refuse(exc, identity)
+                continue
+            got = self._take(identity, message)
+            if got is not None:
+                out.append(got)
+        if summaries:
+            self._summaries(summaries)
+        return out
 
     def _take(self, identity: bytes, message: Message) -> AgentState | AgentReport | None:
         now = self.clock()
@@ -156,25 +173,54 @@ class Membership:
             return None
         return AgentReport(message.sender, message.kind, message.body, now)
 
-    def _summary(self, frames: list[bytes]) -> None:
-        """A host summary (connection, payload, MAC): authenticated, checked against
-        replays, handed to the intake."""
-        identity, payload, mac = frames
-        state = self._by_identity.get(identity)
-        try:
-            if state is None or state.lost_at is not None:
-                raise Refused("a summary from a connection not admitted", "not_admitted")
-            parsed = parse_summary(self._summary_key, payload, mac)
-            self._sequencer.check_seq(state.agent, parsed[0], parsed[1])
-            now = self.clock()
+    def _summaries(self, messages: list[list[bytes]]) -> None:
+        """Host summaries (connection, payload, MAC), in the order they came: each one's
+        sender admitted, its MAC and its sequence number checked (one by one, in order),
+        then all parsed and checked at once (``summarybatch.parse_payloads``) and handed
+        to the intake. A refused one is counted and logged and never used."""
+        from eagleeye.agents.summarybatch import HEADER_SIZE, parse_payloads
+
+        now = self.clock()
+        senders: list[AgentState] = []
+        payloads: list[bytes] = []
+        by_identity, verify, check = (
+            self._by_identity,
+            self._summary_mac.verify,
+            self._sequencer.check_seq,
+        )
+        for identity, payload, mac in messages:
+            state = by_identity.get(identity)
+            try:
+                if state is None or state.lost_at is not None:
+                    raise Refused("a summary from a connection not admitted", "not_admitted")
+                if not verify(payload, mac):
+                    raise Refused("a summary without a valid MAC of the shared secret", "auth")
+                if len(payload) < HEADER_SIZE:
+                    raise Refused("a summary shorter than its header", "schema")
+                check(state.agent, payload[5:13].hex(), int.from_bytes(payload[13:21], "little"))
+            except Refused as exc:
+                self._refuse(exc, identity)
+                continue
             state.last_seen = now
-            if self._pinged:
+            senders.append(state)
+            payloads.append(payload)
+        if self._pinged:
+            for state in senders:
                 self._pinged.pop(state.agent, None)
+        if not payloads:
+            return
+        blocks, refused = parse_payloads(payloads)
+        for at, why in refused:
+            self._refuse(why, senders[at].identity)
+        for block in blocks:
             if self.intake is None:
-                raise Refused("a summary where none is taken", "unexpected")
-            self.intake.take(state.node_rank, parsed, len(payload), now)
-        except Refused as exc:
-            self._refuse(exc, identity)
+                for at in block.index.tolist():
+                    why = Refused("a summary where none is taken", "unexpected")
+                    self._refuse(why, senders[at].identity)
+                continue
+            nodes = [senders[at].node_rank for at in block.index.tolist()]
+            for at, why in self.intake.take_block(nodes, block, now):
+                self._refuse(why, senders[at].identity)
 
     def _admit(self, identity: bytes, message: Message, now: float) -> AgentState:
         body = message.body
