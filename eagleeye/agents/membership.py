@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -45,6 +46,7 @@ class AgentState:
     last_seen: float
     lost_at: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    slot: int = -1  # the agent's slot in the controller's replay check
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,35 +177,34 @@ class Membership:
 
     def _summaries(self, messages: list[list[bytes]]) -> None:
         """Host summaries (connection, payload, MAC), in the order they came: each one's
-        sender admitted, its MAC and its sequence number checked (one by one, in order),
-        then all parsed and checked at once (``summarybatch.parse_payloads``) and handed
+        sender admitted and its MAC checked, one by one; then all parsed and checked at
+        once (``summarybatch.parse_payloads``), their sequence numbers checked against
+        replays at once, in order (``summarybatch.check_replays``), and the rest handed
         to the intake. A refused one is counted and logged and never used."""
-        from eagleeye.agents.summarybatch import HEADER_SIZE, parse_payloads
+        import numpy as np  # here: an agent's side imports this module without numpy
+
+        from eagleeye.agents.summarybatch import check_replays, parse_payloads
 
         now = self.clock()
-        senders: list[AgentState] = []
-        payloads: list[bytes] = []
-        by_identity, verify, check = (
-            self._by_identity,
-            self._summary_mac.verify,
-            self._sequencer.check_seq,
-        )
-        for identity, payload, mac in messages:
-            state = by_identity.get(identity)
-            try:
+        states = list(map(self._by_identity.get, map(itemgetter(0), messages)))
+        payloads = list(map(itemgetter(1), messages))
+        genuine = list(map(self._summary_mac.verify, payloads, map(itemgetter(2), messages)))
+        senders = [s for s in states if s is not None and s.lost_at is None]
+        if len(senders) < len(messages) or not all(genuine):  # some refused: one by one
+            senders, kept = [], []
+            for frames, state, payload, ok in zip(messages, states, payloads, genuine, strict=True):
                 if state is None or state.lost_at is not None:
-                    raise Refused("a summary from a connection not admitted", "not_admitted")
-                if not verify(payload, mac):
-                    raise Refused("a summary without a valid MAC of the shared secret", "auth")
-                if len(payload) < HEADER_SIZE:
-                    raise Refused("a summary shorter than its header", "schema")
-                check(state.agent, payload[5:13].hex(), int.from_bytes(payload[13:21], "little"))
-            except Refused as exc:
-                self._refuse(exc, identity)
-                continue
+                    why = Refused("a summary from a connection not admitted", "not_admitted")
+                elif not ok:
+                    why = Refused("a summary without a valid MAC of the shared secret", "auth")
+                else:
+                    senders.append(state)
+                    kept.append(payload)
+                    continue
+                self._refuse(why, frames[0])
+            payloads = kept
+        for state in senders:  # the agent's own messages: it is alive
             state.last_seen = now
-            senders.append(state)
-            payloads.append(payload)
         if self._pinged:
             for state in senders:
                 self._pinged.pop(state.agent, None)
@@ -211,6 +212,11 @@ class Membership:
             return
         blocks, refused = parse_payloads(payloads)
         for at, why in refused:
+            self._refuse(why, senders[at].identity)
+        slots = np.array([state.slot for state in senders], dtype=np.int64)
+        names = [state.agent for state in senders]
+        blocks, replays = check_replays(self._sequencer, names, slots, blocks)
+        for at, why in replays:
             self._refuse(why, senders[at].identity)
         for block in blocks:
             if self.intake is None:
@@ -232,6 +238,7 @@ class Membership:
             admitted_at=now,
             last_seen=now,
             info=dict(body),
+            slot=self._sequencer.slot(message.sender),
         )
         old = self.agents.get(message.sender)
         if old is not None:

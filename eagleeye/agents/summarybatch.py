@@ -30,7 +30,7 @@ from eagleeye.agents.summary import (
     _names,
     parse_payload,
 )
-from eagleeye.agents.wire import Refused
+from eagleeye.agents.wire import Refused, Sequencer
 
 #: The summary's header (``summary._HEADER``) as a numpy record.
 HEADER = np.dtype(
@@ -47,7 +47,7 @@ HEADER = np.dtype(
             "outliers",
             "names_len",
         ],
-        "formats": ["S4", "u1", "V8", "<u8", "<i8", "<u4", "<u4", "<u2", "<u2", "<u2"],
+        "formats": ["S4", "u1", ">u8", "<u8", "<i8", "<u4", "<u4", "<u2", "<u2", "<u2"],
         "offsets": [0, 4, 5, 13, 21, 29, 33, 37, 39, 41],
         "itemsize": 43,
     }
@@ -61,12 +61,15 @@ MIN_BATCH = 8
 class SummaryBlock:
     """Accepted summaries with one vocabulary, a row per message.
 
-    ``index``: the messages' positions in what was parsed; ``stats``: messages × metrics
-    × 5 (``summary.STATS``), float64; ``rows``: each message's outlier rows (empty when
+    ``index``: the messages' positions in what was parsed; ``sessions``: the senders'
+    sessions as numbers (``wire.session_key``); ``stats``: messages × metrics × 5
+    (``summary.STATS``), float64; ``rows``: each message's outlier rows (empty when
     none of them has any).
     """
 
     index: np.ndarray
+    sessions: np.ndarray
+    seqs: np.ndarray
     steps: np.ndarray
     attempts: np.ndarray
     ranks: np.ndarray
@@ -87,6 +90,8 @@ class SummaryBlock:
         )
         return SummaryBlock(
             self.index[keep],
+            self.sessions[keep],
+            self.seqs[keep],
             self.steps[keep],
             self.attempts[keep],
             self.ranks[keep],
@@ -104,6 +109,8 @@ def block_of(parsed: Sequence[Parsed], index: Sequence[int], nbytes: Sequence[in
     rows = tuple(p[7] for p in parsed)
     return SummaryBlock(
         np.array(index, dtype=np.int64),
+        np.array([int(p[0], 16) for p in parsed], dtype=np.uint64),
+        np.array([p[1] for p in parsed], dtype=np.uint64),
         np.array([p[2] for p in parsed], dtype=np.int64),
         np.array([p[3] for p in parsed], dtype=np.int64),
         np.array([p[4] for p in parsed], dtype=np.int64),
@@ -161,6 +168,8 @@ def _reindex(block: SummaryBlock, where: np.ndarray) -> SummaryBlock:
     """``block`` with its positions mapped from its group's to the whole batch's."""
     return SummaryBlock(
         where[block.index],
+        block.sessions,
+        block.seqs,
         block.steps,
         block.attempts,
         block.ranks,
@@ -174,14 +183,14 @@ def _alike(payloads: Sequence[bytes], size: int) -> tuple[SummaryBlock | None, n
     """The messages of one length that share the first one's vocabulary and carry no
     outlier rows, checked at once; and the positions of the others (to parse alone)."""
     count = len(payloads)
-    buf = np.frombuffer(b"".join(payloads), np.uint8).reshape(count, size)
-    head = np.ascontiguousarray(buf[:, :HEADER_SIZE]).view(HEADER)[:, 0]
+    joined = b"".join(payloads)  # one copy; everything below is a view of it
+    head = np.ndarray((count,), HEADER, joined, 0, (size,))
     metrics, names_len = int(head["metrics"][0]), int(head["names_len"][0])
     start = HEADER_SIZE + names_len
     everyone = np.arange(count)
     if size != start + 40 * metrics or metrics > MAX_METRICS:
         return None, everyone
-    reference = bytes(buf[0, HEADER_SIZE:start])
+    reference = joined[HEADER_SIZE:start]
     try:
         names = _names(reference, metrics)
     except Refused:
@@ -197,20 +206,20 @@ def _alike(payloads: Sequence[bytes], size: int) -> tuple[SummaryBlock | None, n
         & (head["ranks"] <= MAX_RANKS)
     )
     if names_len:
-        row = np.dtype(f"V{names_len}")
-        fast &= np.ascontiguousarray(buf[:, HEADER_SIZE:start]).view(row)[:, 0] == np.void(
-            reference
-        )
+        vocabulary = np.ndarray((count,), f"V{names_len}", joined, HEADER_SIZE, (size,))
+        fast &= vocabulary == np.void(reference)
+    table = np.ndarray((count, metrics, 5), "<f8", joined, start, (size, 40, 8))
     if fast.all():
-        index, picked, body = np.arange(count), head, buf[:, start:]
+        index, picked, stats = everyone, head, table
     else:
         index = np.flatnonzero(fast)
         if not len(index):
             return None, everyone
-        picked, body = head[index], buf[index, start:]
-    stats = np.ascontiguousarray(body).view("<f8").reshape(len(index), metrics, 5)
+        picked, stats = head[index], table[index]
     block = SummaryBlock(
         index,
+        picked["session"].astype(np.uint64),
+        picked["seq"].astype(np.uint64),
         picked["step"].astype(np.int64),
         picked["attempt"].astype(np.int64),
         picked["ranks"].astype(np.int64),
@@ -239,8 +248,57 @@ def stats_sound_rows(stats: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     return np.asarray(ok, dtype=bool)
 
 
+def check_replays(
+    sequencer: Sequencer, senders: Sequence[str], slots: np.ndarray, blocks: list[SummaryBlock]
+) -> tuple[list[SummaryBlock], list[tuple[int, Refused]]]:
+    """The blocks without the replays, by the sequence numbers of their messages
+    (``senders[i]`` and ``slots[i]``: the sender of message ``i`` and its slot in
+    ``sequencer``), judged in the order the messages came: at once where a sender has one
+    message here, of its current session, with a higher seq; one by one
+    (``Sequencer.check_seq``) otherwise. Returns the blocks kept and the replays
+    (position, why)."""
+    if not blocks:
+        return [], []
+    index = np.concatenate([b.index for b in blocks])
+    sessions = np.concatenate([b.sessions for b in blocks])
+    seqs = np.concatenate([b.seqs for b in blocks])
+    order = np.argsort(index, kind="stable")
+    index, sessions, seqs = index[order], sessions[order], seqs[order]
+    mine = slots[index]
+    tables = sequencer.tables()
+    key, keyed = np.frombuffer(tables[0], np.uint64), np.frombuffer(tables[1], np.uint8)
+    last = np.frombuffer(tables[2], np.uint64)
+    fast = (mine >= 0) & (keyed[mine] == 1) & (key[mine] == sessions) & (seqs > last[mine])
+    ordered = np.sort(mine)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if len(repeated):  # a sender with several messages here: judged one by one, in order
+        fast &= ~np.isin(mine, repeated)
+    last[mine[fast]] = seqs[fast]
+    del key, keyed, last  # the tables may grow again
+    refused: list[tuple[int, Refused]] = []
+    for at, session, seq in zip(
+        index[~fast].tolist(), sessions[~fast].tolist(), seqs[~fast].tolist(), strict=True
+    ):
+        try:
+            sequencer.check_seq(senders[at], f"{session:016x}", seq)
+        except Refused as exc:
+            refused.append((at, exc))
+    if not refused:
+        return blocks, []
+    gone = np.array([at for at, _ in refused])
+    kept = [b.select(~np.isin(b.index, gone)) for b in blocks]
+    return [b for b in kept if len(b)], refused
+
+
 def _unsound() -> Refused:
     return Refused("a summary whose statistics are not finite, ordered, in range", "schema")
 
 
-__all__ = ["HEADER", "SummaryBlock", "block_of", "parse_payloads", "stats_sound_rows"]
+__all__ = [
+    "HEADER",
+    "SummaryBlock",
+    "block_of",
+    "check_replays",
+    "parse_payloads",
+    "stats_sound_rows",
+]
