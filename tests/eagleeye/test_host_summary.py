@@ -228,3 +228,46 @@ def test_an_agent_keeps_the_raw_series_and_summarises_a_step_once_every_rank_end
     assert [row.rank for row in summary.outliers] == [5]
     raw = (tmp_path / "telemetry.jsonl").read_text().splitlines()
     assert len(raw) == 3 + 3 * 3  # every sample of the host's ranks, raw
+
+
+def test_the_raw_series_file_is_rotated_at_its_size_and_only_the_newest_kept(tmp_path) -> None:
+    import json
+
+    from collector.transport import TelemetryPublisher
+    from eagleeye.agents.ranktelemetry import HostTelemetry
+    from eagleeye.config import ENV_TELEMETRY, ENV_TELEMETRY_KEY
+
+    with pytest.raises(ValueError, match="raw_max_bytes"):
+        HostTelemetry(tmp_path / "bad", raw_max_bytes=0)
+    telemetry = HostTelemetry(tmp_path, wait_s=0.0, raw_max_bytes=1000, raw_keep=2)
+    telemetry.expect([0])
+    key = telemetry.env[ENV_TELEMETRY_KEY].encode()
+    publisher = TelemetryPublisher(telemetry.env[ENV_TELEMETRY], key=key)
+    labels = {"rank": "0", "replica": "0", "node": "node0", "attempt": "0"}
+    try:
+        for step in range(40):  # about 150 bytes a sample: several rotations
+            publisher.send(labels, [["step_time", 0.5, time.time(), step]])
+            wait_for(lambda s=step: telemetry.take() is not None and _has_step(tmp_path, s))
+    finally:
+        publisher.close()
+        telemetry.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["telemetry.jsonl", "telemetry.jsonl.1", "telemetry.jsonl.2"]
+    steps = []
+    for name in ("telemetry.jsonl.2", "telemetry.jsonl.1", "telemetry.jsonl"):
+        path = tmp_path / name
+        if name != "telemetry.jsonl":
+            assert 1000 <= path.stat().st_size < 1000 + 200  # rotated at its size
+        steps += [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == list(range(steps[0], 40))  # the newest, in order, none lost among them
+    assert steps[0] > 0  # the oldest are gone
+
+
+def _has_step(folder, step: int) -> bool:
+    import json
+
+    for path in folder.iterdir():
+        for line in path.read_text().splitlines():
+            if json.loads(line)["step"] == step:
+                return True
+    return False
