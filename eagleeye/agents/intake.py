@@ -165,7 +165,6 @@ class SummaryIntake:
     def _reduce(self, step: int, pending: _Step, hosts: int) -> list[Frame]:
         nodes = np.concatenate(pending.nodes)
         ranks = np.concatenate(pending.ranks)
-        names, table = _table(pending.names, pending.stats)  # hosts × metrics × 5
         job = {
             "ranks_reporting": float(ranks.sum()),
             "hosts_reporting": float(len(nodes)),
@@ -174,18 +173,27 @@ class SummaryIntake:
         }
         if not len(nodes):
             return [Frame(Subject(), step, self.clock(), job)]
-        medians = np.ascontiguousarray(table[:, :, 1].T)  # metrics × hosts
-        gaps = bool(np.isnan(medians).any())
+        first = pending.names[0]
+        if pending.names.count(first) == len(pending.names):  # the usual case: one vocabulary
+            names, blocks, gaps = first, pending.stats, False  # sound: no NaN
+        else:
+            names, table = _union(pending.names, pending.stats)
+            blocks, gaps = [table], bool(np.isnan(table[:, :, 1]).any())
+        # metrics × hosts, the only copy of a step's statistics made here
+        medians = np.concatenate([b[:, :, 1] for b in blocks]).T.copy()
         with np.errstate(all="ignore"):
             centre = (np.nanmedian if gaps else np.median)(medians, axis=1)
-            lows = (np.nanmin if gaps else np.min)(table[:, :, 2], axis=0)
-            highs = (np.nanmax if gaps else np.max)(table[:, :, 3], axis=0)
+            low, high = (np.nanmin, np.nanmax) if gaps else (np.min, np.max)
+            lows = low([low(b[:, :, 2], axis=0) for b in blocks], axis=0)
+            highs = high([high(b[:, :, 3], axis=0) for b in blocks], axis=0)
         for which, column in (("median", centre), ("min", lows), ("max", highs)):
             job.update({f"{n}.{which}": float(v) for n, v in zip(names, column, strict=True)})
-        out = [
-            self._node_frame(int(nodes[j]), step, names, table[j].T)
-            for j in self._standing_out(medians, centre, gaps)
-        ]
+        starts = np.cumsum([0] + [len(b) for b in blocks])
+        out = []
+        for j in self._standing_out(medians, centre, gaps):
+            at = int(np.searchsorted(starts, j, side="right")) - 1
+            host = blocks[at][j - starts[at]].T  # 5 × metrics
+            out.append(self._node_frame(int(nodes[j]), step, names, host))
         return [*out, Frame(Subject(), step, self.clock(), job)]
 
     def _standing_out(self, medians: np.ndarray, centre: np.ndarray, gaps: bool) -> list[int]:
@@ -212,14 +220,11 @@ class SummaryIntake:
         return Frame(Subject(node=node), step, self.clock(), values)
 
 
-def _table(
+def _union(
     names: list[tuple[str, ...]], stats: list[np.ndarray]
 ) -> tuple[tuple[str, ...], np.ndarray]:
     """The union of the hosts' metrics and their statistics as one hosts × metrics × 5
     array (``STATS`` last; NaN where a host has no such metric)."""
-    first = names[0]
-    if names.count(first) == len(names):  # the usual case: one vocabulary
-        return first, stats[0] if len(stats) == 1 else np.concatenate(stats)
     union = tuple(sorted({n for block in names for n in block}))
     index = {n: i for i, n in enumerate(union)}
     table = np.full((sum(len(b) for b in stats), len(union), 5), np.nan)

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -213,9 +213,10 @@ class Membership:
         blocks, refused = parse_payloads(payloads)
         for at, why in refused:
             self._refuse(why, senders[at].identity)
-        slots = np.array([state.slot for state in senders], dtype=np.int64)
-        names = [state.agent for state in senders]
-        blocks, replays = check_replays(self._sequencer, names, slots, blocks)
+        count = len(senders)
+        slots = np.fromiter(map(attrgetter("slot"), senders), np.int64, count)
+        nodes = np.fromiter(map(attrgetter("node_rank"), senders), np.int64, count)
+        blocks, replays = check_replays(self._sequencer, senders, slots, blocks)
         for at, why in replays:
             self._refuse(why, senders[at].identity)
         for block in blocks:
@@ -224,8 +225,7 @@ class Membership:
                     why = Refused("a summary where none is taken", "unexpected")
                     self._refuse(why, senders[at].identity)
                 continue
-            nodes = [senders[at].node_rank for at in block.index.tolist()]
-            for at, why in self.intake.take_block(nodes, block, now):
+            for at, why in self.intake.take_block(nodes[block.index], block, now):
                 self._refuse(why, senders[at].identity)
 
     def _admit(self, identity: bytes, message: Message, now: float) -> AgentState:

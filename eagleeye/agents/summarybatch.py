@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import Protocol
 
 import numpy as np
 
@@ -248,11 +249,18 @@ def stats_sound_rows(stats: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     return np.asarray(ok, dtype=bool)
 
 
+class _Sender(Protocol):
+    agent: str
+
+
 def check_replays(
-    sequencer: Sequencer, senders: Sequence[str], slots: np.ndarray, blocks: list[SummaryBlock]
+    sequencer: Sequencer,
+    senders: Sequence[_Sender],
+    slots: np.ndarray,
+    blocks: list[SummaryBlock],
 ) -> tuple[list[SummaryBlock], list[tuple[int, Refused]]]:
     """The blocks without the replays, by the sequence numbers of their messages
-    (``senders[i]`` and ``slots[i]``: the sender of message ``i`` and its slot in
+    (``senders[i].agent`` and ``slots[i]``: the sender of message ``i`` and its slot in
     ``sequencer``), judged in the order the messages came: at once where a sender has one
     message here, of its current session, with a higher seq; one by one
     (``Sequencer.check_seq``) otherwise. Returns the blocks kept and the replays
@@ -280,7 +288,7 @@ def check_replays(
         index[~fast].tolist(), sessions[~fast].tolist(), seqs[~fast].tolist(), strict=True
     ):
         try:
-            sequencer.check_seq(senders[at], f"{session:016x}", seq)
+            sequencer.check_seq(senders[at].agent, f"{session:016x}", seq)
         except Refused as exc:
             refused.append((at, exc))
     if not refused:

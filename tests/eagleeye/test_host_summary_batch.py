@@ -33,10 +33,11 @@ SECRET = b"0123456789abcdef0123456789abcdef"
 HOSTS = 24
 
 
-def host(node: int, step: int, slow: bool = False, extra: bool = False):
+def host(node: int, step: int, slow: bool = False, extra: bool = False, whole: bool = False):
     values = {}
     for rank in range(8 * node, 8 * node + 8):
         compute = 300.0 if slow and rank % 8 == 3 else 100.0 + rank % 3
+        compute = 250.0 if whole else compute
         values[rank] = {"compute_ms": compute, "step_time": 0.2 + rank % 2 * 1e-3}
         if extra:
             values[rank]["loss"] = 2.0
@@ -44,10 +45,11 @@ def host(node: int, step: int, slow: bool = False, extra: bool = False):
 
 
 def payloads(step: int = 1) -> list[bytes]:
-    """A step of HOSTS hosts: most alike, one with a slow rank, one with more metrics."""
+    """A step of HOSTS hosts: most alike, one with a slow rank, one with more metrics, one
+    slow as a whole (it stands out against the other hosts)."""
     out = []
     for node in range(HOSTS):
-        summary = host(node, step, slow=node == 5, extra=node == 7)
+        summary = host(node, step, slow=node == 5, extra=node == 7, whole=node == 11)
         out.append(encode_summary(summary, SECRET, f"{node:016x}", 10 + step)[0])
     return out
 
@@ -228,6 +230,8 @@ def test_one_message_or_many_the_intake_gets_the_same(count: int) -> None:
             a.receive(message)
         b.receive_all(messages)
         frames_one, frames_many = one.frames(hosts=count), many.frames(hosts=count)
+        if count > 11:  # host 11 stands out, in the big block of hosts alike
+            assert "node node11" in [str(f.subject) for f in frames_many]
         assert [(f.subject, f.values) for f in frames_one] == [
             (f.subject, f.values) for f in frames_many
         ]
