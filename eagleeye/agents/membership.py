@@ -136,20 +136,40 @@ class Membership:
         return got[0] if got else None
 
     def receive_all(self, messages: list[list[bytes]]) -> list[AgentState | AgentReport]:
-        """Messages as the socket delivered them, in order: the agents admitted and the
-        reports. Host summaries in a row are taken together (``_summaries``)."""
+        """Messages as the socket delivered them: the agents admitted and the reports.
+
+        Host summaries are taken together (``_summaries``), after the other messages.
+        Each connection's messages are handled in the order it sent them: a message that
+        follows a summary of its own connection is held back until the summaries are
+        taken (with whatever that connection sent after it), and a message from a
+        connection not admitted (a hello) has everything before it handled first. So
+        other agents' heartbeats never split a step's summaries.
+        """
         out: list[AgentState | AgentReport] = []
         summaries: list[list[bytes]] = []
+        later: list[list[bytes]] = []  # held back behind a summary of their connection
+        waiting: set[bytes] = set()  # connections with a summary in ``summaries``
+        held: set[bytes] = set()  # connections with a message in ``later``
         for frames in messages:
+            identity = frames[0]
+            if identity in held:
+                later.append(frames)
+                continue
             if len(frames) == 3 and frames[1][:4] == MAGIC:  # a host summary, the hot path
                 summaries.append(frames)
+                waiting.add(identity)
                 continue
-            if summaries:
-                self._summaries(summaries)
-                summaries = []
-            identity, rest = frames[0], frames[1:]
+            if identity in waiting:
+                later.append(frames)
+                held.add(identity)
+                continue
+            if identity not in self._by_identity and (summaries or later):
+                out += self._flush(summaries, later)
+                summaries, later = [], []
+                waiting.clear()
+                held.clear()
             try:
-                message = unseal(self.secret, rest)
+                message = unseal(self.secret, frames[1:])
                 self._sequencer.check(message)
             except Refused as exc:
                 self._refuse(exc, identity)
@@ -157,9 +177,15 @@ class Membership:
             got = self._take(identity, message)
             if got is not None:
                 out.append(got)
+        return out + self._flush(summaries, later)
+
+    def _flush(
+        self, summaries: list[list[bytes]], later: list[list[bytes]]
+    ) -> list[AgentState | AgentReport]:
+        """The summaries taken, then the messages held back behind them."""
         if summaries:
             self._summaries(summaries)
-        return out
+        return self.receive_all(later) if later else []
 
     def _take(self, identity: bytes, message: Message) -> AgentState | AgentReport | None:
         now = self.clock()

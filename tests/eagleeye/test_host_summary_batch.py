@@ -238,3 +238,28 @@ def test_one_message_or_many_the_intake_gets_the_same(count: int) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_an_agents_messages_are_handled_in_its_order_among_other_agents_heartbeats() -> None:
+    intake = SummaryIntake(JobLayout(nnodes=HOSTS, nproc_per_node=8), clock=lambda: 0.0)
+    members = admitted(intake)
+    mac = summary_mac(SECRET)
+    try:
+        messages = []
+        for node in range(HOSTS):
+            session = f"{node:016x}"
+            for step, seq in ((1, 2), (2, 4)):  # seq 3: a heartbeat between them
+                payload = encode_summary(host(node, step), SECRET, session, seq)[0]
+                messages.append([f"h{node}".encode(), payload, mac(payload)])
+                if seq == 2:
+                    beat = Message("heartbeat", f"agent-{node}", session, 3)
+                    messages.append([f"h{node}".encode(), *seal(SECRET, beat)])
+        late = Message("hello", "agent-new", "ffff000000000000", 1, {"node_rank": HOSTS - 1})
+        messages.insert(5, [b"new", *seal(SECRET, late)])  # a hello among them
+        payload = encode_summary(host(HOSTS - 1, 1), SECRET, "ffff000000000000", 2)[0]
+        messages.insert(6, [b"new", payload, mac(payload)])
+        members.receive_all(messages)
+        assert members.refused == {}
+        assert intake.summaries == 2 * HOSTS + 1
+    finally:
+        members.close()
