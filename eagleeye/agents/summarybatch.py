@@ -274,15 +274,19 @@ def check_replays(
     index, sessions, seqs = index[order], sessions[order], seqs[order]
     mine = slots[index]
     tables = sequencer.tables()
+    if not len(tables[2]):  # no sender yet: nothing to judge at once
+        mine = np.full(len(mine), -1, dtype=np.int64)
     key, keyed = np.frombuffer(tables[0], np.uint64), np.frombuffer(tables[1], np.uint8)
     last = np.frombuffer(tables[2], np.uint64)
-    fast = (mine >= 0) & (keyed[mine] == 1) & (key[mine] == sessions) & (seqs > last[mine])
+    known = mine >= 0
+    slot = np.where(known, mine, 0)
+    fast = known & (keyed[slot] == 1) & (key[slot] == sessions) & (seqs > last[slot])
     ordered = np.sort(mine)
     repeated = ordered[1:][ordered[1:] == ordered[:-1]]
     if len(repeated):  # a sender with several messages here: judged one by one, in order
         fast &= ~np.isin(mine, repeated)
     last[mine[fast]] = seqs[fast]
-    del key, keyed, last  # the tables may grow again
+    del key, keyed, last, tables  # the tables may grow again
     refused: list[tuple[int, Refused]] = []
     for at, session, seq in zip(
         index[~fast].tolist(), sessions[~fast].tolist(), seqs[~fast].tolist(), strict=True

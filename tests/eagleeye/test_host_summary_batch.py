@@ -181,6 +181,8 @@ def test_among_many_a_tampered_cut_oversized_or_replayed_summary_is_refused_and_
         members.receive_all(messages)
         assert members.refused == {"auth": 1, "schema": 2, "replay": 1, "not_admitted": 1}
         assert intake.summaries == HOSTS - 3
+        members.receive_all(messages[5:12])  # the same again, alone in a later batch
+        assert members.refused["replay"] == 1 + 7
         (job,) = [f for f in intake.frames(hosts=HOSTS - 3) if f.subject.scope == "job"]
         assert job.values["hosts_reporting"] == HOSTS - 3
         assert job.values["compute_ms.max"] == 300.0  # node 5's slow rank
