@@ -18,8 +18,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter, itemgetter, methodcaller
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
@@ -97,6 +97,7 @@ class Membership:
         self.intake: SummaryIntake | None = None  # where host summaries go (None: refused)
         self._summary_mac = summary_mac(secret)
         self._by_identity: dict[bytes, AgentState] = {}
+        self._lost_connections = 0  # lost agents in ``_by_identity``
         self.refused: Counter[str] = Counter()
         self._seq = 0
         self._sequencer = Sequencer()
@@ -145,6 +146,9 @@ class Membership:
         connection not admitted (a hello) has everything before it handled first. So
         other agents' heartbeats never split a step's summaries.
         """
+        if _all_summaries(messages):  # a step's summaries and nothing else: the hot path
+            self._summaries(messages)
+            return []
         out: list[AgentState | AgentReport] = []
         summaries: list[list[bytes]] = []
         later: list[list[bytes]] = []  # held back behind a summary of their connection
@@ -215,7 +219,10 @@ class Membership:
         states = list(map(self._by_identity.get, map(itemgetter(0), messages)))
         payloads = list(map(itemgetter(1), messages))
         genuine = list(map(self._summary_mac.verify, payloads, map(itemgetter(2), messages)))
-        senders = [s for s in states if s is not None and s.lost_at is None]
+        if self._lost_connections or None in states:
+            senders = [s for s in states if s is not None and s.lost_at is None]
+        else:
+            senders = cast(list[AgentState], states)  # every one admitted, none lost
         if len(senders) < len(messages) or not all(genuine):  # some refused: one by one
             senders, kept = [], []
             for frames, state, payload, ok in zip(messages, states, payloads, genuine, strict=True):
@@ -267,8 +274,11 @@ class Membership:
             slot=self._sequencer.slot(message.sender),
         )
         old = self.agents.get(message.sender)
-        if old is not None:
-            self._by_identity.pop(old.identity, None)
+        if old is not None and self._by_identity.pop(old.identity, None) is old:
+            self._lost_connections -= old.lost_at is not None
+        replaced = self._by_identity.get(identity)
+        if replaced is not None and replaced.lost_at is not None:
+            self._lost_connections -= 1
         self.agents[message.sender] = state
         self._by_identity[identity] = state
         self._pinged.pop(message.sender, None)
@@ -302,6 +312,7 @@ class Membership:
                 self.send(state.agent, "ping", {})
             if silent >= self.missed * self.period_s and self._pings[state.agent] > 0:
                 state.lost_at = now
+                self._lost_connections += self._by_identity.get(state.identity) is state
                 lost.append(
                     AgentLost(
                         state.agent,
@@ -333,6 +344,16 @@ class Membership:
 
     def close(self) -> None:
         self._socket.close(linger=0)
+
+
+def _all_summaries(messages: list[list[bytes]]) -> bool:
+    """Whether every message is a host summary's three frames (checked in C loops)."""
+    if not messages or set(map(len, messages)) != {3}:
+        return False
+    return all(map(_summary_magic, map(itemgetter(1), messages)))
+
+
+_summary_magic = methodcaller("startswith", MAGIC)
 
 
 __all__ = ["AgentLost", "AgentReport", "AgentState", "Membership"]

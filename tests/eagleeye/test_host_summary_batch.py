@@ -265,3 +265,31 @@ def test_an_agents_messages_are_handled_in_its_order_among_other_agents_heartbea
         assert intake.summaries == 2 * HOSTS + 1
     finally:
         members.close()
+
+
+def test_a_lost_agents_summaries_are_refused_until_it_says_hello_again() -> None:
+    now = [0.0]
+    members = Membership(SECRET, "tcp://127.0.0.1:0", period_s=1.0, clock=lambda: now[0])
+    members.intake = intake = SummaryIntake(JobLayout(nnodes=HOSTS, nproc_per_node=8))
+    mac = summary_mac(SECRET)
+    try:
+        for node in range(HOSTS):
+            hello = Message("hello", f"agent-{node}", f"{node:016x}", 1, {"node_rank": node})
+            members.receive([f"h{node}".encode(), *seal(SECRET, hello)])
+        now[0] = 1.0
+        assert members.lost() == []  # pinged
+        now[0] = 3.5
+        assert len(members.lost()) == HOSTS  # silent despite the pings
+        sent = [(node, p, mac(p)) for node, p in enumerate(payloads())]
+        members.receive_all([[f"h{n}".encode(), p, t] for n, p, t in sent])
+        assert members.refused == {"not_admitted": HOSTS}
+        assert intake.summaries == 0
+        again = Message("hello", "agent-3", "0123456789abcdef", 1, {"node_rank": 3})
+        members.receive([b"h3", *seal(SECRET, again)])
+        payload = encode_summary(host(3, 2), SECRET, "0123456789abcdef", 2)[0]
+        members.receive_all([[f"h{n}".encode(), p, t] for n, p, t in sent[:3]])
+        members.receive_all([[b"h3", payload, mac(payload)]])
+        assert members.refused == {"not_admitted": HOSTS + 3}
+        assert intake.summaries == 1
+    finally:
+        members.close()
