@@ -4,11 +4,13 @@
 agents' own code (``summarise`` over its 8 ranks' values of the hook's step report plus
 the peer features; one host in a hundred has a rank that stands out) and sealed as the
 real message (``encode_summary``): this is the agents' work and is not timed. Timed, on
-the controller's side: every message through ``Membership.receive`` (the path of a
-message the socket delivered: its connection's agent, MAC, schema, replay check, the
-intake), then the step reduced across hosts (``SummaryIntake.frames``) and the frames
-stored and judged by the controller's detectors (``JobCoordinator._detect``). Printed:
-controller CPU per step (median of the steps, ``time.process_time``) and bytes per step.
+the controller's side: the step's messages through ``Membership.receive_all``, as
+``poll`` hands over a drained socket (each one's connection's agent and MAC; then the
+headers, names and statistics checked together, the replay check, the intake), then the
+step reduced across hosts (``SummaryIntake.frames``) and the frames stored and judged by
+the controller's detectors (``JobCoordinator._detect``). Printed: controller CPU per step
+(median of the steps, ``time.process_time``, with the split of that median step) and
+bytes per step.
 
 Side by side, the intake of raw per-rank samples as `eagleeye run`'s controller takes
 them: one message per rank per step (the hook's step report: step time, sections,
