@@ -7,8 +7,9 @@ A step of every host is then reduced once more, vectorised across hosts, when ev
 host has sent it or ``wait_s`` after the first did: one job frame (per metric the
 median of the hosts' medians, the lowest minimum, the highest maximum; the ranks and
 hosts reporting) and a node frame for each host whose median stands out against the
-other hosts' (the same test the agents apply to their ranks). A summary whose statistics
-are not sound is refused as the step is reduced, before any of it is used.
+other hosts' (the same test the agents apply to their ranks). The summaries come in
+blocks (``summarybatch.SummaryBlock``: a drained socket's summaries, checked at once); a
+summary whose statistics are not sound never reaches the intake's steps.
 """
 
 from __future__ import annotations
@@ -22,21 +23,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collector.types import Frame, Subject
-from eagleeye.agents.summary import STATS, Parsed, RankRow, Reduction
+from eagleeye.agents.summary import STATS, Parsed, Reduction, stats_sound
+from eagleeye.agents.summarybatch import SummaryBlock, block_of
 from eagleeye.agents.wire import Refused
 from ft_runtime.layout import JobLayout
 
 
 @dataclass
 class _Step:
-    """One step's summaries, host by host: node rank, ranks, metric names, statistics."""
+    """One step's summaries, in blocks of hosts alike: node ranks, ranks, metric names,
+    statistics (hosts × metrics × 5)."""
 
     first: float
     attempt: int
-    nodes: list[int] = field(default_factory=list)
-    ranks: list[int] = field(default_factory=list)
+    hosts: int = 0
+    nodes: list[np.ndarray] = field(default_factory=list)
+    ranks: list[np.ndarray] = field(default_factory=list)
     names: list[tuple[str, ...]] = field(default_factory=list)
-    stats: list[bytes] = field(default_factory=list)
+    stats: list[np.ndarray] = field(default_factory=list)
 
 
 @dataclass
@@ -61,44 +65,79 @@ class SummaryIntake:
     _done: dict[int, int] = field(default_factory=dict)  # attempt -> newest step reduced
 
     def take(self, node_rank: int, parsed: Parsed, nbytes: int, now: float) -> None:
-        """One host's summary (``parse_summary``'s parts), from the agent of ``node_rank``.
+        """One host's summary (``parse_summary``'s parts, its statistics not yet checked:
+        unsound ones are refused and counted), from the agent of ``node_rank``.
 
         Raises:
             Refused: an outlier row names a rank that is not this host's.
         """
-        _, _, step, attempt, ranks, names, stats, rows = parsed
-        if step <= self._done.get(attempt, -1):
-            self.refused["late"] += 1  # its step was reduced without it
+        if not stats_sound(parsed[6], parsed[4]):
+            self.refused["schema"] += 1
             return
-        if rows:
-            self._outliers(node_rank, step, attempt, names, stats, rows, now)
-        pending = self._steps.get((attempt, step))
-        if pending is None:
-            pending = self._steps[(attempt, step)] = _Step(now, attempt)
-        pending.nodes.append(node_rank)
-        pending.ranks.append(ranks)
-        pending.names.append(names)
-        pending.stats.append(stats)
-        self.summaries += 1
-        self.nbytes += nbytes
+        for _, exc in self.take_block([node_rank], block_of([parsed], [0], [nbytes]), now):
+            raise exc
+
+    def take_block(
+        self, nodes: Sequence[int] | np.ndarray, block: SummaryBlock, now: float
+    ) -> list[tuple[int, Refused]]:
+        """Hosts' summaries as ``summarybatch.parse_payloads`` accepted them (checked
+        sound), from the agents of the node ranks ``nodes`` (one per message). Returns
+        the messages refused here (a position in ``block.index``, why): an outlier row
+        naming a rank that is not its host's."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        refused = []
+        if block.rows:
+            keep = np.ones(len(block), dtype=bool)
+            for j, rows in enumerate(block.rows):
+                stray = [r.rank for r in rows if not self._owns(int(nodes[j]), r.rank)]
+                if stray:
+                    keep[j] = False
+                    why = f"node rank {int(nodes[j])} sent a row of rank {stray[0]}"
+                    refused.append((int(block.index[j]), Refused(why, "schema")))
+            if refused:
+                nodes, block = nodes[keep], block.select(keep)
+        steps, attempts = block.steps, block.attempts
+        if not len(block):
+            return refused
+        if steps.min() == steps.max() and attempts.min() == attempts.max():
+            keys = [(int(attempts[0]), int(steps[0]))]
+            groups = [np.arange(len(block))]
+        else:
+            pairs = np.stack([attempts, steps], axis=1)
+            unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+            keys = [(int(a), int(s)) for a, s in unique.tolist()]
+            groups = [np.flatnonzero(inverse.ravel() == k) for k in range(len(keys))]
+        for (attempt, step), where in zip(keys, groups, strict=True):
+            if step <= self._done.get(attempt, -1):
+                self.refused["late"] += len(where)  # its step was reduced without them
+                continue
+            if block.rows:
+                for j in where.tolist():
+                    if block.rows[j]:
+                        self._outliers(int(nodes[j]), step, attempt, block, j, now)
+            pending = self._steps.get((attempt, step))
+            if pending is None:
+                pending = self._steps[(attempt, step)] = _Step(now, attempt)
+            whole = len(where) == len(block)
+            pending.hosts += len(where)
+            pending.nodes.append(nodes if whole else nodes[where])
+            pending.ranks.append(block.ranks if whole else block.ranks[where])
+            pending.names.append(block.names)
+            pending.stats.append(block.stats if whole else block.stats[where])
+            self.summaries += len(where)
+            self.nbytes += int(block.nbytes[where].sum())
+        return refused
+
+    def _owns(self, node_rank: int, rank: int) -> bool:
+        return rank // self.layout.nproc_per_node == node_rank and rank < self.layout.world_size
 
     def _outliers(
-        self,
-        node_rank: int,
-        step: int,
-        attempt: int,
-        names: tuple[str, ...],
-        stats: bytes,
-        rows: Sequence[RankRow],
-        now: float,
+        self, node_rank: int, step: int, attempt: int, block: SummaryBlock, j: int, now: float
     ) -> None:
-        medians = np.frombuffer(stats, "<f8").reshape(len(names), 5)[:, 1]
-        beside = {f"{n}.host_median": float(m) for n, m in zip(names, medians, strict=True)}
-        per_node = self.layout.nproc_per_node
-        for row in rows:
+        medians = block.stats[j, :, 1]
+        beside = {f"{n}.host_median": float(m) for n, m in zip(block.names, medians, strict=True)}
+        for row in block.rows[j]:
             rank, values = row.rank, row.values
-            if rank // per_node != node_rank or rank >= self.layout.world_size:
-                raise Refused(f"node rank {node_rank} sent a row of rank {rank}", "schema")
             spec = self.layout.rank(rank)
             subject = Subject(replica=spec.replica, rank=rank, node=spec.node)
             values = {**values, **beside, "attempt": float(attempt)}
@@ -112,7 +151,7 @@ class SummaryIntake:
         ready = sorted(
             key
             for key, pending in self._steps.items()
-            if len(pending.nodes) >= hosts or now - pending.first >= self.wait_s
+            if pending.hosts >= hosts or now - pending.first >= self.wait_s
         )
         excess = len(self._steps) - len(ready) - self.max_steps
         if excess > 0:
@@ -124,13 +163,8 @@ class SummaryIntake:
         return out
 
     def _reduce(self, step: int, pending: _Step, hosts: int) -> list[Frame]:
-        nodes = np.array(pending.nodes, dtype=np.int64)
-        ranks = np.array(pending.ranks, dtype=np.float64)
-        names, table = _table(pending.names, pending.stats)
-        sound = _sound(table, ranks)
-        if not sound.all():
-            self.refused["schema"] += int((~sound).sum())
-            nodes, ranks, table = nodes[sound], ranks[sound], table[:, :, sound]
+        nodes = np.concatenate(pending.nodes)
+        ranks = np.concatenate(pending.ranks)
         job = {
             "ranks_reporting": float(ranks.sum()),
             "hosts_reporting": float(len(nodes)),
@@ -139,18 +173,27 @@ class SummaryIntake:
         }
         if not len(nodes):
             return [Frame(Subject(), step, self.clock(), job)]
-        medians = table[1]  # metrics × hosts
-        gaps = bool(np.isnan(medians).any())
+        first = pending.names[0]
+        if pending.names.count(first) == len(pending.names):  # the usual case: one vocabulary
+            names, blocks, gaps = first, pending.stats, False  # sound: no NaN
+        else:
+            names, table = _union(pending.names, pending.stats)
+            blocks, gaps = [table], bool(np.isnan(table[:, :, 1]).any())
+        # metrics × hosts, the only copy of a step's statistics made here
+        medians = np.concatenate([b[:, :, 1] for b in blocks]).T.copy()
         with np.errstate(all="ignore"):
             centre = (np.nanmedian if gaps else np.median)(medians, axis=1)
-            lows = (np.nanmin if gaps else np.min)(table[2], axis=1)
-            highs = (np.nanmax if gaps else np.max)(table[3], axis=1)
+            low, high = (np.nanmin, np.nanmax) if gaps else (np.min, np.max)
+            lows = low([low(b[:, :, 2], axis=0) for b in blocks], axis=0)
+            highs = high([high(b[:, :, 3], axis=0) for b in blocks], axis=0)
         for which, column in (("median", centre), ("min", lows), ("max", highs)):
             job.update({f"{n}.{which}": float(v) for n, v in zip(names, column, strict=True)})
-        out = [
-            self._node_frame(int(nodes[j]), step, names, table[:, :, j])
-            for j in self._standing_out(medians, centre, gaps)
-        ]
+        starts = np.cumsum([0] + [len(b) for b in blocks])
+        out = []
+        for j in self._standing_out(medians, centre, gaps):
+            at = int(np.searchsorted(starts, j, side="right")) - 1
+            host = blocks[at][j - starts[at]].T  # 5 × metrics
+            out.append(self._node_frame(int(nodes[j]), step, names, host))
         return [*out, Frame(Subject(), step, self.clock(), job)]
 
     def _standing_out(self, medians: np.ndarray, centre: np.ndarray, gaps: bool) -> list[int]:
@@ -177,36 +220,20 @@ class SummaryIntake:
         return Frame(Subject(node=node), step, self.clock(), values)
 
 
-def _table(names: list[tuple[str, ...]], stats: list[bytes]) -> tuple[tuple[str, ...], np.ndarray]:
-    """The union of the hosts' metrics and their statistics as one contiguous
-    5 × metrics × hosts array (``STATS`` first; NaN where a host has no such metric)."""
-    first = names[0]
-    if names.count(first) == len(names):  # the usual case: one vocabulary
-        flat = np.frombuffer(b"".join(stats), "<f8").reshape(len(stats), len(first), 5)
-        return first, np.ascontiguousarray(flat.transpose(2, 1, 0))
-    union = tuple(sorted({n for host in names for n in host}))
+def _union(
+    names: list[tuple[str, ...]], stats: list[np.ndarray]
+) -> tuple[tuple[str, ...], np.ndarray]:
+    """The union of the hosts' metrics and their statistics as one hosts × metrics × 5
+    array (``STATS`` last; NaN where a host has no such metric)."""
+    union = tuple(sorted({n for block in names for n in block}))
     index = {n: i for i, n in enumerate(union)}
-    table = np.full((5, len(union), len(stats)), np.nan)
-    for j, (host, block) in enumerate(zip(names, stats, strict=True)):
-        cols = [index[n] for n in host]
-        table[:, cols, j] = np.frombuffer(block, "<f8").reshape(len(host), 5).T
+    table = np.full((sum(len(b) for b in stats), len(union), 5), np.nan)
+    at = 0
+    for block_names, block in zip(names, stats, strict=True):
+        cols = [index[n] for n in block_names]
+        table[at : at + len(block)][:, cols] = block
+        at += len(block)
     return union, table
-
-
-def _sound(table: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """Which hosts' statistics are sound (as ``check_stats``; NaN: no such metric)."""
-    count, median, low, high, spread = table
-    missing = np.isnan(table).all(axis=0)  # a metric this host does not report
-    with np.errstate(invalid="ignore"):
-        present = (
-            np.isfinite(table).all(axis=0)
-            & (low <= median)
-            & (median <= high)
-            & (spread >= 0)
-            & (count >= 0)
-            & (count <= ranks)
-        )
-    return np.asarray((present | missing).all(axis=0), dtype=bool)
 
 
 __all__ = ["SummaryIntake"]

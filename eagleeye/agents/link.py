@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from eagleeye.agents.summary import HostSummary, encode_summary, summary_key
+from eagleeye.agents.summary import HostSummary, encode_summary
 from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,6 @@ class AgentLink:
         self.host = host or socket.gethostname()
         self.agent = agent or self.host
         self.secret = secret
-        self._summary_key = summary_key(secret)
         self.period_s = period_s
         self.session = secrets.token_hex(8)
         self.refused: Counter[str] = Counter()
@@ -81,7 +80,7 @@ class AgentLink:
         """Sends one step's host summary (the compact binary message); returns its size."""
         with self._lock:
             self._seq += 1
-            frames = encode_summary(summary, self._summary_key, self.session, self._seq)
+            frames = encode_summary(summary, self.secret, self.session, self._seq)
             self._socket.send_multipart(frames)
         return len(frames[0])
 

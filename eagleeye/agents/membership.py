@@ -23,17 +23,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter, itemgetter, methodcaller
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
-from eagleeye.agents.summary import MAGIC, parse_summary, summary_key
+from eagleeye.agents.summary import MAGIC, summary_mac
 from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
 
 if TYPE_CHECKING:
     from eagleeye.agents.intake import SummaryIntake
 
 log = logging.getLogger(__name__)
+#: Messages taken off the socket at most per ``poll`` before they are handled.
+MAX_DRAIN = 1 << 16
 
 
 @dataclass
@@ -48,6 +51,7 @@ class AgentState:
     last_seen: float
     lost_at: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    slot: int = -1  # the agent's slot in the controller's replay check
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +100,9 @@ class Membership:
         self.session = secrets.token_hex(8)
         self.agents: dict[str, AgentState] = {}
         self.intake: SummaryIntake | None = None  # where host summaries go (None: refused)
-        self._summary_key = summary_key(secret)
+        self._summary_mac = summary_mac(secret)
         self._by_identity: dict[bytes, AgentState] = {}
+        self._lost_connections = 0  # lost agents in ``_by_identity``
         self.refused: Counter[str] = Counter()
         self._seq = 0
         self._sequencer = Sequencer()
@@ -121,33 +126,77 @@ class Membership:
     def poll(self, timeout_s: float = 0.0) -> list[AgentState | AgentReport]:
         """Takes every message that arrived (waiting up to ``timeout_s`` for the first):
         newly admitted agents and their reports, in order."""
-        out: list[AgentState | AgentReport] = []
         if not self._socket.poll(int(timeout_s * 1000)):
-            return out
-        while True:
+            return []
+        messages: list[list[bytes]] = []
+        while len(messages) < MAX_DRAIN:
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+                messages.append(self._socket.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                return out
-            got = self.receive(frames)
-            if got is not None:
-                out.append(got)
+                break
+        return self.receive_all(messages)
 
     def receive(self, frames: list[bytes]) -> AgentState | AgentReport | None:
         """One message as the socket delivers it (the sender's connection, then the
         message's frames): an agent admitted, a report, or None (a heartbeat, a summary
         handed to the intake, or a message refused)."""
-        if len(frames) == 3 and frames[1][:4] == MAGIC:  # a host summary, the hot path
-            self._summary(frames)
-            return None
-        identity, rest = frames[0], frames[1:]
-        try:
-            message = unseal(self.secret, rest)
-            self._sequencer.check(message)
-        except Refused as exc:
-            self._refuse(exc, identity)
-            return None
-        return self._take(identity, message)
+        got = self.receive_all([frames])
+        return got[0] if got else None
+
+    def receive_all(self, messages: list[list[bytes]]) -> list[AgentState | AgentReport]:
+        """Messages as the socket delivered them: the agents admitted and the reports.
+
+        Host summaries are taken together (``_summaries``), after the other messages.
+        Each connection's messages are handled in the order it sent them: a message that
+        follows a summary of its own connection is held back until the summaries are
+        taken (with whatever that connection sent after it), and a message from a
+        connection not admitted (a hello) has everything before it handled first. So
+        other agents' heartbeats never split a step's summaries.
+        """
+        if _all_summaries(messages):  # a step's summaries and nothing else: the hot path
+            self._summaries(messages)
+            return []
+        out: list[AgentState | AgentReport] = []
+        summaries: list[list[bytes]] = []
+        later: list[list[bytes]] = []  # held back behind a summary of their connection
+        waiting: set[bytes] = set()  # connections with a summary in ``summaries``
+        held: set[bytes] = set()  # connections with a message in ``later``
+        for frames in messages:
+            identity = frames[0]
+            if identity in held:
+                later.append(frames)
+                continue
+            if len(frames) == 3 and frames[1][:4] == MAGIC:  # a host summary, the hot path
+                summaries.append(frames)
+                waiting.add(identity)
+                continue
+            if identity in waiting:
+                later.append(frames)
+                held.add(identity)
+                continue
+            if identity not in self._by_identity and (summaries or later):
+                out += self._flush(summaries, later)
+                summaries, later = [], []
+                waiting.clear()
+                held.clear()
+            try:
+                message = unseal(self.secret, frames[1:])
+                self._sequencer.check(message)
+            except Refused as exc:
+                self._refuse(exc, identity)
+                continue
+            got = self._take(identity, message)
+            if got is not None:
+                out.append(got)
+        return out + self._flush(summaries, later)
+
+    def _flush(
+        self, summaries: list[list[bytes]], later: list[list[bytes]]
+    ) -> list[AgentState | AgentReport]:
+        """The summaries taken, then the messages held back behind them."""
+        if summaries:
+            self._summaries(summaries)
+        return self.receive_all(later) if later else []
 
     def _take(self, identity: bytes, message: Message) -> AgentState | AgentReport | None:
         now = self.clock()
@@ -169,25 +218,61 @@ class Membership:
             return None
         return AgentReport(message.sender, message.kind, message.body, now)
 
-    def _summary(self, frames: list[bytes]) -> None:
-        """A host summary (connection, payload, MAC): authenticated, checked against
-        replays, handed to the intake."""
-        identity, payload, mac = frames
-        state = self._by_identity.get(identity)
-        try:
-            if state is None or state.lost_at is not None:
-                raise Refused("a summary from a connection not admitted", "not_admitted")
-            parsed = parse_summary(self._summary_key, payload, mac)
-            self._sequencer.check_seq(state.agent, parsed[0], parsed[1])
-            now = self.clock()
+    def _summaries(self, messages: list[list[bytes]]) -> None:
+        """Host summaries (connection, payload, MAC), in the order they came: each one's
+        sender admitted and its MAC checked, one by one; then all parsed and checked at
+        once (``summarybatch.parse_payloads``), their sequence numbers checked against
+        replays at once, in order (``summarybatch.check_replays``), and the rest handed
+        to the intake. A refused one is counted and logged and never used."""
+        import numpy as np  # here: an agent's side imports this module without numpy
+
+        from eagleeye.agents.summarybatch import check_replays, parse_payloads
+
+        now = self.clock()
+        states = list(map(self._by_identity.get, map(itemgetter(0), messages)))
+        payloads = list(map(itemgetter(1), messages))
+        genuine = list(map(self._summary_mac.verify, payloads, map(itemgetter(2), messages)))
+        if self._lost_connections or None in states:
+            senders = [s for s in states if s is not None and s.lost_at is None]
+        else:
+            senders = cast(list[AgentState], states)  # every one admitted, none lost
+        if len(senders) < len(messages) or not all(genuine):  # some refused: one by one
+            senders, kept = [], []
+            for frames, state, payload, ok in zip(messages, states, payloads, genuine, strict=True):
+                if state is None or state.lost_at is not None:
+                    why = Refused("a summary from a connection not admitted", "not_admitted")
+                elif not ok:
+                    why = Refused("a summary without a valid MAC of the shared secret", "auth")
+                else:
+                    senders.append(state)
+                    kept.append(payload)
+                    continue
+                self._refuse(why, frames[0])
+            payloads = kept
+        for state in senders:  # the agent's own messages: it is alive
             state.last_seen = now
-            if self._pinged:
+        if self._pinged:
+            for state in senders:
                 self._pinged.pop(state.agent, None)
+        if not payloads:
+            return
+        blocks, refused = parse_payloads(payloads)
+        for at, why in refused:
+            self._refuse(why, senders[at].identity)
+        count = len(senders)
+        slots = np.fromiter(map(attrgetter("slot"), senders), np.int64, count)
+        nodes = np.fromiter(map(attrgetter("node_rank"), senders), np.int64, count)
+        blocks, replays = check_replays(self._sequencer, senders, slots, blocks)
+        for at, why in replays:
+            self._refuse(why, senders[at].identity)
+        for block in blocks:
             if self.intake is None:
-                raise Refused("a summary where none is taken", "unexpected")
-            self.intake.take(state.node_rank, parsed, len(payload), now)
-        except Refused as exc:
-            self._refuse(exc, identity)
+                for at in block.index.tolist():
+                    why = Refused("a summary where none is taken", "unexpected")
+                    self._refuse(why, senders[at].identity)
+                continue
+            for at, why in self.intake.take_block(nodes[block.index], block, now):
+                self._refuse(why, senders[at].identity)
 
     def _admit(self, identity: bytes, message: Message, now: float) -> AgentState:
         body = message.body
@@ -199,10 +284,14 @@ class Membership:
             admitted_at=now,
             last_seen=now,
             info=dict(body),
+            slot=self._sequencer.slot(message.sender),
         )
         old = self.agents.get(message.sender)
-        if old is not None:
-            self._by_identity.pop(old.identity, None)
+        if old is not None and self._by_identity.pop(old.identity, None) is old:
+            self._lost_connections -= old.lost_at is not None
+        replaced = self._by_identity.get(identity)
+        if replaced is not None and replaced.lost_at is not None:
+            self._lost_connections -= 1
         self.agents[message.sender] = state
         self._by_identity[identity] = state
         self._pinged.pop(message.sender, None)
@@ -236,6 +325,7 @@ class Membership:
                 self.send(state.agent, "ping", {})
             if silent >= self.missed * self.period_s and self._pings[state.agent] > 0:
                 state.lost_at = now
+                self._lost_connections += self._by_identity.get(state.identity) is state
                 lost.append(
                     AgentLost(
                         state.agent,
@@ -286,6 +376,16 @@ class Membership:
 
     def close(self) -> None:
         self._socket.close(linger=0)
+
+
+def _all_summaries(messages: list[list[bytes]]) -> bool:
+    """Whether every message is a host summary's three frames (checked in C loops)."""
+    if not messages or set(map(len, messages)) != {3}:
+        return False
+    return all(map(_summary_magic, map(itemgetter(1), messages)))
+
+
+_summary_magic = methodcaller("startswith", MAGIC)
 
 
 __all__ = ["AgentLost", "AgentReport", "AgentState", "Membership"]

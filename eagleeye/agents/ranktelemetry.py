@@ -4,13 +4,16 @@ reduced to one summary per step for the controller.
 The ranks send their hook's telemetry to the agent (a loopback socket, signed with a key
 made for the agent's run) as they would to `eagleeye run`. Every sample of the host's
 own ranks is appended to ``<folder>/telemetry.jsonl`` (one ``Sample.to_json`` a line:
-the raw per-rank series stay on the host). Events (checkpoints, faults, a loop that
-listens for a checkpoint request) are few and go to the controller as they are; step
-samples become per-rank frames with the peer features (``compute_ms``,
-``data_wait_ms``, ``comm_ms``) added, and a step is summarised (``summarise``) once every
-rank of the host has sent its step report (``step_time``), or ``wait_s`` after the first
-sample of it came. Progress reports (a collective a rank waits in, a pause, a look at
-/proc) stay on the host.
+the raw per-rank series stay on the host). The file is rotated when it reaches
+``raw_max_bytes`` (64 MiB by default): it becomes ``telemetry.jsonl.1``, the older ones
+move up by one, and only ``raw_keep`` of them (4) are kept, so the raw series take at
+most about ``(raw_keep + 1) × raw_max_bytes`` of the host's disk, the newest kept.
+Events (checkpoints, faults, a loop that listens for a checkpoint request) are few
+and go to the controller as they are; step samples become per-rank frames with the
+peer features (``compute_ms``, ``data_wait_ms``, ``comm_ms``) added, and a step is
+summarised (``summarise``) once every rank of the host has sent its step report
+(``step_time``), or ``wait_s`` after the first sample of it came. Progress reports (a
+collective a rank waits in, a pause, a look at /proc) stay on the host.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from eagleeye.agents.summary import HostSummary, Reduction, summarise
 from eagleeye.config import ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from eagleeye.detection import peer_features
 
+#: When the raw series' file is rotated, and how many rotated files are kept.
+RAW_MAX_BYTES = 64 << 20
+RAW_KEEP = 4
 #: What ranks report besides their steps' values (a collective they wait in, a pause, a
 #: session closing, a look at /proc): kept raw on the host, never summarised.
 MARKERS = frozenset({"in_collective", "closing", "pause", "job_restart"}) | PROC_FEATURES
@@ -49,6 +55,8 @@ class HostTelemetry:
     address: where the ranks send (loopback by default).
     wait_s: longest a step waits for the host's slowest rank.
     reduction: when a rank stands out against the host.
+    raw_max_bytes: the size at which the raw series' file is rotated.
+    raw_keep: rotated files kept (``telemetry.jsonl.1`` the newest).
     """
 
     def __init__(
@@ -58,7 +66,14 @@ class HostTelemetry:
         wait_s: float = 2.0,
         reduction: Reduction | None = None,
         clock: Callable[[], float] = time.time,
+        raw_max_bytes: int = RAW_MAX_BYTES,
+        raw_keep: int = RAW_KEEP,
     ) -> None:
+        if raw_max_bytes < 1 or raw_keep < 0:
+            raise ValueError(
+                f"raw_max_bytes {raw_max_bytes} and raw_keep {raw_keep}: give a size of 1 byte "
+                "or more and 0 or more files to keep"
+            )
         key = secrets.token_hex(32)
         self.receiver = TelemetryReceiver(address, key=key.encode())
         self.env = {ENV_TELEMETRY: self.receiver.address, ENV_TELEMETRY_KEY: key}
@@ -69,6 +84,8 @@ class HostTelemetry:
         self.foreign = 0  # samples naming a rank that is not this host's, dropped
         folder.mkdir(parents=True, exist_ok=True)
         self.raw_path = folder / "telemetry.jsonl"
+        self.raw_max_bytes = raw_max_bytes
+        self.raw_keep = raw_keep
         self._raw: IO[str] = self.raw_path.open("a")
         self._steps: dict[tuple[int, int], _Step] = {}  # (attempt, step)
 
@@ -84,6 +101,8 @@ class HostTelemetry:
         if own:
             self._raw.write("".join(json.dumps(s.to_json()) + "\n" for s in own))
             self._raw.flush()
+            if self._raw.tell() >= self.raw_max_bytes:
+                self._rotate()
         events = [s for s in own if s.step is None or s.name.startswith("event.")]
         now = self.clock()
         by_rank_step = {}
@@ -117,9 +136,25 @@ class HostTelemetry:
             for attempt, step in done
         ]
 
+    def _rotate(self) -> None:
+        """``telemetry.jsonl`` becomes ``.1``, ``.1`` becomes ``.2``, ...; the file past
+        ``raw_keep`` is removed; a new ``telemetry.jsonl`` is opened."""
+        self._raw.close()
+        path = self.raw_path
+        for k in range(self.raw_keep, 0, -1):
+            older = path.with_name(f"{path.name}.{k}")
+            if k == self.raw_keep:
+                older.unlink(missing_ok=True)
+            newer = path if k == 1 else path.with_name(f"{path.name}.{k - 1}")
+            if newer.exists():
+                newer.replace(older)
+        if self.raw_keep == 0:
+            path.unlink(missing_ok=True)
+        self._raw = path.open("a")
+
     def close(self) -> None:
         self.receiver.close()
         self._raw.close()
 
 
-__all__ = ["HostTelemetry"]
+__all__ = ["RAW_KEEP", "RAW_MAX_BYTES", "HostTelemetry"]

@@ -8,8 +8,10 @@ deviation), plus the raw values of the ranks that stand out against the host's m
 ``rel`` of the median). The controller's intake thus grows with hosts, not ranks, while
 the raw series stay on the host.
 
-The summary crosses the network as a compact binary message (version 1), sealed like
-every agent message with the HMAC of the job's shared secret::
+The summary crosses the network as a compact binary message (version 2), sealed like
+every agent message with the HMAC-SHA256 of the job's shared secret (``SummaryMac``: the
+same MAC as ``wire.seal``, its key's padded states computed once; the magic ``EEHS``
+keeps a summary apart from a JSON message)::
 
     header  "EEHS", version u8, session 8 bytes, seq u64, step i64, attempt u32,
             ranks u32, metrics u16, outliers u16, names' length u16
@@ -19,7 +21,9 @@ every agent message with the HMAC of the job's shared secret::
 
 ``decode_summary`` validates every field (sizes, names, finite and ordered statistics,
 counts within the ranks) and raises ``Refused`` on the first fault; nothing in a refused
-message is acted on.
+message is acted on. The controller opens a drained socket's summaries together
+(``summarybatch.open_summaries``: one MAC per message, the headers and statistics of the
+messages alike checked in one vectorised pass, to the same rules).
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ if TYPE_CHECKING:
     import numpy as np
 
 MAGIC = b"EEHS"
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 STATS = ("count", "median", "min", "max", "spread")
 MAX_METRICS = 256
 MAX_NAME = 128
 MAX_RANKS = 1 << 16
+MAX_SUMMARY_BYTES = 1 << 20  # as any agent message (wire.MAX_MESSAGE_BYTES)
 _HEADER = struct.Struct("<4sB8sQqIIHHH")
 _HEADER_SIZE = _HEADER.size
 _ROW = struct.Struct("<IH")
@@ -141,18 +146,53 @@ def summarise(
     return HostSummary(step, attempt, len(values), tuple(names), packed, rows)
 
 
-def summary_key(secret: bytes) -> bytes:
-    """The key that seals summaries, derived from the job's shared secret."""
-    return hashlib.blake2b(secret, digest_size=32, person=b"eagleeye-summary").digest()
+class SummaryMac:
+    """HMAC-SHA256 (RFC 2104) under one key, as ``hmac.digest(key, payload, "sha256")``:
+    the inner and outer padded keys are hashed once, so each message costs two SHA-256
+    finishes and no key set-up (half of ``hmac.digest``'s time on a summary)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > _BLOCK:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def __call__(self, payload: bytes) -> bytes:
+        inner = self._inner.copy()
+        inner.update(payload)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+    def verify(self, payload: bytes, mac: bytes) -> bool:
+        """Whether ``mac`` is the MAC of ``payload`` (compared in constant time)."""
+        inner = self._inner.copy()
+        inner.update(payload)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return hmac.compare_digest(outer.digest(), mac)
 
 
-def _mac(key: bytes, payload: bytes) -> bytes:
-    return hashlib.blake2b(payload, key=key, digest_size=32).digest()
+_BLOCK = 64  # SHA-256's block size
+_MACS: dict[bytes, SummaryMac] = {}
 
 
-def encode_summary(summary: HostSummary, key: bytes, session: str, seq: int) -> list[bytes]:
-    """The sealed frames of ``summary``: the payload and its MAC under ``key``
-    (``summary_key`` of the job's secret)."""
+def summary_mac(secret: bytes) -> SummaryMac:
+    """The MAC that seals summaries under the job's shared secret."""
+    mac = _MACS.get(secret)
+    if mac is None:
+        if len(_MACS) >= 64:
+            _MACS.clear()
+        mac = _MACS[secret] = SummaryMac(secret)
+    return mac
+
+
+def encode_summary(summary: HostSummary, secret: bytes, session: str, seq: int) -> list[bytes]:
+    """The sealed frames of ``summary``: the payload and its HMAC-SHA256 under the job's
+    shared ``secret``."""
     names = "\n".join(summary.names).encode()
     index = {name: i for i, name in enumerate(summary.names)}
     parts = [
@@ -175,7 +215,7 @@ def encode_summary(summary: HostSummary, key: bytes, session: str, seq: int) -> 
         parts.append(_ROW.pack(row.rank, len(row.values)))
         parts += [_VALUE.pack(index[n], v) for n, v in row.values.items()]
     payload = b"".join(parts)
-    return [payload, _mac(key, payload)]
+    return [payload, summary_mac(secret)(payload)]
 
 
 def is_summary(frames: Sequence[bytes]) -> bool:
@@ -196,18 +236,27 @@ class Sealed:
 Parsed = tuple[str, int, int, int, int, tuple[str, ...], bytes, tuple[RankRow, ...]]
 
 
-def parse_summary(key: bytes, payload: bytes, mac: bytes) -> Parsed:
+def parse_summary(secret: bytes, payload: bytes, mac: bytes) -> Parsed:
     """The parts of the summary ``payload`` sealed by ``mac``, all checked but the
-    statistics' values (``stats_sound``; the controller's intake checks a step of them
-    at once); raises Refused (``auth``, ``schema``)."""
-    if not hmac.compare_digest(mac, hashlib.blake2b(payload, key=key, digest_size=32).digest()):
+    statistics' values (``stats_sound``; the controller's intake checks them host by
+    host, vectorised); raises Refused (``auth``, ``schema``)."""
+    if not summary_mac(secret).verify(payload, mac):
         raise Refused("a summary without a valid MAC of the shared secret", "auth")
+    return parse_payload(payload)
+
+
+def parse_payload(payload: bytes) -> Parsed:
+    """``parse_summary`` of a payload whose MAC was checked."""
+    if len(payload) > MAX_SUMMARY_BYTES:
+        raise Refused(f"a summary of {len(payload)} bytes, over {MAX_SUMMARY_BYTES}", "schema")
     try:
-        _, version, session, seq, step, attempt, ranks, n, n_rows, n_names = _HEADER.unpack_from(
-            payload
+        magic, version, session, seq, step, attempt, ranks, n, n_rows, n_names = (
+            _HEADER.unpack_from(payload)
         )
     except struct.error:
         raise Refused("a summary shorter than its header", "schema") from None
+    if magic != MAGIC:
+        raise Refused(f"a summary starting {magic!r}, not {MAGIC!r}", "schema")
     if version != SUMMARY_VERSION:
         raise Refused(f"a summary of version {version}, not {SUMMARY_VERSION}", "schema")
     if step < 0 or not 0 < ranks <= MAX_RANKS or n > MAX_METRICS or n_rows > ranks:
@@ -230,12 +279,12 @@ def parse_summary(key: bytes, payload: bytes, mac: bytes) -> Parsed:
     return session.hex(), seq, step, attempt, ranks, names, stats, rows
 
 
-def decode_summary(key: bytes, frames: Sequence[bytes]) -> tuple[Sealed, HostSummary]:
+def decode_summary(secret: bytes, frames: Sequence[bytes]) -> tuple[Sealed, HostSummary]:
     """The envelope and the validated summary in ``frames`` (the payload and its MAC);
     raises Refused (``frames``, ``auth``, ``schema``)."""
     if len(frames) != 2:
         raise Refused(f"a summary of {len(frames)} frames, not 2", "frames")
-    session, seq, step, attempt, ranks, names, stats, rows = parse_summary(key, *frames)
+    session, seq, step, attempt, ranks, names, stats, rows = parse_summary(secret, *frames)
     summary = HostSummary(step, attempt, ranks, names, stats, rows)
     if not stats_sound(stats, ranks):
         raise Refused("a summary whose statistics are not finite, ordered, in range", "schema")
@@ -249,8 +298,7 @@ def stats_sound(stats: bytes, ranks: int) -> bool:
     if len(stats) % 40:
         return False
     values = _stats_struct(len(stats) // 40).unpack(stats)
-    total = math.fsum(abs(v) for v in values) if values else 0.0
-    if not math.isfinite(total):
+    if not all(map(math.isfinite, values)):
         return False
     for at in range(0, len(values), 5):
         count, median, low, high, spread = values[at : at + 5]
@@ -306,11 +354,13 @@ __all__ = [
     "RankRow",
     "Reduction",
     "Sealed",
+    "SummaryMac",
     "stats_sound",
     "decode_summary",
     "encode_summary",
     "is_summary",
+    "parse_payload",
     "parse_summary",
-    "summary_key",
+    "summary_mac",
     "summarise",
 ]

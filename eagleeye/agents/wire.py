@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,30 +120,72 @@ def _text(data: Mapping[str, Any], key: str) -> str:
 
 
 class Sequencer:
-    """Refuses replays: per sender, a session's ``seq`` must rise; a new session (an agent
-    restarted) starts again, and a session seen before never comes back."""
+    """Refuses replays: per sender, a session's ``seq`` (0 to 2**64 - 1) must rise; a new
+    session (an agent restarted) starts again, and a session seen before never comes back.
+
+    Each sender has a slot (``slot``) in three flat tables (``tables``): its last
+    session as a number (when it is 16 lower-case hex digits, as agents' sessions are),
+    whether it is one, and its last seq; the controller checks a batch of summaries
+    against them at once (``summarybatch.check_replays``) and sends what that cannot
+    judge here, one by one.
+    """
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[str, int]] = {}
+        self._slot: dict[str, int] = {}
+        self._session: list[str] = []
+        self._key = array("Q")
+        self._keyed = array("B")
+        self._seq = array("Q")
         self._ended: dict[str, set[str]] = {}
 
     def check(self, message: Message) -> None:
         self.check_seq(message.sender, message.session, message.seq)
 
     def check_seq(self, sender: str, session: str, seq: int) -> None:
-        """Raises Refused when ``seq`` of ``session`` replays what ``sender`` sent."""
-        last = self._last.get(sender)
-        if last is not None and last[0] == session:  # the usual case: one session
-            if seq <= last[1]:
-                raise Refused(f"{sender} sent seq {seq} after {last[1]}: a replay", "replay")
-            self._last[sender] = (session, seq)
+        """Raises Refused when ``seq`` of ``session`` replays what ``sender`` sent (or is
+        out of range)."""
+        if not 0 <= seq < 1 << 64:
+            raise Refused(f"{sender} sent seq {seq}, not from 0 to 2**64 - 1", "schema")
+        slot = self._slot.get(sender)
+        if slot is not None and self._session[slot] == session:  # the usual case
+            if seq <= self._seq[slot]:
+                last = self._seq[slot]
+                raise Refused(f"{sender} sent seq {seq} after {last}: a replay", "replay")
+            self._seq[slot] = seq
             return
         ended = self._ended.setdefault(sender, set())
         if session in ended:
             raise Refused(f"{sender} sent a message of an ended session: a replay", "replay")
-        if last is not None and len(ended) < 4096:
-            ended.add(last[0])
-        self._last[sender] = (session, seq)
+        key = session_key(session)
+        if slot is None:
+            slot = self._slot[sender] = len(self._session)
+            self._session.append(session)
+            self._key.append(0)
+            self._keyed.append(0)
+            self._seq.append(0)
+        elif len(ended) < 4096:
+            ended.add(self._session[slot])
+        self._session[slot] = session
+        self._key[slot] = key if key is not None else 0
+        self._keyed[slot] = key is not None
+        self._seq[slot] = seq
+
+    def slot(self, sender: str) -> int:
+        """``sender``'s slot in ``tables`` (-1: nothing came from it yet)."""
+        return self._slot.get(sender, -1)
+
+    def tables(self) -> tuple[array[int], array[int], array[int]]:
+        """The senders' last session as a number, whether it is one, and last seq, by
+        slot (to read, or to raise a seq in place; never to resize)."""
+        return self._key, self._keyed, self._seq
 
 
-__all__ = ["Message", "Refused", "Sequencer", "read_secret", "seal", "unseal"]
+def session_key(session: str) -> int | None:
+    """A session of 16 lower-case hex digits as a number (a summary's 8 session bytes,
+    big-endian); None for any other session."""
+    if len(session) != 16 or session.strip("0123456789abcdef"):
+        return None
+    return int(session, 16)
+
+
+__all__ = ["Message", "Refused", "Sequencer", "read_secret", "seal", "session_key", "unseal"]

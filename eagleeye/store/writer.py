@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ class RunStore:
             raise StoreError(f"cannot open run store {self.path}: {exc}") from exc
         self._next_finding = int(last) + 1
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, Sequence[Any]] | threading.Event | None] = queue.Queue()
+        self._queue: queue.Queue[_Rows | tuple[str, Sequence[Any]] | threading.Event | None] = (
+            queue.Queue()
+        )
         self.flush_interval_s = flush_interval_s
         self.max_batch = max_batch
         self.error: Exception | None = None
@@ -91,21 +94,21 @@ class RunStore:
 
     # ---- records ------------------------------------------------------------------------
     def add_samples(self, samples: Iterable[Sample], attempt: int | None = None) -> None:
-        for s in samples:
-            labels = s.labels
-            self._put(
-                _SQL_SAMPLE,
-                (
-                    s.time,
-                    s.step,
-                    _int(labels.get("attempt"), attempt),
-                    _int(labels.get("rank")),
-                    _int(labels.get("replica")),
-                    labels.get("node"),
-                    s.name,
-                    s.value,
-                ),
+        rows: list[Sequence[Any]] = [
+            (
+                s.time,
+                s.step,
+                _int(s.labels.get("attempt"), attempt),
+                _int(s.labels.get("rank")),
+                _int(s.labels.get("replica")),
+                s.labels.get("node"),
+                s.name,
+                s.value,
             )
+            for s in samples
+        ]
+        if rows:  # one hand-over to the writer thread for all of them
+            self._queue.put(_Rows(_SQL_SAMPLE, rows))
 
     def add_collective(self, sample: Sample) -> None:
         """A ``collective`` sample of the hook: value is its duration, time its exit."""
@@ -316,6 +319,9 @@ class RunStore:
                 self._closing = True
             elif isinstance(item, threading.Event):
                 waiters.append(item)
+            elif isinstance(item, _Rows):
+                pending.setdefault(item.sql, []).extend(item.rows)
+                count += len(item.rows)
             elif item is not _TICK:
                 pending.setdefault(item[0], []).append(item[1])
                 count += 1
@@ -389,6 +395,16 @@ class RunStore:
 
 
 _TICK: tuple[str, Sequence[Any]] = ("", ())
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """Rows of one statement handed to the writer thread at once."""
+
+    sql: str
+    rows: list[Sequence[Any]]
+
+
 # What one row can raise: a constraint it breaks, a value SQLite cannot bind (an integer
 # beyond 64 bits, an unsupported type). OperationalError (disk, lock) is not one of them.
 _ROW_ERRORS = (

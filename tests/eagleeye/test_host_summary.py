@@ -23,13 +23,13 @@ from eagleeye.agents.summary import (
     parse_summary,
     stats_sound,
     summarise,
-    summary_key,
+    summary_mac,
 )
 from eagleeye.detection import reduced_detectors
 from ft_runtime.layout import JobLayout
 
 SECRET = b"0123456789abcdef0123456789abcdef"
-KEY = summary_key(SECRET)
+KEY = SECRET
 SESSION = "0011223344556677"
 
 
@@ -65,7 +65,7 @@ def test_a_summary_keeps_the_statistics_and_the_ranks_that_stand_out() -> None:
 def test_a_forged_cut_or_unsound_summary_is_refused() -> None:
     payload, mac = encode_summary(host_step(1, slow=2), KEY, SESSION, 1)
     with pytest.raises(Refused) as forged:
-        decode_summary(summary_key(b"another secret of the right size"), [payload, mac])
+        decode_summary(b"another secret of the right size", [payload, mac])
     assert forged.value.reason == "auth"
     flipped = payload[:-1] + bytes([payload[-1] ^ 1])
     with pytest.raises(Refused, match="MAC"):
@@ -89,9 +89,7 @@ def test_a_forged_cut_or_unsound_summary_is_refused() -> None:
 
 
 def encode_frames(payload: bytes) -> list[bytes]:
-    from eagleeye.agents.summary import _mac
-
-    return [payload, _mac(KEY, payload)]
+    return [payload, summary_mac(KEY)(payload)]
 
 
 def test_the_intake_reduces_hosts_to_outliers_the_job_and_the_hosts_that_stand_out() -> None:
@@ -118,7 +116,8 @@ def test_the_intake_reduces_hosts_to_outliers_the_job_and_the_hosts_that_stand_o
 
 
 def test_the_intake_refuses_a_host_whose_statistics_are_unsound() -> None:
-    intake = SummaryIntake(JobLayout(nnodes=3, nproc_per_node=8), clock=lambda: 0.0)
+    now = [0.0]
+    intake = SummaryIntake(JobLayout(nnodes=3, nproc_per_node=8), clock=lambda: now[0])
     for node in range(3):
         summary = host_step(5, base=8 * node)
         if node == 1:  # a median above the maximum, sealed with the right key
@@ -127,6 +126,8 @@ def test_the_intake_refuses_a_host_whose_statistics_are_unsound() -> None:
             packed = struct.pack(f"<{len(stats)}d", *stats)
             summary = HostSummary(5, 0, 8, summary.names, packed)
         intake.take(node, parse_summary(KEY, *encode_summary(summary, KEY, SESSION, 1)), 0, 0.0)
+    assert intake.frames(hosts=3) == []  # refused at once: the step waits for a third host
+    now[0] = intake.wait_s
     (job,) = intake.frames(hosts=3)
     assert intake.refused["schema"] == 1
     assert (job.values["hosts_reporting"], job.values["hosts_missing"]) == (2.0, 1.0)
@@ -159,7 +160,7 @@ def test_summaries_cross_real_sockets_and_a_slow_rank_is_found() -> None:
             for detector in detectors:
                 found += detector.process(frame)
         # replayed (the same frames again) and from a connection never admitted: refused
-        payload = encode_summary(host_step(9), summary_key(SECRET), link.session, 3)
+        payload = encode_summary(host_step(9), SECRET, link.session, 3)
         intruder = zmq.Context.instance().socket(zmq.DEALER)
         intruder.connect(members.address)
         intruder.send_multipart(payload)
@@ -227,3 +228,46 @@ def test_an_agent_keeps_the_raw_series_and_summarises_a_step_once_every_rank_end
     assert [row.rank for row in summary.outliers] == [5]
     raw = (tmp_path / "telemetry.jsonl").read_text().splitlines()
     assert len(raw) == 3 + 3 * 3  # every sample of the host's ranks, raw
+
+
+def test_the_raw_series_file_is_rotated_at_its_size_and_only_the_newest_kept(tmp_path) -> None:
+    import json
+
+    from collector.transport import TelemetryPublisher
+    from eagleeye.agents.ranktelemetry import HostTelemetry
+    from eagleeye.config import ENV_TELEMETRY, ENV_TELEMETRY_KEY
+
+    with pytest.raises(ValueError, match="raw_max_bytes"):
+        HostTelemetry(tmp_path / "bad", raw_max_bytes=0)
+    telemetry = HostTelemetry(tmp_path, wait_s=0.0, raw_max_bytes=1000, raw_keep=2)
+    telemetry.expect([0])
+    key = telemetry.env[ENV_TELEMETRY_KEY].encode()
+    publisher = TelemetryPublisher(telemetry.env[ENV_TELEMETRY], key=key)
+    labels = {"rank": "0", "replica": "0", "node": "node0", "attempt": "0"}
+    try:
+        for step in range(40):  # about 150 bytes a sample: several rotations
+            publisher.send(labels, [["step_time", 0.5, time.time(), step]])
+            wait_for(lambda s=step: telemetry.take() is not None and _has_step(tmp_path, s))
+    finally:
+        publisher.close()
+        telemetry.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["telemetry.jsonl", "telemetry.jsonl.1", "telemetry.jsonl.2"]
+    steps = []
+    for name in ("telemetry.jsonl.2", "telemetry.jsonl.1", "telemetry.jsonl"):
+        path = tmp_path / name
+        if name != "telemetry.jsonl":
+            assert 1000 <= path.stat().st_size < 1000 + 200  # rotated at its size
+        steps += [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == list(range(steps[0], 40))  # the newest, in order, none lost among them
+    assert steps[0] > 0  # the oldest are gone
+
+
+def _has_step(folder, step: int) -> bool:
+    import json
+
+    for path in folder.iterdir():
+        for line in path.read_text().splitlines():
+            if json.loads(line)["step"] == step:
+                return True
+    return False
