@@ -15,15 +15,16 @@ a policy without one) the job fails, as ``eagleeye run``'s does; the exits that 
 it in the same attempt are its collateral. An agent lost (``Membership.lost``) is a
 ``host_lost`` finding, answered as an eviction (a spare takes its place, else the job
 stops and the other agents' ranks are ended: nothing is restarted onto a host that is
-gone). Every rank exiting 0 ends the job as succeeded. The samples the agents forward
-from their hosts' sources are stored and read by the host rules (an XID, an ECC error, a
-thermal throttle on the rank using the GPU). The ranks' telemetry arrives reduced on the
-hosts (``SummaryIntake``) and is judged by ``reduced_detectors``. Findings from outside
-(Alertmanager's webhook, ``inbox``) placed on the job's ranks or nodes are answered the
-same way; one on a host the job does not run on is recorded only. A stop (a signal to
-the controller or an agent) asks the loops for a checkpoint first when there is a grace
-period. With ``snapshots`` on, every launch carries the ring of the agents' snapshot
-holders (``eagleeye.agents.snapshots``).
+gone); when its link comes back, its agent ends its ranks and joins again as a spare
+under the new name its stop gives. Every rank exiting 0 ends the job as succeeded. The
+samples the agents forward from their hosts' sources are stored and read by the host
+rules (an XID, an ECC error, a thermal throttle on the rank using the GPU). The ranks'
+telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
+``reduced_detectors``. Findings from outside (Alertmanager's webhook, ``inbox``) placed
+on the job's ranks or nodes are answered the same way; one on a host the job does not
+run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
+for a checkpoint first when there is a grace period. With ``snapshots`` on, every launch
+carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``).
 """
 
 from __future__ import annotations
@@ -417,12 +418,20 @@ class JobCoordinator:
         self.on_update(finding)
         self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, node=gone.node_rank)
         reason = f"host {gone.host} (node rank {gone.node_rank}) was lost"
-        why = self._replace(gone.agent, gone.node_rank, reason)
+        why = self._replace(gone.agent, gone.node_rank, reason, rejoin=True)
         if why is not None:
             self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, why)
 
     def _spare_joined(self, agent: AgentState) -> None:
-        """A spare host admitted: it waits for a node rank (refused with snapshots on)."""
+        """A spare host admitted: it waits for a node rank (refused with snapshots on). A
+        fenced host's agent joining again as a spare (``rejoined_from``) is admitted only
+        when it says its ranks ended."""
+        rejoined = agent.info.get("rejoined_from")
+        if rejoined is not None and agent.info.get("ranks_ended") is not True:
+            why = f"{rejoined} joins again as a spare before its ranks ended"
+            self.members.fence(agent.agent, why, key="refused")
+            self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
+            return
         if self.snapshots:
             self.members.fence(agent.agent, SNAPSHOTS_REFUSAL, key="refused")
             self._event(
@@ -434,19 +443,26 @@ class JobCoordinator:
             )
             return
         self._spares.join(agent)
-        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True)
+        again = {} if rejoined is None else {"rejoined_from": str(rejoined), "ranks_ended": True}
+        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True, **again)
 
-    def _replace(self, agent: str, node: int, reason: str) -> str | None:
+    def _replace(self, agent: str, node: int, reason: str, rejoin: bool = False) -> str | None:
         """The host of ``node`` lost or evicted: fenced for good; the first spare alive
         takes its node rank and every host restarts as the next attempt (the ranks of the
         attempt that was running are ended), within the restart budget. With no spare, or
-        no budget left, the job stops. Returns what was done (None: the host was out of
-        the job already, a second finding on it)."""
+        no budget left, the job stops. With ``rejoin`` (a lost host, not an evicted one)
+        and the job going on, the fenced host's stop names a new agent under which it
+        joins again as a spare once its ranks ended. Returns what was done (None: the
+        host was out of the job already, a second finding on it)."""
         held = self._by_node.get(node)
         if agent in self.members.fenced:
             return None
-        self.members.fence(agent, reason)
         spare = self._spares.take() if held is not None and held.agent == agent else None
+        goes_on = spare is not None and self.attempt < self.max_restarts
+        again = None
+        if rejoin and goes_on and held is not None and not self.snapshots:
+            again = self.members.new_name(held.host)
+        self.members.fence(agent, reason, rejoin=again)
         if spare is None:
             self._end(Phase.FAILED, reason)
             return "no spare host: stopped"

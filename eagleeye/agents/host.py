@@ -14,7 +14,9 @@ The ranks of node rank ``n`` of an ``nnodes × nproc_per_node`` job are its rank
 ``<log_dir>/attempt-N/rank-R.log``. A spare host's agent starts with no node rank (-1)
 and runs nothing until a launch names its node rank. A ``stop`` that says the host is
 fenced (lost or evicted, its node rank given to a spare) or the agent refused ends the
-ranks all the same, and says why (``ended_by``).
+ranks all the same, and says why (``ended_by``); when it names an agent to ``rejoin``
+as (a lost host's, the job going on), the agent, its ranks ended, joins again as that
+spare on a new link instead of ending.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,7 @@ class HostAgent:
     holder_token: str = ""  # the job's holder token (from its shared secret)
     _holder: HostHolder | None = None  # started at the first launch with snapshots on
     ended_by: str | None = None  # why the controller put this agent out (fenced, refused)
+    on_rejoin: Callable[[str], None] = lambda line: None  # fenced, joined again as a spare
 
     @property
     def specs(self) -> list[RankSpec]:
@@ -112,6 +115,10 @@ class HostAgent:
                     self._forward()
                     self._close()
                     self.link.report("outcome", {"action": "stop", "status": "done"})
+                    rejoin = message.body.get("rejoin")
+                    if "fenced" in message.body and isinstance(rejoin, str) and rejoin:
+                        self._rejoin(rejoin, str(message.body["fenced"]))
+                        break  # what else came on the fenced link is not for the spare
                     return self._stopped(message.body)
                 self._act(message.kind, message.body)
             self._watch()
@@ -124,6 +131,18 @@ class HostAgent:
             status = f"stopped by {self.stop_requested}"
             self.link.report("outcome", {"action": "stop", "status": status})
         return 1
+
+    def _rejoin(self, agent: str, why: str) -> None:
+        """Fenced with its ranks ended (``stop_all`` waited for each): joins the job again
+        as the spare ``agent`` on a new link (a new session, no node rank), saying it was
+        ``rejoined_from`` its old name with its ranks ended. The old link is closed."""
+        old = self.link
+        self.link = old.rejoin(agent, rejoined_from=old.agent, ranks_ended=True).start()
+        old.close()
+        self.node_rank = -1
+        self.on_rejoin(
+            f"fenced by the controller ({why}); its ranks ended; joined again as the spare {agent}"
+        )
 
     def _stopped(self, body: Mapping[str, Any]) -> int:
         """The exit status of a ``stop``: 0, or 2 when the controller refused this agent

@@ -47,6 +47,8 @@ class AgentLink:
         info: Mapping[str, Any] | None = None,
         host: str | None = None,
     ) -> None:
+        self.controller = controller
+        self.info = dict(info or {})
         self.host = host or socket.gethostname()
         self.agent = agent or self.host
         self.secret = secret
@@ -71,6 +73,14 @@ class AgentLink:
         self._send("hello", self._hello)
         self._thread.start()
         return self
+
+    def rejoin(self, agent: str, **info: Any) -> AgentLink:
+        """A new link of this host to the same controller, as the spare ``agent`` (a new
+        connection and session, no node rank, ``info`` added to the hello), not started."""
+        declared = {**self.info, "spare": True, **info}
+        return AgentLink(
+            self.controller, self.secret, agent, -1, self.period_s, declared, self.host
+        )
 
     def report(self, kind: str, body: Mapping[str, Any]) -> None:
         """Tells the controller something (a rank's exit, an action's outcome)."""

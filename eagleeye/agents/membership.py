@@ -10,8 +10,10 @@ wrong secret, a replay, a broken schema) is counted by reason, logged (the first
 reason) and never acted on; a sender is never admitted by one. An agent fenced
 (``fence``: its host was lost or evicted, its node rank given to a spare) is never
 admitted again: whatever it sends later is refused (reason ``fenced``) and answered with
-a ``stop``, so a host whose link comes back ends its ranks. A spare (an agent that says
-``hello`` without a node rank, ``node_rank`` -1) is given one with ``assign``.
+a ``stop``, so a host whose link comes back ends its ranks; the stop may name a new agent
+under which it is to say ``hello`` again as a spare (``rejoin``) once they ended. A spare
+(an agent that says ``hello`` without a node rank, ``node_rank`` -1) is given one with
+``assign``.
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class Membership:
         self._pings: Counter[str] = Counter()
         self.fenced: dict[str, str] = {}  # agent -> why: refused, told to stop, for good
         self._fence_told: dict[str, float] = {}  # when a fenced agent was last told to stop
+        self._fence_stop: dict[str, dict[str, str]] = {}  # what a fenced agent is told
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -204,7 +207,7 @@ class Membership:
             self._refuse(Refused(f"{message.sender} is fenced", "fenced"), identity)
             if now - self._fence_told.get(message.sender, -math.inf) >= self.period_s:
                 self._fence_told[message.sender] = now  # its link came back: end its ranks
-                self._send_to(identity, "stop", {"fenced": self.fenced[message.sender]})
+                self._send_to(identity, "stop", self._fence_stop[message.sender])
             return None
         if message.kind == "hello":
             return self._admit(identity, message, now)
@@ -341,16 +344,30 @@ class Membership:
     def alive(self) -> list[AgentState]:
         return [s for s in self.agents.values() if s.lost_at is None]
 
-    def fence(self, agent: str, why: str, key: str = "fenced") -> None:
+    def fence(self, agent: str, why: str, key: str = "fenced", rejoin: str | None = None) -> None:
         """Puts ``agent`` out of the job for good: told to stop its ranks now (``{key:
         why}``, delivered when its link comes back), every later message refused and
-        answered with a stop, never admitted again (its hello included)."""
+        answered with a stop, never admitted again (its hello included). With ``rejoin``
+        the stop also names the new agent under which the host may join again as a spare
+        once its ranks ended (a new session, a new connection, no node rank)."""
         self.fenced[agent] = why
+        stop = {key: why} if rejoin is None else {key: why, "rejoin": rejoin}
+        self._fence_stop[agent] = stop
         state = self.agents.get(agent)
         if state is not None and state.lost_at is None:
             state.lost_at = self.clock()
         self._fence_told[agent] = self.clock()
-        self.send(agent, "stop", {key: why})
+        self.send(agent, "stop", stop)
+
+    def new_name(self, host: str) -> str:
+        """A name for an agent of ``host`` that no agent has had in this job, nor was
+        offered (``{host}-spare``, else ``{host}-spare-2``, ...)."""
+        offered = {stop.get("rejoin") for stop in self._fence_stop.values()}
+        name, n = f"{host}-spare", 1
+        while name in self.agents or name in self.fenced or name in offered:
+            n += 1
+            name = f"{host}-spare-{n}"
+        return name
 
     def assign(self, agent: str, node_rank: int) -> None:
         """Gives the admitted spare ``agent`` the node rank ``node_rank`` (its summaries

@@ -23,7 +23,8 @@ agent starts its host's ranks with torchrun's environment, keeps their telemetry
 host and sends the controller one summary per step (the host's statistics and the ranks
 that stand out). An agent started with --spare instead of --node-rank runs nothing until
 a lost or evicted host's node rank is given to it (the job then restarts on the new set
-of hosts; the replaced host is fenced). Both print one JSON line per event on stdout.
+of hosts; the replaced host is fenced, and a lost host's agent, its ranks ended, joins
+again as a spare when its link comes back). Both print one JSON line per event on stdout.
 SIGTERM or SIGINT to either stops the job on every host and records why; with
 --grace-period the loops are asked for a checkpoint first.
 """

@@ -153,6 +153,7 @@ def _agent(args: argparse.Namespace) -> int:
         agent.env = {k: v for k, v in wanted.items() if k not in os.environ}
 
     agent.grace_period_s = args.grace_period
+    agent.on_rejoin = lambda line: print(f"eagleeye agent: {line}", file=sys.stderr, flush=True)
 
     def stop(signum: int, frame: object) -> None:
         agent.stop_requested = signal.Signals(signum).name
@@ -162,7 +163,7 @@ def _agent(args: argparse.Namespace) -> int:
     try:
         code = agent.run()
     finally:
-        link.close()
+        agent.link.close()  # a fenced host's agent that joined again has a new link
     if agent.ended_by is not None:  # fenced, or refused by the controller: one line why
         print(f"eagleeye agent: {agent.ended_by}", file=sys.stderr, flush=True)
     print(json.dumps({"type": "AgentEnded", "code": code}), file=sys.stderr, flush=True)

@@ -3,8 +3,9 @@ node ranks 0 and 1 on two others and a spare (`eagleeye agent --spare`) on a fou
 (network namespaces on a bridge), a 2-rank gloo job. Host B's link is cut: a `host_lost`
 finding, the spare takes node rank 1, the job restarts on hosts A and D as the next
 attempt and succeeds. When B's link comes back its agent is fenced: told to stop, its
-ranks ended, never given a node rank again. No process is left on any host, and the
-store has the finding and its action."""
+ranks ended, never given its node rank back; it joins the job again as a spare under a
+new name, and ends with the job. No process is left on any host, and the store has the
+finding, its action and B's agent joining again."""
 
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ def test_a_spare_takes_the_node_rank_of_a_host_whose_link_was_cut(tmp_path: Path
         spare = agent(3, ["--spare"])
         lines.next(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
         a, b = agent(1, ["--node-rank", "0"]), agent(2, ["--node-rank", "1"])
-        lines.next(launched(1, 0))
+        b_rank = lines.next(launched(1, 0))["detail"]
+        b_name = b_rank["agent"]
         log = tmp_path / "logs-2" / "attempt-0" / "rank-1.log"
         deadline = time.monotonic() + 120
         while "step 5" not in (log.read_text() if log.exists() else ""):
@@ -125,6 +127,8 @@ def test_a_spare_takes_the_node_rank_of_a_host_whose_link_was_cut(tmp_path: Path
         finding = lines.next(lambda i: i.get("type") == "Finding")
         assert (finding["kind"], finding["subject"]["node"]) == ("host_lost", "node1")
         assert finding["evidence"]["pings"] >= 1
+        evicted = lines.next(lambda i: i.get("phase") == "evicted")
+        assert evicted["subject"] == f"agent:{b_name}"
         recovering = lines.next(lambda i: i.get("phase") == "recovering")
         assert recovering["detail"]["node"] == 1
         took = recovering["detail"]["spare"]
@@ -136,11 +140,16 @@ def test_a_spare_takes_the_node_rank_of_a_host_whose_link_was_cut(tmp_path: Path
         assert ranks[1] == took
         assert ranks[0].endswith("-0")
 
-        hosts.restore(2)  # B comes back: fenced, its agent told to stop
-        _, b_err = b.communicate(timeout=120)
-        assert b.returncode == 0
-        assert "fenced by the controller" in b_err
-        assert not (tmp_path / "logs-2" / "attempt-1").exists()  # never given a node rank
+        hosts.restore(2)  # B comes back: fenced, its ranks ended, it joins again as a spare
+        rejoined = lines.next(
+            lambda i: i.get("phase") == "running" and i["detail"].get("rejoined_from") == b_name,
+        )
+        assert rejoined["detail"]["spare"] is True
+        assert rejoined["detail"]["ranks_ended"] is True
+        b_again = rejoined["subject"].removeprefix("agent:")
+        assert b_again not in (b_name, took)
+        assert hosts.pids(2) == [b.pid]  # B's old rank is gone; only its agent lives
+        assert b.poll() is None  # the agent stays, as a spare
 
         finish.touch()
         end = lines.next(
@@ -148,6 +157,11 @@ def test_a_spare_takes_the_node_rank_of_a_host_whose_link_was_cut(tmp_path: Path
         )
         assert end["phase"] == "succeeded", end
         assert controller.wait(timeout=60) == 0
+        _, b_err = b.communicate(timeout=60)  # the job's end reaches the spare B became
+        assert b.returncode == 0
+        assert "eagleeye agent: fenced by the controller (host" in b_err
+        assert f"its ranks ended; joined again as the spare {b_again}" in b_err
+        assert not (tmp_path / "logs-2" / "attempt-1").exists()  # never given a node rank
         for proc in (a, spare):
             proc.communicate(timeout=60)
             assert proc.returncode == 0  # told to stop, every rank ended
@@ -157,6 +171,13 @@ def test_a_spare_takes_the_node_rank_of_a_host_whose_link_was_cut(tmp_path: Path
     with RunReader(tmp_path / "runs" / "spare") as run:
         findings = run.findings()
         actions = run.actions()
+        events = run.events()
+    again = [
+        (e["phase"], e["detail"].get("rejoined_from"), e["detail"].get("ranks_ended"))
+        for _, e in events.iterrows()
+        if e["subject"] == f"agent:{b_again}"
+    ]
+    assert again == [("running", b_name, True)]
     assert list(zip(findings["kind"], findings["node"], strict=True)) == [("host_lost", "node1")]
     assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
     assert f"node rank 1 moved to the spare {took}" in actions["detail"][0]

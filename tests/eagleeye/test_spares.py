@@ -3,13 +3,18 @@ over real sockets and a real run store; the hosts are driven by hand (signed mes
 a DEALER socket each), so a host "loses its link" by going quiet and "comes back" by
 speaking again on the same connection. A lost or evicted node rank goes to the spare
 (node rank 0's replacement moves MASTER_ADDR), every host restarts as the next attempt,
-the lost host is fenced (told to stop, its late reports refused, its hello too); with the
+the lost host is fenced (told to stop, its late reports refused, its hello too) and, once
+its ranks ended, joins again as a spare under a new name, which can take a node rank
+later (a real `eagleeye agent` too, its link "cut" by stopping its process); with the
 restart budget spent the spare is left unused and the job stops; a spare that joins a
-controller run with --snapshots is refused with the reason."""
+controller run with --snapshots is refused with the reason, and a lost host's agent
+there is only fenced, and ends."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -27,7 +32,7 @@ from eagleeye.agents.spares import SNAPSHOTS_REFUSAL
 from eagleeye.agents.wire import seal, unseal
 from eagleeye.store import RunReader, RunStore
 from ft_runtime.layout import JobLayout
-from ft_runtime.types import Phase
+from ft_runtime.types import LifecycleEvent, Phase
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -37,7 +42,9 @@ PERIOD_S = 0.2
 class Host:
     """One host's agent, by hand: a hello, heartbeats while ``beating``, what it got."""
 
-    def __init__(self, address: str, name: str, node_rank: int, spare: bool = False) -> None:
+    def __init__(
+        self, address: str, name: str, node_rank: int, spare: bool = False, **info: Any
+    ) -> None:
         self.name = name
         self.address = f"10.9.9.{node_rank + 2}" if not spare else "10.9.9.99"
         self.socket = zmq.Context.instance().socket(zmq.DEALER)
@@ -47,11 +54,11 @@ class Host:
         self.seq = 0
         self.beating = True
         self.got: list[Message] = []
-        self.hello(node_rank, spare)
+        self.hello(node_rank, spare, **info)
 
-    def hello(self, node_rank: int, spare: bool = False) -> None:
+    def hello(self, node_rank: int, spare: bool = False, **info: Any) -> None:
         body = {"host": self.name, "node_rank": node_rank, "address": self.address}
-        self.send("hello", {**body, "spare": spare, "holder": ""})
+        self.send("hello", {**body, "spare": spare, "holder": "", **info})
 
     def send(self, kind: str, body: dict[str, Any]) -> None:
         self.seq += 1
@@ -101,6 +108,10 @@ class Job:
             max_restarts=max_restarts,
             snapshots=snapshots,
             dry_run=False,  # `eagleeye controller --remediate`
+        )
+        self.events: list[LifecycleEvent] = []  # what the controller prints
+        self.coordinator.on_update = lambda item: (
+            self.events.append(item) if isinstance(item, LifecycleEvent) else None
         )
         self.result: list[Phase] = []
         self.thread = threading.Thread(
@@ -303,3 +314,189 @@ def test_another_agent_claiming_a_held_node_rank_is_refused(tmp_path: Path) -> N
         job.close()
         for host in hosts:
             host.close()
+
+
+def test_a_fenced_host_joins_again_as_a_spare_and_can_take_a_node_rank_later(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path, max_restarts=3)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        nodes[1].beating = False  # h1's link is cut: hs takes node rank 1 as attempt 1
+        pump(hosts, lambda: restarted(spare, 1))
+        back = nodes[1]
+        back.send("heartbeat", {})  # the link comes back: told to stop, and as whom to rejoin
+        pump(hosts, lambda: back.kinds("stop"))
+        stop = back.kinds("stop")[0]
+        assert "was lost" in stop["fenced"]
+        assert stop["rejoin"] == "h1-spare"
+
+        # a hello as that spare that does not say its ranks ended is refused
+        early = Host(job.members.address, "h1-early", -1, spare=True, rejoined_from="h1")
+        hosts.append(early)
+        pump(hosts, lambda: early.kinds("stop"))
+        assert "before its ranks ended" in early.kinds("stop")[0]["refused"]
+        early.close()
+        hosts.remove(early)
+
+        # its ranks ended, it says hello as the spare it was told (a new connection, a
+        # new session, no node rank)
+        again = Host(
+            job.members.address,
+            stop["rejoin"],
+            -1,
+            True,
+            host="h1",
+            rejoined_from="h1",
+            ranks_ended=True,
+        )
+        hosts.append(again)
+        pump(hosts, lambda: job.members.agents.get("h1-spare") is not None)
+        # under its old identity everything stays refused, never acted on
+        fenced = job.members.refused["fenced"]
+        back.send("exit", {"rank": 1, "code": 1, "attempt": 1})
+        back.session, back.seq = secrets.token_hex(8), 0
+        back.hello(1)  # and its node rank is not given back
+        pump(hosts, lambda: job.members.refused["fenced"] >= fenced + 2)
+        assert back.kinds("restart") == []
+        assert again.kinds("restart") == []
+        assert job.coordinator.phase is Phase.RUNNING  # the refused exit failed nothing
+
+        spare.beating = False  # now hs is lost: the host that joined again takes node rank 1
+        pump(hosts, lambda: restarted(again, 2) and restarted(nodes[0], 2))
+        assert restarted(again, 2)["node_rank"] == 1  # type: ignore[index]
+        assert spare.kinds("stop")[0]["rejoin"] == "hs-spare"
+        nodes[0].send("exit", {"rank": 0, "code": 0, "attempt": 2})
+        again.send("exit", {"rank": 1, "code": 0, "attempt": 2})
+        pump(hosts, lambda: job.result)
+        assert job.result == [Phase.SUCCEEDED]
+        pump(hosts, lambda: again.kinds("stop"))  # the job's end reaches it too
+    finally:
+        job.close()
+        for host in hosts:
+            host.close()
+    with RunReader(job.run_dir) as run:
+        events = run.events()
+        actions = run.actions()
+    joined = [
+        (e["subject"], e["detail"].get("rejoined_from"), e["detail"].get("ranks_ended"))
+        for _, e in events.iterrows()
+        if e["phase"] == "running" and e["detail"].get("spare")
+    ]
+    assert joined == [("agent:hs", None, None), ("agent:h1-spare", "h1", True)]
+    assert [d.split(";")[0] for d in actions["detail"]] == [
+        "node rank 1 moved to the spare hs on hs",
+        "node rank 1 moved to the spare h1-spare on h1",
+    ]
+
+
+def test_with_snapshots_a_lost_host_is_only_fenced_not_asked_to_join_again(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path, snapshots=True)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    for n, node in enumerate(nodes):  # each declares a snapshot holder
+        node.hello(n, holder=f"tcp://10.9.9.{n + 2}:7000")
+    job.start()
+    try:
+        pump(nodes, lambda: all(h.kinds("launch") for h in nodes))
+        nodes[1].beating = False
+        pump(nodes, lambda: job.result)
+        assert job.result == [Phase.FAILED]  # no spare is taken: the job stops
+        back = nodes[1]
+        back.send("heartbeat", {})
+        pump(nodes, lambda: back.kinds("stop"))
+        assert "rejoin" not in back.kinds("stop")[0]  # its agent ends as it did (a spare
+        # hello is refused there: test_a_spare_is_refused_by_a_controller_with_snapshots)
+    finally:
+        job.close()
+        for host in nodes:
+            host.close()
+
+
+SLEEPER = "import time\ntime.sleep(600)\n"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("snapshots", [False, True])
+def test_a_real_agent_whose_link_was_cut_ends_its_rank_and_joins_again_as_a_spare(
+    tmp_path: Path, snapshots: bool
+) -> None:
+    (tmp_path / "s").write_bytes(SECRET + b"\n")
+    (tmp_path / "sleep.py").write_text(SLEEPER)
+    job = Job(tmp_path, snapshots=snapshots)
+    node0 = Host(job.members.address, "h0", 0)
+    node0.hello(0, holder="tcp://127.0.0.1:9")  # (snapshots) a holder nobody serves
+    hosts = [node0]
+    if not snapshots:
+        hosts.append(Host(job.members.address, "hs", -1, spare=True))
+    host, port = job.members.address.removeprefix("tcp://").rsplit(":", 1)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "eagleeye", "agent", "--controller", f"{host}:{port}"]
+        + ["--secret-file", str(tmp_path / "s"), "--node-rank", "1", "--heartbeat", "0.2"]
+        + ["--hostname", "hb", "--advertise", "127.0.0.1", "--no-host-metrics"]
+        + ["--gpu-metrics", "off", "--log-dir", str(tmp_path / "logs"), str(tmp_path / "sleep.py")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    job.start()
+    try:
+        pump(hosts, lambda: job.coordinator.phase is Phase.RUNNING and node0.kinds("launch"))
+        pump(hosts, lambda: rank_pid(job) is not None)
+        pid = rank_pid(job)
+        assert pid is not None
+        assert alive(pid)
+        agent.send_signal(signal.SIGSTOP)  # its link is cut: no heartbeat, no pong
+        try:
+            if snapshots:
+                pump(hosts, lambda: job.result)  # no spare: the job stops
+            else:
+                pump(hosts, lambda: restarted(hosts[1], 1))
+        finally:
+            agent.send_signal(signal.SIGCONT)  # the link comes back
+        if snapshots:
+            _, err = agent.communicate(timeout=60)
+            assert agent.returncode == 0
+            assert (
+                "eagleeye agent: fenced by the controller (host hb (node rank 1) was lost)" in err
+            )
+            assert "joined again" not in err
+            assert not alive(pid)
+            return
+        pump(hosts, lambda: job.members.agents.get("hb-spare") is not None)
+        assert not alive(pid)  # its rank ended before it joined as a spare
+        assert job.members.agents["hb-spare"].info["rejoined_from"] == "hb-1"
+        node0.send("exit", {"rank": 0, "code": 0, "attempt": 1})
+        hosts[1].send("exit", {"rank": 1, "code": 0, "attempt": 1})
+        pump(hosts, lambda: job.result)
+        assert job.result == [Phase.SUCCEEDED]
+        _, err = agent.communicate(timeout=60)  # the job's end stops the spare it became
+        assert agent.returncode == 0
+        assert "its ranks ended; joined again as the spare hb-spare" in err
+        assert not (tmp_path / "logs" / "attempt-1").exists()  # never given a node rank
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.communicate()
+        job.close()
+        for h in hosts:
+            h.close()
+
+
+def rank_pid(job: Job) -> int | None:
+    """The pid of rank 1 of attempt 0 as its agent reported it (the store's events)."""
+    for event in list(job.events):
+        if event.subject == "rank:1" and event.phase is Phase.LAUNCH and "pid" in event.detail:
+            return int(event.detail["pid"])  # type: ignore[arg-type]
+    return None
