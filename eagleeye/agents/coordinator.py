@@ -23,7 +23,8 @@ hosts (``SummaryIntake``) and is judged by ``reduced_detectors``. Findings from 
 same way; one on a host the job does not run on is recorded only. A stop (a signal to
 the controller or an agent) asks the loops for a checkpoint first when there is a grace
 period. With ``snapshots`` on, every launch carries the ring of the agents' snapshot
-holders (``eagleeye.agents.snapshots``).
+holders (``eagleeye.agents.snapshots``); when a spare takes a node rank, its holder takes
+that node's place in the ring the restart carries.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from detectors.types import Finding, Severity
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.snapshots import ring_of
-from eagleeye.agents.spares import SNAPSHOTS_REFUSAL, Spares, is_spare
+from eagleeye.agents.spares import NO_HOLDER_REFUSAL, Spares, is_spare
 from eagleeye.detection import host_detectors, reduced_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import host_frames
@@ -422,15 +423,17 @@ class JobCoordinator:
             self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, why)
 
     def _spare_joined(self, agent: AgentState) -> None:
-        """A spare host admitted: it waits for a node rank (refused with snapshots on)."""
-        if self.snapshots:
-            self.members.fence(agent.agent, SNAPSHOTS_REFUSAL, key="refused")
+        """A spare host admitted: it waits for a node rank. With snapshots on it must have
+        declared its snapshot holder (it takes its node's place in the ring), else it is
+        refused."""
+        if self.snapshots and not agent.info.get("holder"):
+            self.members.fence(agent.agent, NO_HOLDER_REFUSAL, key="refused")
             self._event(
                 f"agent:{agent.agent}",
                 Phase.EXITED,
                 host=agent.host,
                 spare=True,
-                reason=SNAPSHOTS_REFUSAL,
+                reason=NO_HOLDER_REFUSAL,
             )
             return
         self._spares.join(agent)
@@ -456,6 +459,9 @@ class JobCoordinator:
             return f"the spare {spare.agent} is left unused: the restart budget is spent; stopped"
         self.members.assign(spare.agent, node)
         self._by_node[node] = spare
+        if self._ring is not None:  # the spare's holder takes the node's place in the ring
+            holders = {n: str(a.info.get("holder") or "") for n, a in self._by_node.items()}
+            self._ring = ring_of(holders)
         self.attempt += 1
         self._succeeded.clear()
         self._detectors = reduced_detectors()  # each attempt is a new baseline
