@@ -88,8 +88,17 @@ class Worker:
             ring, self._new_ring = self._new_ring, None
         if ring is None:
             return
-        old = self.cfg.ring.next(self.cfg.node)
+        old, old_prev = self.cfg.ring.next(self.cfg.node), self.cfg.ring.prev(self.cfg.node)
         self.cfg = dataclasses.replace(self.cfg, ring=ring)
+        prev = ring.prev(self.cfg.node)
+        if prev is not None and prev != old_prev:  # a new previous node backs up here again
+            rpc = Rpc(ctx, prev[1], 2.0, self.cfg.token)
+            try:
+                rpc.call({"op": "rebackup"})
+            except CheckpointError as exc:
+                log.info("new previous node not asked to back up again: %s", exc)
+            finally:
+                rpc.close()
         nxt = ring.next(self.cfg.node)
         if nxt == old:
             return
@@ -137,7 +146,13 @@ class Worker:
 
     def _backup(self, slot: Slot) -> None:
         assert self._next is not None
-        base = {"owner": slot.owner, "step": slot.step, "shard": slot.shard}
+        # "from": the receiver takes backups only from its previous node in its ring
+        base = {
+            "owner": slot.owner,
+            "step": slot.step,
+            "shard": slot.shard,
+            "from": self.cfg.endpoint,
+        }
         self._next.call(
             {
                 "op": "backup_begin",

@@ -195,7 +195,19 @@ class Holder:
                 f"{self.cfg.mem_cap_bytes} bytes"
             )
 
+    def _check_sender(self, req: dict[str, Any]) -> None:
+        """Refuses a backup that does not come from this node's previous node in the ring
+        (a host replaced by a spare whose holder still runs, say)."""
+        prev = self.cfg.ring.prev(self.cfg.node)
+        sender = req.get("from")
+        if prev is not None and sender != prev[1]:
+            raise CheckpointError(
+                f"backup refused: it comes from {str(sender)[:80]!r}, this node's previous "
+                f"node in the ring is {prev[0]} at {prev[1]} (a replaced host?)"
+            )
+
     def _op_backup_begin(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self._check_sender(req)
         self._check_size(req)
         slot = self.table.allocate(
             str(req["owner"]),
@@ -208,6 +220,7 @@ class Holder:
         return {"segment": slot.path.name}, []
 
     def _op_backup_chunk(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self._check_sender(req)
         slot = self._slot(req, pending=True)
         m = _shm.open_mapping(slot.path, slot.nbytes)
         try:
@@ -218,6 +231,7 @@ class Holder:
         return {}, []
 
     def _op_backup_end(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self._check_sender(req)
         slot = self._slot(req, pending=True)
         self.table.commit(slot.key, slot.meta)
         return {}, []

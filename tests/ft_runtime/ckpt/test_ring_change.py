@@ -2,7 +2,8 @@
 processes on loopback: the new holder pulls the node's snapshots back from the next
 node's backups, the surviving holder is told the new ring (a token-authenticated
 ``ring`` request) and backs up to the new holder from then on, keeping what it holds.
-A forged or invalid ring request is refused and changes nothing."""
+A forged or invalid ring request is refused and changes nothing, and a backup from a
+holder that is not the node's previous one in its ring is refused."""
 
 from __future__ import annotations
 
@@ -128,6 +129,13 @@ def test_a_forged_or_invalid_ring_request_is_refused_and_changes_nothing(
     raw.send(b"{" + json.dumps(forged).encode())
     assert json.loads(raw.recv())["ok"] is False
     raw.close(linger=0)
+    # a backup from a holder that is not this node's previous one (a replaced host's)
+    stale = {"op": "backup_begin", "owner": "node1", "step": 5, "shard": 0, "nshards": 1}
+    with pytest.raises(RemoteError, match="backup refused: it comes from"):
+        ask(ep0, {**stale, "nbytes": 8, "meta": {}, "from": other})
+    with pytest.raises(RemoteError, match="backup refused"):
+        ask(ep0, {**stale, "nbytes": 8, "meta": {}})  # no sender at all
+    assert held(ep0, "node1") == []
     # nothing changed: node0's backups still go to node1
     c = client(ring, "node0")
     assert c.save(state(1), 1).ok
