@@ -19,6 +19,7 @@ at once rather than wait for it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import zmq
+
 from ft_runtime.ckpt import (
     ENV_CKPT_TOKEN,
     ClientConfig,
@@ -39,6 +42,7 @@ from ft_runtime.ckpt import (
     Ring,
     shm_dir_from,
 )
+from ft_runtime.ckpt._rpc import Rpc
 from ft_runtime.ckpt.config import parse_ring, ring_text
 from ft_runtime.layout import ENV_SNAPSHOT_RING, ENV_SNAPSHOT_STORAGE, JobLayout
 
@@ -167,6 +171,26 @@ class Holders:
             ENV_SNAPSHOT_STORAGE: str(self.storage),
             ENV_CKPT_TOKEN: self.token,
         }
+
+    def replace_ring(self, ring: Ring) -> None:
+        """Tells every running holder here the job's new ring (a spare host took a node's
+        place; the nodes here keep their endpoints): their backups go to their new next
+        node from now on, and nothing they hold is dropped. A holder started again later
+        starts in the new ring.
+
+        Raises:
+            CheckpointError: a holder refused the ring or did not answer.
+        """
+        self.ring = ring
+        self.configs = [dataclasses.replace(c, ring=ring) for c in self.configs]
+        text = ring_text(ring)
+        for i, p in enumerate(self.processes):
+            p.cfg = self.configs[i]
+            rpc = Rpc(zmq.Context.instance(), p.cfg.endpoint, 10.0, self.token)
+            try:
+                rpc.call({"op": "ring", "ring": text})
+            finally:
+                rpc.close()
 
     def __enter__(self) -> Holders:
         self.processes = [_launch(c) for c in self.configs]

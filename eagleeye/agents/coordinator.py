@@ -24,7 +24,9 @@ telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
 on the job's ranks or nodes are answered the same way; one on a host the job does not
 run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
 for a checkpoint first when there is a grace period. With ``snapshots`` on, every launch
-carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``).
+carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``); when a
+spare takes a node rank, its holder takes that node's place in the ring the restart
+carries.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from detectors.types import Finding, Severity
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.snapshots import ring_of
-from eagleeye.agents.spares import SNAPSHOTS_REFUSAL, Spares, is_spare
+from eagleeye.agents.spares import NO_HOLDER_REFUSAL, Spares, is_spare
 from eagleeye.detection import host_detectors, reduced_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import host_frames
@@ -423,23 +425,24 @@ class JobCoordinator:
             self._outcome(finding_id, ActionKind.EVICT, OutcomeStatus.DONE, why)
 
     def _spare_joined(self, agent: AgentState) -> None:
-        """A spare host admitted: it waits for a node rank (refused with snapshots on). A
-        fenced host's agent joining again as a spare (``rejoined_from``) is admitted only
-        when it says its ranks ended."""
+        """A spare host admitted: it waits for a node rank. With snapshots on it must have
+        declared its snapshot holder (it takes its node's place in the ring), else it is
+        refused. A fenced host's agent joining again as a spare (``rejoined_from``) is
+        admitted only when it says its ranks ended."""
         rejoined = agent.info.get("rejoined_from")
         if rejoined is not None and agent.info.get("ranks_ended") is not True:
             why = f"{rejoined} joins again as a spare before its ranks ended"
             self.members.fence(agent.agent, why, key="refused")
             self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
             return
-        if self.snapshots:
-            self.members.fence(agent.agent, SNAPSHOTS_REFUSAL, key="refused")
+        if self.snapshots and not agent.info.get("holder"):
+            self.members.fence(agent.agent, NO_HOLDER_REFUSAL, key="refused")
             self._event(
                 f"agent:{agent.agent}",
                 Phase.EXITED,
                 host=agent.host,
                 spare=True,
-                reason=SNAPSHOTS_REFUSAL,
+                reason=NO_HOLDER_REFUSAL,
             )
             return
         self._spares.join(agent)
@@ -472,6 +475,9 @@ class JobCoordinator:
             return f"the spare {spare.agent} is left unused: the restart budget is spent; stopped"
         self.members.assign(spare.agent, node)
         self._by_node[node] = spare
+        if self._ring is not None:  # the spare's holder takes the node's place in the ring
+            holders = {n: str(a.info.get("holder") or "") for n, a in self._by_node.items()}
+            self._ring = ring_of(holders)
         self.attempt += 1
         self._succeeded.clear()
         self._detectors = reduced_detectors()  # each attempt is a new baseline

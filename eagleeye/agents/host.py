@@ -213,8 +213,18 @@ class HostAgent:
 
     def _open_holder(self, ring: object) -> None:
         """This host's snapshot holder in the controller's ring (once: it outlives the
-        job's restarts). One that cannot start is reported, and the ranks save without."""
-        if not isinstance(ring, str) or not ring or self._holder is not None:
+        job's restarts). One that cannot start is reported, and the ranks save without.
+        A later launch whose ring changed (a spare host took another node's place) is told
+        to the running holder, which keeps what it holds."""
+        if not isinstance(ring, str) or not ring:
+            return
+        if self._holder is not None:
+            try:
+                if self._holder.update(ring):
+                    self.link.report("outcome", {"action": "snapshot ring", "status": "done"})
+            except EagleEyeError as exc:
+                log.error("%s", exc)
+                self.link.report("outcome", {"action": "snapshot ring", "status": f"failed: {exc}"})
             return
         try:
             holder = HostHolder(

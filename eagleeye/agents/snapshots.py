@@ -6,7 +6,11 @@ host's holder in the launch (``ring_of``), node rank order; on its first launch 
 starts its own node's holder in that ring (``HostHolder``), with the token derived from
 the job's secret, and hands its ranks the ring: a rank saves into its host's holder, which
 backs up to the next node's holder, on another host, and persists to this host's disk.
-The holder outlives the job's restarts, and is started again if it dies.
+The holder outlives the job's restarts, and is started again if it dies. When a spare
+host takes node rank ``n``, its holder takes node ``n``'s place in the ring of the
+restart: the spare's agent starts it (it pulls node ``n``'s snapshots back from the next
+node's backups), and every other agent tells its running holder the new ring
+(``HostHolder.update``), which keeps its memory and backs up to its new next node.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from eagleeye.errors import EagleEyeError
 from eagleeye.snapshots import Holders
-from ft_runtime.ckpt.config import parse_ring
+from ft_runtime.ckpt.config import Ring, parse_ring
 from ft_runtime.errors import CheckpointError
 from ft_runtime.layout import JobLayout
 
@@ -80,18 +84,42 @@ class HostHolder:
         token: str,
         layout: JobLayout,
     ) -> None:
-        node = f"node{node_rank}"
+        self.node, self.declared = f"node{node_rank}", declared
+        self.text = ring
+        parsed = self._parse(ring)
+        self.holders = Holders(layout, job, storage, ring=parsed, token=token, local=[self.node])
+
+    def _parse(self, ring: str) -> Ring:
         try:
             parsed = parse_ring(ring)
         except (ValueError, CheckpointError) as exc:
             raise EagleEyeError(f"the controller's snapshot ring is malformed: {exc}") from None
-        mine = dict(parsed.nodes).get(node)
-        if mine != declared:
+        mine = dict(parsed.nodes).get(self.node)
+        if mine != self.declared:
             raise EagleEyeError(
-                f"the controller's snapshot ring names {mine!r} for {node}, this agent "
-                f"declared {declared!r}"
+                f"the controller's snapshot ring names {mine!r} for {self.node}, this agent "
+                f"declared {self.declared!r}"
             )
-        self.holders = Holders(layout, job, storage, ring=parsed, token=token, local=[node])
+        return parsed
+
+    def update(self, ring: str) -> bool:
+        """The controller's ring of a later launch: when a spare host took another node's
+        place, this host's holder is told the new ring (its memory kept, its backups sent
+        to the new next host). Returns whether the ring changed.
+
+        Raises:
+            EagleEyeError: the ring is malformed, moves this node, or the holder refused it.
+        """
+        if ring == self.text:
+            return False
+        parsed = self._parse(ring)
+        try:
+            self.holders.replace_ring(parsed)
+        except CheckpointError as exc:
+            why = f"this host's snapshot holder refused the new ring: {exc}"
+            raise EagleEyeError(why) from None
+        self.text = ring
+        return True
 
     @property
     def env(self) -> dict[str, str]:

@@ -4,10 +4,9 @@ An agent started with ``--spare`` says ``hello`` without a node rank (``node_ran
 admitted with the job's secret like any agent, it runs no ranks and is watched for loss
 like the others. When a node rank's host is lost or evicted, the controller gives that
 node rank to the spare that joined first and is still alive (``Spares.take``), and fences
-the host it replaces (``Membership.fence``). Snapshots across hosts (``--snapshots``) do
-not take spares: the holders' ring names every node rank's host, and rebuilding it around
-a new host (its holder, the backups the lost host held) is not built, so a spare that
-joins such a controller is refused (``SNAPSHOTS_REFUSAL``) rather than half-served.
+the host it replaces (``Membership.fence``). With snapshots across hosts
+(``--snapshots``) the spare's holder takes the node's place in the holders' ring: the
+spare must declare one in its hello, else it is refused (``NO_HOLDER_REFUSAL``).
 """
 
 from __future__ import annotations
@@ -16,11 +15,12 @@ from dataclasses import dataclass, field
 
 from eagleeye.agents.membership import AgentState, Membership
 
-#: What a spare that joins a controller run with ``--snapshots`` is told.
-SNAPSHOTS_REFUSAL = (
-    "eagleeye controller --snapshots does not take spare hosts (the holders' ring cannot "
-    "be rebuilt around a new host yet); run the agent with --node-rank, or the "
-    "controller without --snapshots"
+#: What a spare without a snapshot holder that joins a controller run with
+#: ``--snapshots`` is told.
+NO_HOLDER_REFUSAL = (
+    "eagleeye controller --snapshots needs a spare's snapshot holder, and this spare "
+    "declared none (its --advertise address did not resolve); give the agent its address "
+    "with --advertise"
 )
 
 
@@ -65,4 +65,4 @@ class Spares:
         self._waiting = {agent.agent: agent, **self._waiting}
 
 
-__all__ = ["SNAPSHOTS_REFUSAL", "Spares", "is_spare"]
+__all__ = ["NO_HOLDER_REFUSAL", "Spares", "is_spare"]

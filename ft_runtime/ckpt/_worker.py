@@ -7,6 +7,7 @@ leaves the snapshot where it was (in memory, loadable) and records the error as 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -17,12 +18,13 @@ import zmq
 from ft_runtime.ckpt import _persist, _shm
 from ft_runtime.ckpt._rpc import Rpc, fetch_into
 from ft_runtime.ckpt._table import Key, Slot, Table
-from ft_runtime.ckpt.config import HolderConfig
+from ft_runtime.ckpt.config import HolderConfig, Ring
 from ft_runtime.ckpt.types import CkptState
 from ft_runtime.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 _PEER_TIMEOUT_S = 10.0
+_RING = ("", -1, -1), True  # the queue's marker of a new ring (set_ring)
 
 
 class Worker:
@@ -34,6 +36,8 @@ class Worker:
         self._thread = threading.Thread(target=self._run, name="ckpt-worker", daemon=True)
         self._force = threading.Event()
         self._next: Rpc | None = None
+        self._ring_lock = threading.Lock()
+        self._new_ring: Ring | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -47,6 +51,13 @@ class Worker:
     def submit(self, key: Key, backup_only: bool = False) -> None:
         self._q.put((key, backup_only))
 
+    def set_ring(self, ring: Ring) -> None:
+        """Backups go to ``ring``'s next node from the next item on (taken in the worker's
+        thread, which owns the connection); this node's snapshots are backed up there."""
+        with self._ring_lock:
+            self._new_ring = ring
+        self._q.put(_RING)
+
     def force_persist(self) -> None:
         """The next reconciled snapshot is persisted whatever ``persist_every`` says."""
         self._force.set()
@@ -58,6 +69,9 @@ class Worker:
             self._next = Rpc(ctx, nxt[1], _PEER_TIMEOUT_S, self.cfg.token)
         self._bootstrap(ctx)
         while (item := self._q.get()) is not None:
+            self._take_ring(ctx)
+            if item is _RING:
+                continue
             key, backup_only = item
             slot = self._pin(key)
             if slot is None:
@@ -68,6 +82,32 @@ class Worker:
                 self.table.unpin(slot)
         if self._next is not None:
             self._next.close()
+
+    def _take_ring(self, ctx: zmq.Context[Any]) -> None:
+        with self._ring_lock:
+            ring, self._new_ring = self._new_ring, None
+        if ring is None:
+            return
+        old, old_prev = self.cfg.ring.next(self.cfg.node), self.cfg.ring.prev(self.cfg.node)
+        self.cfg = dataclasses.replace(self.cfg, ring=ring)
+        prev = ring.prev(self.cfg.node)
+        if prev is not None and prev != old_prev:  # a new previous node backs up here again
+            rpc = Rpc(ctx, prev[1], 2.0, self.cfg.token)
+            try:
+                rpc.call({"op": "rebackup"})
+            except CheckpointError as exc:
+                log.info("new previous node not asked to back up again: %s", exc)
+            finally:
+                rpc.close()
+        nxt = ring.next(self.cfg.node)
+        if nxt == old:
+            return
+        if self._next is not None:
+            self._next.close()
+        self._next = None if nxt is None else Rpc(ctx, nxt[1], _PEER_TIMEOUT_S, self.cfg.token)
+        log.info("backing up to %s at %s from now on", *(nxt or ("no node", "-")))
+        for slot in self.table.loadable(self.cfg.node):
+            self.submit(slot.key, backup_only=True)
 
     def _pin(self, key: Key) -> Slot | None:
         with self.table.lock:
@@ -106,7 +146,13 @@ class Worker:
 
     def _backup(self, slot: Slot) -> None:
         assert self._next is not None
-        base = {"owner": slot.owner, "step": slot.step, "shard": slot.shard}
+        # "from": the receiver takes backups only from its previous node in its ring
+        base = {
+            "owner": slot.owner,
+            "step": slot.step,
+            "shard": slot.shard,
+            "from": self.cfg.endpoint,
+        }
         self._next.call(
             {
                 "op": "backup_begin",

@@ -2,7 +2,9 @@
 
 It answers trainers and peer holders over a zmq ROUTER socket (JSON headers, raw byte
 frames), while a background worker backs snapshots up to the next node and persists them.
-Run one per node::
+When another host takes a node's place, each running holder is told the new ring (the
+``ring`` request): it keeps what it holds and backs up to its new next node. Run one per
+node::
 
     python -m ft_runtime.ckpt --job j1 --node node0 \\
         --ring node0=tcp://127.0.0.1:5600,node1=tcp://127.0.0.1:5601 --storage ckpts/
@@ -33,6 +35,8 @@ from ft_runtime.ckpt.config import (
     ENV_SHM_DIR,
     HolderConfig,
     Ring,
+    parse_ring,
+    ring_text,
     shm_dir_from,
 )
 from ft_runtime.ckpt.types import LOADABLE, CkptState, StateChange
@@ -191,7 +195,19 @@ class Holder:
                 f"{self.cfg.mem_cap_bytes} bytes"
             )
 
+    def _check_sender(self, req: dict[str, Any]) -> None:
+        """Refuses a backup that does not come from this node's previous node in the ring
+        (a host replaced by a spare whose holder still runs, say)."""
+        prev = self.cfg.ring.prev(self.cfg.node)
+        sender = req.get("from")
+        if prev is not None and sender != prev[1]:
+            raise CheckpointError(
+                f"backup refused: it comes from {str(sender)[:80]!r}, this node's previous "
+                f"node in the ring is {prev[0]} at {prev[1]} (a replaced host?)"
+            )
+
     def _op_backup_begin(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self._check_sender(req)
         self._check_size(req)
         slot = self.table.allocate(
             str(req["owner"]),
@@ -204,6 +220,7 @@ class Holder:
         return {"segment": slot.path.name}, []
 
     def _op_backup_chunk(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self._check_sender(req)
         slot = self._slot(req, pending=True)
         m = _shm.open_mapping(slot.path, slot.nbytes)
         try:
@@ -214,6 +231,7 @@ class Holder:
         return {}, []
 
     def _op_backup_end(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        self._check_sender(req)
         slot = self._slot(req, pending=True)
         self.table.commit(slot.key, slot.meta)
         return {}, []
@@ -222,6 +240,33 @@ class Holder:
         for s in self.table.loadable(self.cfg.node):
             self.worker.submit(s.key, backup_only=True)
         return {}, []
+
+    def _op_ring(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
+        """Replaces the ring (a spare host took a node's place): the same node ids in the
+        same order, this node at the endpoint it is bound to; anything else is refused and
+        the ring stays. From now on backups go to the new next node, and this node's
+        snapshots are backed up there again; nothing held in memory is dropped."""
+        text = req.get("ring")
+        if not isinstance(text, str):
+            raise CheckpointError("request field 'ring' must be node=endpoint pairs")
+        try:
+            ring = parse_ring(text)
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
+        old = self.cfg.ring
+        if [n for n, _ in ring.nodes] != [n for n, _ in old.nodes]:
+            raise CheckpointError(
+                f"ring refused: it names nodes {[n for n, _ in ring.nodes]}, this job's ring "
+                f"has {[n for n, _ in old.nodes]} (only endpoints may change)"
+            )
+        if ring.endpoint(self.cfg.node) != self.cfg.endpoint:
+            raise CheckpointError(
+                f"ring refused: it names {ring.endpoint(self.cfg.node)!r} for "
+                f"{self.cfg.node}, which listens at {self.cfg.endpoint!r}"
+            )
+        self.cfg = dataclasses.replace(self.cfg, ring=ring)
+        self.worker.set_ring(ring)
+        return {"ring": ring_text(ring)}, []
 
     def _op_events(self, req: dict[str, Any], frames: list[bytes]) -> Reply:
         evs = self.table.events_since(_count({"since": 0, **req}, "since"))

@@ -1,10 +1,16 @@
 """The pieces of snapshots across hosts that need no second host: the ring the
-controller builds from the agents' hellos, the holder an agent starts from it, and the
-token every host derives from the job's secret."""
+controller builds from the agents' hellos, the holder an agent starts from it, the token
+every host derives from the job's secret, and a surviving host's holder told the ring in
+which a spare's holder took a lost host's place."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
+import torch
 import zmq
 
 from eagleeye.agents.snapshots import HostHolder, holder_endpoint, ring_of
@@ -71,3 +77,50 @@ def test_an_agent_runs_only_its_own_nodes_holder_with_the_jobs_token(tmp_path) -
                 stranger.call({"op": "list"})
         finally:
             stranger.close()
+
+
+def _held(endpoint: str, owner: str, token: str) -> list[int]:
+    rpc = Rpc(zmq.Context.instance(), endpoint, 5.0, token)
+    try:
+        head, _ = rpc.call({"op": "list", "owner": owner})
+    finally:
+        rpc.close()
+    return sorted(s["step"] for s in head["slots"])
+
+
+def _wait(pred: Callable[[], object], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.integration
+def test_a_surviving_hosts_holder_learns_the_ring_with_the_spare_and_keeps_its_memory(
+    tmp_path: Path,
+) -> None:
+    from ft_runtime.ckpt import CheckpointClient, ClientConfig
+    from ft_runtime.ckpt.config import parse_ring
+
+    a, b, spare = (holder_endpoint("127.0.0.1") for _ in range(3))
+    token = holder_token(b"s" * 32)
+    layout, job = JobLayout(2, 1), "t-agent-ring"
+    first, second = ring_of({0: a, 1: b}), ring_of({0: a, 1: spare})
+    with HostHolder(first, 0, a, job, tmp_path / "a", token, layout) as survivor:
+        with HostHolder(first, 1, b, job, tmp_path / "b", token, layout):
+            cfg = ClientConfig("node0", parse_ring(first), token=token)
+            client = CheckpointClient(cfg)
+            assert client.save({"w": torch.arange(10.0)}, 10).ok
+            client.close()
+            _wait(lambda: _held(b, "node0", token) == [10], "node0 backed up on host B")
+        # host B is gone; the spare's agent starts node1's holder in the new ring
+        with HostHolder(second, 1, spare, job, tmp_path / "d", token, layout):
+            assert survivor.update(second) is True
+            assert survivor.update(second) is False  # the same ring again: nothing to do
+            assert second in survivor.env.values()  # the ranks get the new ring
+            assert [p.cfg.ring for p in survivor.holders.processes] == [parse_ring(second)]
+            _wait(lambda: _held(spare, "node0", token) == [10], "node0 backed up on the spare")
+            assert _held(a, "node0", token) == [10]  # the survivor's memory is kept
+        moved = ring_of({0: spare, 1: a})
+        with pytest.raises(EagleEyeError, match="names .* for node0"):
+            survivor.update(moved)

@@ -6,9 +6,10 @@ speaking again on the same connection. A lost or evicted node rank goes to the s
 the lost host is fenced (told to stop, its late reports refused, its hello too) and, once
 its ranks ended, joins again as a spare under a new name, which can take a node rank
 later (a real `eagleeye agent` too, its link "cut" by stopping its process); with the
-restart budget spent the spare is left unused and the job stops; a spare that joins a
-controller run with --snapshots is refused with the reason, and a lost host's agent
-there is only fenced, and ends."""
+restart budget spent the spare is left unused and the job stops; with --snapshots the
+spare's holder takes the lost node's place in the ring the restart carries, a spare that
+declared no holder is refused with the reason, and a lost host's agent is only fenced,
+and ends."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import zmq
 
 from eagleeye.agents import Membership, Message
 from eagleeye.agents.coordinator import JobCoordinator
-from eagleeye.agents.spares import SNAPSHOTS_REFUSAL
+from eagleeye.agents.spares import NO_HOLDER_REFUSAL
 from eagleeye.agents.wire import seal, unseal
 from eagleeye.store import RunReader, RunStore
 from ft_runtime.layout import JobLayout
@@ -43,9 +44,16 @@ class Host:
     """One host's agent, by hand: a hello, heartbeats while ``beating``, what it got."""
 
     def __init__(
-        self, address: str, name: str, node_rank: int, spare: bool = False, **info: Any
+        self,
+        address: str,
+        name: str,
+        node_rank: int,
+        spare: bool = False,
+        holder: str = "",
+        **info: Any,
     ) -> None:
         self.name = name
+        self.holder = holder
         self.address = f"10.9.9.{node_rank + 2}" if not spare else "10.9.9.99"
         self.socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -58,7 +66,7 @@ class Host:
 
     def hello(self, node_rank: int, spare: bool = False, **info: Any) -> None:
         body = {"host": self.name, "node_rank": node_rank, "address": self.address}
-        self.send("hello", {**body, "spare": spare, "holder": "", **info})
+        self.send("hello", {**body, "spare": spare, "holder": self.holder, **info})
 
     def send(self, kind: str, body: dict[str, Any]) -> None:
         self.seq += 1
@@ -242,13 +250,46 @@ def test_with_the_budget_spent_the_spare_is_left_and_the_job_stops(tmp_path: Pat
     assert "restart budget is spent" in actions["detail"][0]
 
 
-def test_a_spare_is_refused_by_a_controller_with_snapshots(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lost", [1, 0])
+def test_with_snapshots_the_spares_holder_takes_the_lost_nodes_place_in_the_ring(
+    tmp_path: Path, lost: int
+) -> None:
+    job = Job(tmp_path, snapshots=True)
+    holders = ["tcp://10.9.9.2:5600", "tcp://10.9.9.3:5600", "tcp://10.9.9.99:5600"]
+    nodes = [Host(job.members.address, f"h{n}", n, holder=holders[n]) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True, holder=holders[2])
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        first = f"node0={holders[0]},node1={holders[1]}"
+        assert [h.kinds("launch")[0]["snapshots"] for h in nodes] == [first, first]
+        nodes[lost].beating = False
+        stay = nodes[1 - lost]
+        pump(hosts, lambda: restarted(spare, 1) and restarted(stay, 1))
+        took, kept = restarted(spare, 1), restarted(stay, 1)
+        assert took is not None
+        assert kept is not None
+        new = dict(enumerate(holders[:2]))
+        new[lost] = holders[2]  # the spare's holder in the lost node's place
+        ring = f"node0={new[0]},node1={new[1]}"
+        assert took["snapshots"] == kept["snapshots"] == ring
+        assert took["node_rank"] == lost
+    finally:
+        job.close()
+        for h in hosts:
+            h.close()
+
+
+def test_a_spare_without_a_holder_is_refused_by_a_controller_with_snapshots(
+    tmp_path: Path,
+) -> None:
     job = Job(tmp_path, snapshots=True)
     spare = Host(job.members.address, "hs", -1, spare=True)
     job.start()
     try:
         pump([spare], lambda: spare.kinds("stop"))
-        assert spare.kinds("stop")[0] == {"refused": SNAPSHOTS_REFUSAL}
+        assert spare.kinds("stop")[0] == {"refused": NO_HOLDER_REFUSAL}
         spare.send("heartbeat", {})
         pump([spare], lambda: job.members.refused["fenced"] >= 1)
     finally:
@@ -270,7 +311,7 @@ def test_spare_and_node_rank_are_exclusive(tmp_path: Path) -> None:
     assert "one of the arguments --node-rank --spare is required" in neither.stderr
 
 
-def test_a_spare_agent_refused_by_a_snapshots_controller_says_why_and_ends(
+def test_a_spare_agent_without_a_holder_refused_by_a_snapshots_controller_says_why(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "s").write_bytes(SECRET + b"\n")
@@ -280,7 +321,8 @@ def test_a_spare_agent_refused_by_a_snapshots_controller_says_why_and_ends(
         agent = subprocess.run(
             [sys.executable, "-m", "eagleeye", "agent", "--controller", f"{host}:{port}"]
             + ["--secret-file", str(tmp_path / "s"), "--spare", "--heartbeat", "0.2"]
-            + ["--advertise", "127.0.0.1", "--log-dir", str(tmp_path / "logs"), "x.py"],
+            + ["--advertise", "no-such-host.invalid", "--log-dir", str(tmp_path / "logs")]
+            + ["x.py"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -288,7 +330,7 @@ def test_a_spare_agent_refused_by_a_snapshots_controller_says_why_and_ends(
     finally:
         job.close()
     assert agent.returncode == 2
-    assert f"eagleeye agent: refused by the controller: {SNAPSHOTS_REFUSAL}\n" in agent.stderr
+    assert f"eagleeye agent: refused by the controller: {NO_HOLDER_REFUSAL}\n" in agent.stderr
 
 
 def test_another_agent_claiming_a_held_node_rank_is_refused(tmp_path: Path) -> None:
