@@ -20,7 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,25 @@ class Job:
         self.members.close()
 
 
+@contextmanager
+def two_hosts_and_a_spare(
+    tmp: Path, **options: Any
+) -> Iterator[tuple[Job, list[Host], Host, list[Host]]]:
+    """A running job of node ranks 0 and 1 (hosts ``h0``, ``h1``) and a spare ``hs``;
+    every host in the yielded list (a test may add more) is closed at the end."""
+    job = Job(tmp, **options)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        yield job, nodes, spare, hosts
+    finally:
+        job.close()
+        for host in hosts:
+            host.close()
+
+
 def restarted(host: Host, attempt: int) -> dict[str, Any] | None:
     return next((b for b in host.kinds("restart") if b["attempt"] == attempt), None)
 
@@ -145,12 +165,7 @@ def restarted(host: Host, attempt: int) -> dict[str, Any] | None:
 def test_a_lost_node_rank_goes_to_the_spare_and_the_lost_host_is_fenced(
     tmp_path: Path, lost: int
 ) -> None:
-    job = Job(tmp_path)
-    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
-    spare = Host(job.members.address, "hs", -1, spare=True)
-    hosts = [*nodes, spare]
-    job.start()
-    try:
+    with two_hosts_and_a_spare(tmp_path) as (job, nodes, spare, hosts):
         pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
         assert [h.kinds("launch")[0]["node_rank"] for h in nodes] == [0, 1]
         assert spare.kinds("launch") == []  # a spare runs no ranks
@@ -182,10 +197,6 @@ def test_a_lost_node_rank_goes_to_the_spare_and_the_lost_host_is_fenced(
         pump(hosts, lambda: job.result)
         assert job.result == [Phase.SUCCEEDED]
         pump(hosts, lambda: spare.kinds("stop") and stay.kinds("stop"))  # the end, to both
-    finally:
-        job.close()
-        for host in hosts:
-            host.close()
     with RunReader(job.run_dir) as run:
         findings = run.findings()
         actions = run.actions()
@@ -198,12 +209,7 @@ def test_a_lost_node_rank_goes_to_the_spare_and_the_lost_host_is_fenced(
 
 
 def test_an_evicted_host_is_replaced_by_the_spare(tmp_path: Path) -> None:
-    job = Job(tmp_path)
-    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
-    spare = Host(job.members.address, "hs", -1, spare=True)
-    hosts = [*nodes, spare]
-    job.start()
-    try:
+    with two_hosts_and_a_spare(tmp_path) as (job, nodes, spare, hosts):
         pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
         xid = {"name": "gpu_xid", "value": 79.0, "time": time.time(), "labels": {"node": "node1"}}
         nodes[1].send("samples", {"samples": [xid, xid]})  # two findings, one eviction
@@ -215,10 +221,6 @@ def test_an_evicted_host_is_replaced_by_the_spare(tmp_path: Path) -> None:
         spare.send("exit", {"rank": 1, "code": 0, "attempt": 1})
         pump(hosts, lambda: job.result)
         assert job.result == [Phase.SUCCEEDED]
-    finally:
-        job.close()
-        for host in hosts:
-            host.close()
     with RunReader(job.run_dir) as run:
         actions = run.actions()
     assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [("evict", "xid")]
@@ -226,22 +228,13 @@ def test_an_evicted_host_is_replaced_by_the_spare(tmp_path: Path) -> None:
 
 
 def test_with_the_budget_spent_the_spare_is_left_and_the_job_stops(tmp_path: Path) -> None:
-    job = Job(tmp_path, max_restarts=0)
-    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
-    spare = Host(job.members.address, "hs", -1, spare=True)
-    hosts = [*nodes, spare]
-    job.start()
-    try:
+    with two_hosts_and_a_spare(tmp_path, max_restarts=0) as (job, nodes, spare, hosts):
         pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
         nodes[1].beating = False
         pump(hosts, lambda: job.result)
         assert job.result == [Phase.FAILED]
         pump(hosts, lambda: spare.kinds("stop"))  # the job's end
         assert spare.kinds("restart") == []
-    finally:
-        job.close()
-        for host in hosts:
-            host.close()
     with RunReader(job.run_dir) as run:
         actions = run.actions()
     assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [
@@ -334,12 +327,7 @@ def test_a_spare_agent_without_a_holder_refused_by_a_snapshots_controller_says_w
 
 
 def test_another_agent_claiming_a_held_node_rank_is_refused(tmp_path: Path) -> None:
-    job = Job(tmp_path)
-    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
-    spare = Host(job.members.address, "hs", -1, spare=True)
-    hosts = [*nodes, spare]
-    job.start()
-    try:
+    with two_hosts_and_a_spare(tmp_path) as (job, nodes, spare, hosts):
         pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
         nodes[1].beating = False
         pump(hosts, lambda: restarted(spare, 1))
@@ -352,21 +340,12 @@ def test_another_agent_claiming_a_held_node_rank_is_refused(tmp_path: Path) -> N
         pump(hosts, lambda: job.result)
         assert job.result == [Phase.SUCCEEDED]
         assert claimant.kinds("restart") == []
-    finally:
-        job.close()
-        for host in hosts:
-            host.close()
 
 
 def test_a_fenced_host_joins_again_as_a_spare_and_can_take_a_node_rank_later(
     tmp_path: Path,
 ) -> None:
-    job = Job(tmp_path, max_restarts=3)
-    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
-    spare = Host(job.members.address, "hs", -1, spare=True)
-    hosts = [*nodes, spare]
-    job.start()
-    try:
+    with two_hosts_and_a_spare(tmp_path, max_restarts=3) as (job, nodes, spare, hosts):
         pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
         nodes[1].beating = False  # h1's link is cut: hs takes node rank 1 as attempt 1
         pump(hosts, lambda: restarted(spare, 1))
@@ -417,10 +396,6 @@ def test_a_fenced_host_joins_again_as_a_spare_and_can_take_a_node_rank_later(
         pump(hosts, lambda: job.result)
         assert job.result == [Phase.SUCCEEDED]
         pump(hosts, lambda: again.kinds("stop"))  # the job's end reaches it too
-    finally:
-        job.close()
-        for host in hosts:
-            host.close()
     with RunReader(job.run_dir) as run:
         events = run.events()
         actions = run.actions()
@@ -452,8 +427,7 @@ def test_with_snapshots_a_lost_host_is_only_fenced_not_asked_to_join_again(
         back = nodes[1]
         back.send("heartbeat", {})
         pump(nodes, lambda: back.kinds("stop"))
-        assert "rejoin" not in back.kinds("stop")[0]  # its agent ends as it did (a spare
-        # hello is refused there: test_a_spare_is_refused_by_a_controller_with_snapshots)
+        assert "rejoin" not in back.kinds("stop")[0]  # not asked back: its agent ends
     finally:
         job.close()
         for host in nodes:
