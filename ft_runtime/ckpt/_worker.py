@@ -92,13 +92,7 @@ class Worker:
         self.cfg = dataclasses.replace(self.cfg, ring=ring)
         prev = ring.prev(self.cfg.node)
         if prev is not None and prev != old_prev:  # a new previous node backs up here again
-            rpc = Rpc(ctx, prev[1], 2.0, self.cfg.token)
-            try:
-                rpc.call({"op": "rebackup"})
-            except CheckpointError as exc:
-                log.info("new previous node not asked to back up again: %s", exc)
-            finally:
-                rpc.close()
+            self._ask_rebackup(ctx, prev[1], "new previous node")
         nxt = ring.next(self.cfg.node)
         if nxt == old:
             return
@@ -201,13 +195,17 @@ class Worker:
                 log.info("no backups pulled from the next node: %s", exc)
         prev = self.cfg.ring.prev(self.cfg.node)
         if prev is not None:
-            rpc = Rpc(ctx, prev[1], 2.0, self.cfg.token)
-            try:
-                rpc.call({"op": "rebackup"})
-            except CheckpointError as exc:
-                log.info("previous node not asked to back up again: %s", exc)
-            finally:
-                rpc.close()
+            self._ask_rebackup(ctx, prev[1], "previous node")
+
+    def _ask_rebackup(self, ctx: zmq.Context[Any], endpoint: str, who: str) -> None:
+        """Asks the holder at ``endpoint`` to back its snapshots up to this one again."""
+        rpc = Rpc(ctx, endpoint, 2.0, self.cfg.token)
+        try:
+            rpc.call({"op": "rebackup"})
+        except CheckpointError as exc:
+            log.info("%s not asked to back up again: %s", who, exc)
+        finally:
+            rpc.close()
 
     def _pull_backups(self, rpc: Rpc) -> None:
         head, _ = rpc.call({"op": "list", "owner": self.cfg.node})

@@ -19,6 +19,7 @@ import pytest
 
 from eagleeye.agents.wire import holder_token
 from eagleeye.store import RunReader
+from tests.eagleeye.test_netns_snapshots import LIST_BACKUPS as LIST
 from tests.eagleeye.test_netns_spare import Lines, launched
 from tests.netns import NetHosts, need_netns
 
@@ -26,14 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 HOLDER_PORT = 5721
-LIST = """
-import sys
-import zmq
-from ft_runtime.ckpt._rpc import Rpc
-rpc = Rpc(zmq.Context.instance(), sys.argv[1], 5.0, sys.argv[2])
-head, _ = rpc.call({"op": "list", "owner": sys.argv[3]})
-print(len(head["slots"]), head["node"])
-"""
 PULLED = """
 import sys
 import zmq
