@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 FindingHook = Callable[[Finding], None]
 DecisionHook = Callable[["Decision"], None]
 # Actions after which the target is a new incarnation: older findings about it are answered.
+NEVER = float("-inf")
+JOB = "job"  # the target of the whole job: recovered, every finding before is answered
 RECOVERIES = frozenset(
     {ActionKind.RESTART, ActionKind.EVICT, ActionKind.ROLLBACK, ActionKind.ISOLATE}
 )
@@ -187,8 +189,9 @@ class Remediator:
         capped: bool,
     ) -> Decision | None:
         target = target_of(step.scope, finding)
-        if finding.time <= self._last_done.get(target, float("-inf")):
-            return None  # the target was recovered after this finding: already answered
+        recovered = max(self._last_done.get(target, NEVER), self._last_done.get(JOB, NEVER))
+        if finding.time <= recovered:
+            return None  # the target (or the whole job) was recovered after this finding
         key = f"{step.action.value}/{target}/{finding.key}@{finding.time:.6f}"
         action = Action(step.action, target, reason, key, tuple(sorted(step.params.items())))
         now = self.clock()
@@ -268,6 +271,9 @@ class Remediator:
         """A target recovered: findings about it from before are answered."""
         if outcome.status is OutcomeStatus.DONE and outcome.action.kind in RECOVERIES:
             self._last_done[outcome.action.target] = outcome.time
+            if outcome.action.kind is ActionKind.RESTART and "attempt" in outcome.data:
+                # a restart that became the whole job's (a new attempt): every rank recovered
+                self._last_done[JOB] = outcome.time
 
     def _decision(self, item: PendingAction, outcome: Outcome, reason: str) -> Decision:
         return Decision(

@@ -1,12 +1,20 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from collector.types import Subject
 from detectors.types import Finding, Severity
 from ft_runtime.testing import FakeRuntime
-from ft_runtime.types import ActionKind, OutcomeStatus
-from remediation import PolicyError, Remediator, Rule, synchronous_restart_policy
+from ft_runtime.types import Action, ActionKind, Outcome, OutcomeStatus
+from remediation import (
+    PolicyError,
+    Remediator,
+    Rule,
+    replica_restart_policy,
+    synchronous_restart_policy,
+)
 
 
 def exit_finding(time: float, rank: int = 3, step: int = 40) -> Finding:
@@ -77,3 +85,28 @@ def test_rules_target_the_scope_they_name() -> None:
     )
     with pytest.raises(PolicyError, match="scope 'rack'"):
         Rule("process_exit", ActionKind.EVICT, "rack")
+
+
+class _JobRestartingRuntime(FakeRuntime):
+    """A replica restart that found no replica to catch up from and restarted the whole
+    job, as the replica supervisor does (its outcome names the new attempt)."""
+
+    def execute(self, action: Action) -> Outcome:
+        self.actions.append(action)
+        return Outcome(action, OutcomeStatus.DONE, "whole job", self.clock(), {"attempt": 1})
+
+
+def test_a_restart_that_became_the_jobs_answers_every_earlier_finding(clock) -> None:
+    """Two replicas' ranks killed in one step: the first finding's replica restart became
+    a job restart; the second replica's exit, from before it, restarts nothing more."""
+    runtime = _JobRestartingRuntime(clock=clock)
+    remediator = Remediator(replica_restart_policy(), runtime, dry_run=False, clock=clock)
+    first, second = exit_finding(clock(), rank=3), exit_finding(clock(), rank=1)
+    second = dataclasses.replace(second, subject=Subject(replica=0, rank=1, node="node0"))
+    clock.advance(0.1)
+    assert [d.outcome.status for d in remediator.handle(first)] == [OutcomeStatus.DONE]
+    assert remediator.handle(second) == []  # answered by the job's restart
+    assert [a.target for a in runtime.actions] == ["replica:1"]
+    clock.advance(1)
+    later = dataclasses.replace(second, time=clock())  # a new failure after it is answered
+    assert [d.action.target for d in remediator.handle(later)] == ["replica:0"]
