@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,6 +44,7 @@ from ft_runtime.ckpt import (
 from ft_runtime.ckpt._rpc import Rpc
 from ft_runtime.ckpt.config import parse_ring, ring_text
 from ft_runtime.layout import ENV_SNAPSHOT_RING, ENV_SNAPSHOT_STORAGE, JobLayout
+from ft_runtime.ports import free_port
 
 if TYPE_CHECKING:
     from ft_runtime.ckpt import CheckpointClient
@@ -146,7 +146,7 @@ class Holders:
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
         nodes = [f"node{i}" for i in range(layout.nnodes)]
-        self.ring = ring or Ring(tuple((n, f"tcp://{host}:{_free_port(host)}") for n in nodes))
+        self.ring = ring or Ring(tuple((n, f"tcp://{host}:{free_port(host)}") for n in nodes))
         self.storage = storage
         here = [n for n, _ in self.ring.nodes] if local is None else list(local)
         self.configs = [
@@ -262,9 +262,3 @@ def _job_name(run_id: str) -> str:
     # segment names allow letters, digits, '_' and '-' (at most 64)
     cleaned = "".join(c if c.isalnum() or c in "_-" else "-" for c in run_id)
     return cleaned[-64:] or "job"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])

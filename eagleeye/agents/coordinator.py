@@ -136,8 +136,7 @@ class JobCoordinator:
             self._poll()
         if self.snapshots:
             try:
-                holders = {n: str(a.info.get("holder") or "") for n, a in self._by_node.items()}
-                self._ring = ring_of(holders)
+                self._ring = self._holders_ring()
             except EagleEyeError as exc:
                 return self._end(Phase.FAILED, str(exc))
         self._launch("launch")
@@ -325,12 +324,20 @@ class JobCoordinator:
         if self.attempt >= self.max_restarts:
             self._end(Phase.FAILED, f"the restart budget is spent ({action.reason})")
             return Outcome(action, OutcomeStatus.SKIPPED, "budget spent", now)
+        self._next_attempt(action.reason)
+        return Outcome(action, OutcomeStatus.DONE, "every agent restarted", self.clock())
+
+    def _next_attempt(self, reason: str, **detail: object) -> None:
+        """Every agent restarts its ranks as the next attempt (the detectors' new baseline)."""
         self.attempt += 1
         self._succeeded.clear()
-        self._detectors = reduced_detectors()  # each attempt is a new baseline
-        self._event("job", Phase.RECOVERING, reason=action.reason)
+        self._detectors = reduced_detectors()
+        self._event("job", Phase.RECOVERING, reason=reason, **detail)
         self._launch("restart")
-        return Outcome(action, OutcomeStatus.DONE, "every agent restarted", self.clock())
+
+    def _holders_ring(self) -> str:
+        """The ring of the snapshot holders the agents of the node ranks declared."""
+        return ring_of({n: str(a.info.get("holder") or "") for n, a in self._by_node.items()})
 
     def _evict(self, action: Action, now: float) -> Outcome:
         """A host whose GPU is beyond use (a fatal XID, an uncorrectable memory error):
@@ -476,20 +483,13 @@ class JobCoordinator:
         self.members.assign(spare.agent, node)
         self._by_node[node] = spare
         if self._ring is not None:  # the spare's holder takes the node's place in the ring
-            holders = {n: str(a.info.get("holder") or "") for n, a in self._by_node.items()}
-            self._ring = ring_of(holders)
-        self.attempt += 1
-        self._succeeded.clear()
-        self._detectors = reduced_detectors()  # each attempt is a new baseline
-        self._event(
-            "job",
-            Phase.RECOVERING,
-            reason=f"{reason}: node rank {node} moved to the spare {spare.agent}",
+            self._ring = self._holders_ring()
+        self._next_attempt(
+            f"{reason}: node rank {node} moved to the spare {spare.agent}",
             node=node,
             spare=spare.agent,
             host=spare.host,
         )
-        self._launch("restart")
         return (
             f"node rank {node} moved to the spare {spare.agent} on {spare.host}; "
             f"every host restarted as attempt {self.attempt}"

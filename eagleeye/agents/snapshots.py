@@ -24,6 +24,7 @@ from eagleeye.snapshots import Holders
 from ft_runtime.ckpt.config import Ring, parse_ring
 from ft_runtime.errors import CheckpointError
 from ft_runtime.layout import JobLayout
+from ft_runtime.ports import free_port
 
 
 def holder_endpoint(advertise: str, port: int = 0) -> str:
@@ -35,11 +36,7 @@ def holder_endpoint(advertise: str, port: int = 0) -> str:
         raise EagleEyeError(
             f"--advertise {advertise!r} does not resolve ({exc}); give this host's address"
         ) from None
-    if port == 0:
-        with socket.socket() as probe:
-            probe.bind((address, 0))
-            port = int(probe.getsockname()[1])
-    return f"tcp://{address}:{port}"
+    return f"tcp://{address}:{port or free_port(address)}"
 
 
 def ring_of(endpoints: Mapping[int, str]) -> str:

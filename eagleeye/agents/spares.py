@@ -52,12 +52,10 @@ class Spares:
     def take(self) -> AgentState | None:
         """The first spare still alive and not fenced, no longer waiting; None if none."""
         for name, state in list(self._waiting.items()):
+            del self._waiting[name]  # used now, or gone
             current = self.members.agents.get(name)
-            if current is not state or state.lost_at is not None or name in self.members.fenced:
-                del self._waiting[name]
-                continue
-            del self._waiting[name]
-            return state
+            if current is state and state.lost_at is None and name not in self.members.fenced:
+                return state
         return None
 
     def put_back(self, agent: AgentState) -> None:
