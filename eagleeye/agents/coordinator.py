@@ -45,6 +45,7 @@ from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.snapshots import ring_of
 from eagleeye.agents.spares import NO_HOLDER_REFUSAL, Spares, is_spare
+from eagleeye.agents.stopped import StoppedRankHang
 from eagleeye.detection import host_detectors, reduced_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import host_frames
@@ -111,9 +112,11 @@ class JobCoordinator:
     snapshots: bool = False  # every host's snapshot holder in one ring, backing up across
     _ring: str | None = None
     _spares: Spares = field(init=False)  # spare hosts waiting for a node rank
+    _stops: StoppedRankHang = field(init=False)  # the attempt's stopped ranks (hangs)
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
+        self._stops = StoppedRankHang(self.layout.world_size)
         if self.intake is None:
             self.intake = SummaryIntake(self.layout, clock=self.clock)
         self.members.intake = self.intake
@@ -201,6 +204,7 @@ class JobCoordinator:
         self.store.add_samples(s for frame in frames for s in _samples(frame))
         for frame in frames:
             if frame.subject.scope == "job" and frame.step is not None:
+                self._stops.job_step(frame, self.clock())
                 self._newest_step = max(self._newest_step or 0, frame.step)
                 step_time = frame.values.get("step_time.median")
                 if step_time is not None:
@@ -213,6 +217,7 @@ class JobCoordinator:
         now = self.clock()
         for detector in self._detectors:
             found += detector.poll(now)
+        found += self._stops.poll(now)
         for finding in found:
             self._answer(finding)
 
@@ -290,6 +295,7 @@ class JobCoordinator:
             return
         self.store.add_samples(samples)
         self.on_samples(samples)
+        self._stops.observe(samples, self.attempt, self.clock())
         for frame in host_frames(samples):
             for detector in self._host_rules:
                 for finding in detector.process(frame):
@@ -332,6 +338,7 @@ class JobCoordinator:
         self.attempt += 1
         self._succeeded.clear()
         self._detectors = reduced_detectors()
+        self._stops = StoppedRankHang(self.layout.world_size)
         self._event("job", Phase.RECOVERING, reason=reason, **detail)
         self._launch("restart")
 

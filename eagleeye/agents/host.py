@@ -36,6 +36,7 @@ from collector.types import Sample
 from eagleeye.agents.link import AgentLink
 from eagleeye.agents.ranktelemetry import HostTelemetry
 from eagleeye.agents.snapshots import HostHolder
+from eagleeye.agents.stopped import StopLooks
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import HostSources, HostSourcesConfig
@@ -90,6 +91,8 @@ class HostAgent:
     _holder: HostHolder | None = None  # started at the first launch with snapshots on
     ended_by: str | None = None  # why the controller put this agent out (fenced, refused)
     on_rejoin: Callable[[str], None] = lambda line: None  # fenced, joined again as a spare
+    _looks: StopLooks = field(default_factory=StopLooks)  # the ranks' processes, each tick
+    _proc_samples: list[Sample] = field(default_factory=list)  # stops seen, to forward
 
     @property
     def specs(self) -> list[RankSpec]:
@@ -255,6 +258,9 @@ class HostAgent:
         most ``CHUNK`` samples, and one summary per step of the ranks' telemetry."""
         if self._sources is not None:
             self._send("samples", self._sources.take())
+        if self._proc_samples:
+            self._send("samples", self._proc_samples)
+            self._proc_samples = []
         if self.telemetry is not None:
             summaries, events = self.telemetry.take()
             self._send("events", events)
@@ -278,12 +284,18 @@ class HostAgent:
             self._holder = None
 
     def _watch(self) -> None:
+        live: dict[int, int] = {}
+        attempt = 0
         for rank in self._ranks.values():
             code = rank.proc.poll()
-            if code is not None and not rank.reported:
+            if code is None:
+                live[rank.spec.rank], attempt = rank.proc.pid, rank.attempt
+            elif not rank.reported:
                 rank.reported = True
                 body = {"rank": rank.spec.rank, "code": code, "attempt": rank.attempt}
                 self.link.report("exit", body)
+        node = f"node{self.node_rank}"
+        self._proc_samples += self._looks.look(live, attempt, node, time.time())
 
     def _signal(self, rank: int, sig: signal.Signals) -> str:
         held = self._ranks.get(rank)

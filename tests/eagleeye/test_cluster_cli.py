@@ -67,6 +67,7 @@ class Cluster:
             for n in range(2)
         ]
         self.pids: list[int] = []
+        self.by_rank: dict[tuple[int, int], int] = {}  # (attempt, rank) → its process
 
     def read(self, want) -> dict:
         assert self.controller.stdout is not None
@@ -76,7 +77,9 @@ class Cluster:
             assert line, "the controller ended early"
             item = json.loads(line)
             if str(item.get("subject")).startswith("rank:") and item.get("phase") == "launch":
-                self.pids.append(int(item["detail"]["pid"]))
+                detail = item["detail"]
+                self.pids.append(int(detail["pid"]))
+                self.by_rank[(int(detail["attempt"]), int(detail["rank"]))] = int(detail["pid"])
             if want(item):
                 return dict(item)
         raise AssertionError("not seen in time")
