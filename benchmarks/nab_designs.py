@@ -22,11 +22,12 @@ likelihood designs of detectors/eval/nab_likelihood.py the same way; every ``--f
 run also prints the family's ceiling per category (its best setting chosen on that
 category's own labels: not a held-out figure). ``--missed`` prints the AWS CloudWatch
 windows the record detector misses, their values beside the file's history and how high
-each score ranks them.
+each score ranks them. ``--family extreme_record`` judges the record detector's grid
+with a new-extreme trigger (detectors/eval/nab_extreme.py) off or at a margin.
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
-     likelihood_fusion] [--zero-fp-bound] [--missed]
+     likelihood_fusion|extreme_record] [--zero-fp-bound] [--missed]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from detectors.eval.nab_discord import (
     discord_scores,
     record_flags,
 )
+from detectors.eval.nab_extreme import ExtremeRecordFamily
 from detectors.eval.nab_families import Family
 from detectors.eval.nab_likelihood import LikelihoodFamily, LikelihoodRecordFamily, RankMeanFamily
 from detectors.univariate import RecordDetector, SeriesResult, _robust_z, _seasonal_residual
@@ -259,6 +261,7 @@ def family_loco(root: Path, name: str) -> None:
         "likelihood": LikelihoodFamily(),
         "rank_mean": RankMeanFamily(),
         "likelihood_fusion": LikelihoodRecordFamily(),
+        "extreme_record": ExtremeRecordFamily(),
     }
     family = families[name]
     start = time.perf_counter()
@@ -365,6 +368,7 @@ def main() -> None:
             "likelihood",
             "rank_mean",
             "likelihood_fusion",
+            "extreme_record",
         ),
         default=None,
     )
