@@ -17,8 +17,17 @@ record detector (shipped constants, 32-point predictor) and its union with the d
 would score with every flag outside a window removed: the most that fewer false
 positives alone could give.
 
+``--family likelihood``, ``rank_mean`` or ``likelihood_fusion`` judges the anomaly
+likelihood designs of detectors/eval/nab_likelihood.py the same way; every ``--family``
+run also prints the family's ceiling per category (its best setting chosen on that
+category's own labels: not a held-out figure). ``--missed`` prints the AWS CloudWatch
+windows the record detector misses, their values beside the file's history and how high
+each score ranks them. ``--family extreme_record`` judges the record detector's grid
+with a new-extreme trigger (detectors/eval/nab_extreme.py) off or at a margin.
+
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
-     [--family discord|discord_sustained|discord_fusion] [--zero-fp-bound]
+     [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
+     likelihood_fusion|extreme_record] [--zero-fp-bound] [--missed]
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ from detectors.eval.nab_discord import (
     discord_scores,
     record_flags,
 )
+from detectors.eval.nab_extreme import ExtremeRecordFamily
 from detectors.eval.nab_families import Family
+from detectors.eval.nab_likelihood import LikelihoodFamily, LikelihoodRecordFamily, RankMeanFamily
 from detectors.univariate import RecordDetector, SeriesResult, _robust_z, _seasonal_residual
 
 #: nab_loco's own detector_for (``loco`` replaces the module's with a variant's).
@@ -247,10 +258,16 @@ def family_loco(root: Path, name: str) -> None:
         "discord": DiscordFamily(),
         "discord_sustained": DiscordFamily(DISCORD_SUSTAINED_GRID),
         "discord_fusion": DiscordRecordFamily(),
+        "likelihood": LikelihoodFamily(),
+        "rank_mean": RankMeanFamily(),
+        "likelihood_fusion": LikelihoodRecordFamily(),
+        "extreme_record": ExtremeRecordFamily(),
     }
     family = families[name]
     start = time.perf_counter()
-    result = nab_loco.leave_one_out(root, family)
+    files = list(load_corpus(root))
+    table = nab_loco.score_table(files, family)
+    result = nab_loco.held_out(files, table)
     for h in result.held:
         setting = ",".join(f"{v:g}" for v in h.setting)
         fp = h.false_positives
@@ -260,7 +277,57 @@ def family_loco(root: Path, name: str) -> None:
             f"{p.name:<20}mean {result.mean[p.name]:.2f}  pooled {result.pooled[p.name]:.2f}"
             f"  whole corpus (best setting, not held out) {result.whole[p.name]:.2f}"
         )
+    # The family's ceiling per category: its best setting chosen on that category's own
+    # labels (standard profile). Not a held-out figure: what no protocol could beat.
+    cats = np.array([nab_loco.category(f.name) for f in files])
+    for cat in CATEGORIES:
+        inside = np.flatnonzero(cats == cat)
+
+        def on_itself(st: tuple[float, ...], inside: np.ndarray = inside) -> float:
+            return nab_loco._score([table[st][STANDARD.name][i] for i in inside], STANDARD)
+
+        best = max(table, key=on_itself)
+        print(f"ceiling (chosen on its own labels) {cat:<24}{on_itself(best):8.2f}")
     print(f"{time.perf_counter() - start:.0f} s")
+
+
+def missed_windows(root: Path) -> None:
+    """The AWS CloudWatch windows the record detector misses (shipped constants, 32-point
+    predictor): the values at the window's centre beside the file's history before it, and
+    how high each score ranks there: its largest value in the window against the 99th
+    percentile of its values between the probation and the window."""
+    from detectors.eval.nab_likelihood import bounded_surprise, likelihood_z
+
+    def stats(a: np.ndarray) -> str:
+        return f"median {np.median(a):.4g} sd {a.std():.4g} min {a.min():.4g} max {a.max():.4g}"
+
+    for f in load_corpus(root):
+        if nab_loco.category(f.name) != "realAWSCloudwatch":
+            continue
+        x, probation = f.values, probation_length(len(f.values))
+        flags = RecordDetector(predictor=32).detect(x, probation).flags
+        raw = bounded_surprise(x, probation, 32, 0.8, 6.0)
+        scores = {
+            "record": RecordDetector(predictor=32).score(x, probation),
+            "likelihood z (short 10)": likelihood_z(raw, 10, None, 0.05),
+            "likelihood z (short 1)": likelihood_z(raw, 1, None, 0.05),
+            "discord (m 8)": discord_scores(x, probation, 8),
+        }
+        for k, (left, right) in enumerate(f.windows):
+            if right < probation or flags[left : right + 1].any():
+                continue
+            centre = (left + right) // 2
+            print(f"{f.name} window {k} rows {left}-{right}")
+            print(f"  history before it: {stats(x[:left])}")
+            print(f"  last 300 before:   {stats(x[max(left - 300, 0) : left])}")
+            print(f"  window:            {stats(x[left : right + 1])}")
+            near = np.array2string(x[centre - 8 : centre + 9], precision=4, max_line_width=160)
+            print(f"  centre +-8 rows: {near}")
+            for name, sc in scores.items():
+                past = sc[probation:left]
+                p99 = float(np.quantile(past, 0.99)) if len(past) else float("nan")
+                top = sc[left : right + 1].max()
+                print(f"  {name:<24} in window {top:8.2f}  p99 before {p99:8.2f}")
 
 
 def zero_fp_bound(root: Path) -> None:
@@ -293,11 +360,24 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("..") / "shared" / "data" / "nab")
     parser.add_argument("--loco", choices=sorted(VARIANTS), default=None)
     parser.add_argument(
-        "--family", choices=("discord", "discord_sustained", "discord_fusion"), default=None
+        "--family",
+        choices=(
+            "discord",
+            "discord_sustained",
+            "discord_fusion",
+            "likelihood",
+            "rank_mean",
+            "likelihood_fusion",
+            "extreme_record",
+        ),
+        default=None,
     )
     parser.add_argument("--zero-fp-bound", action="store_true")
+    parser.add_argument("--missed", action="store_true")
     args = parser.parse_args()
-    if args.zero_fp_bound:
+    if args.missed:
+        missed_windows(args.root)
+    elif args.zero_fp_bound:
         zero_fp_bound(args.root)
     elif args.family:
         family_loco(args.root, args.family)
