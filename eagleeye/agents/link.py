@@ -9,13 +9,14 @@ anything else is refused, counted and logged, never acted on.
 When the controller goes away (killed, its host lost), the link keeps its host's ranks
 running: a silent controller is never evidence against them. ZeroMQ reconnects by
 itself, every 0.1 s backing off to one heartbeat period at most, and a ZMTP heartbeat
-closes a connection whose peer stopped answering, so a controller host that vanished
-without closing its sockets is found too. Meanwhile nothing blocks: a message that
-cannot be queued (a thousand are already waiting for the controller) is dropped and
-counted by kind (``dropped``), and the loss of contact is logged loudly every ten
-periods. A controller that does not know this agent (restarted from its run store)
-asks it to say ``hello`` again (``rehello``): the hello then carries what the agent runs
-(``declare``: its attempt, each rank's pid and the exit codes of those that ended).
+closes a connection whose peer stopped answering for 3 periods (5 s at least), so a
+controller host that vanished without closing its sockets is found too. Meanwhile
+nothing blocks: a message that cannot be queued (a thousand are already waiting for
+the controller) is dropped and counted by kind (``dropped``), and the loss of contact is
+logged loudly every ten periods. A controller that does not know this agent
+(restarted from its run store) asks it to say ``hello`` again (``rehello``): the hello
+then carries what the agent runs (``declare``: its attempt, each rank's pid and the exit
+codes of those that ended).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class AgentLink:
         self._socket.setsockopt(zmq.RECONNECT_IVL, 100)
         self._socket.setsockopt(zmq.RECONNECT_IVL_MAX, period_ms)
         self._socket.setsockopt(zmq.HEARTBEAT_IVL, period_ms)
-        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * period_ms)
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(3 * period_ms, 5000))
         self._monitor = self._socket.get_monitor_socket(
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
         )
