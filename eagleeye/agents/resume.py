@@ -20,19 +20,21 @@ hosts' reduced telemetry and the remediation policy's cooldowns start afresh.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagleeye.agents.membership import AgentState
-from eagleeye.errors import EagleEyeError
+from eagleeye.errors import EagleEyeError, StoreError
 from eagleeye.store import DB_NAME, RunStore
 from ft_runtime.types import Phase
 
 if TYPE_CHECKING:
     from eagleeye.agents.coordinator import JobCoordinator
 
+log = logging.getLogger(__name__)
 #: The ``meta`` key of the journal.
 KEY = "cluster_state"
 #: The journal's own format version.
@@ -68,9 +70,17 @@ def state_of(job: JobCoordinator) -> dict[str, Any]:
 
 
 def save(store: RunStore, job: JobCoordinator) -> None:
-    """The journal: ``job``'s state, committed before the caller goes on."""
+    """The journal: ``job``'s state, committed before the caller goes on. A store that
+    fails is logged, and the job goes on (a controller restarted later may not)."""
     store.set_meta(KEY, state_of(job))
-    store.flush()
+    try:
+        store.flush()
+    except StoreError as exc:
+        log.error(
+            "the job's state is not in the run store (%s): a controller restarted "
+            "now could not go on with this job",
+            exc,
+        )
 
 
 def load(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -45,7 +45,7 @@ TABLES = ("findings", "actions", "events", "samples")
 class Job:
     """A controller and two agents on loopback, the controller restartable."""
 
-    def __init__(self, tmp: Path, steps: int, step_s: float) -> None:
+    def __init__(self, tmp: Path, steps: int, step_s: float, *agent_flags: object) -> None:
         (tmp / "secret").write_text(SECRET)
         (tmp / "rank.py").write_text(STEPS)
         self.tmp = tmp
@@ -53,11 +53,12 @@ class Job:
         self.common = ["--secret-file", str(tmp / "secret"), "--heartbeat", "0.25"]
         self.runs = tmp / "runs"
         self.starts = 0
+        self.pids: dict[int, int] = {}
         self.controller, self.out = self.start_controller()
         self.agents = [
-            self.agent(str(n), "--log-dir", str(tmp / f"logs{n}"), steps, step_s) for n in range(2)
+            self.agent(str(n), *agent_flags, "--log-dir", tmp / f"logs{n}", steps, step_s)
+            for n in range(2)
         ]
-        self.pids: dict[int, int] = {}
 
     def start_controller(self) -> tuple[subprocess.Popen[str], IO[str]]:
         """The controller, always with the same command line."""
@@ -250,3 +251,22 @@ def test_the_restarted_controller_refuses_strangers(tmp_path: Path) -> None:
                 proc.kill()
             proc.wait(timeout=30)
         job.close()
+
+
+def test_with_no_controller_coming_back_the_agents_end_once_their_ranks_ended(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path, 20, 0.1, "--controller-wait", 1)
+    try:
+        job.launched()
+        job.kill_controller()
+        assert all(alive(pid) for pid in job.pids.values())  # never ended for a silence
+        assert [a.wait(timeout=60) for a in job.agents] == [3, 3]  # ranks ended, then they
+        for n in range(2):
+            log = (tmp_path / f"logs{n}" / "attempt-0" / f"rank-{n}.log").read_text()
+            assert "Traceback" not in log  # the ranks trained to their end
+        said = "".join(p.read_text() for p in tmp_path.glob("agent-*.err"))
+        assert "the controller stayed unreachable" in said
+    finally:
+        job.close()
+    job.no_rank_left()
