@@ -45,9 +45,18 @@ TABLES = ("findings", "actions", "events", "samples")
 class Job:
     """A controller and two agents on loopback, the controller restartable."""
 
-    def __init__(self, tmp: Path, steps: int, step_s: float, *agent_flags: object) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        steps: int,
+        step_s: float,
+        *agent_flags: object,
+        script: str = STEPS,
+        controller: tuple[str, ...] = (),
+    ) -> None:
         (tmp / "secret").write_text(SECRET)
-        (tmp / "rank.py").write_text(STEPS)
+        (tmp / "rank.py").write_text(script)
+        self.flags = controller
         self.tmp = tmp
         self.listen = f"127.0.0.1:{free_port()}"
         self.common = ["--secret-file", str(tmp / "secret"), "--heartbeat", "0.25"]
@@ -66,7 +75,7 @@ class Job:
         err = (self.tmp / f"controller-{self.starts}.err").open("w")
         proc = subprocess.Popen(
             [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *self.common]
-            + ["--runs-dir", str(self.runs), "--run-id", "r"],
+            + ["--runs-dir", str(self.runs), "--run-id", "r", *self.flags],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -269,4 +278,33 @@ def test_with_no_controller_coming_back_the_agents_end_once_their_ranks_ended(
         assert "the controller stayed unreachable" in said
     finally:
         job.close()
+    job.no_rank_left()
+
+
+FAILS_FIRST = """
+import os, sys, time
+time.sleep(float(sys.argv[2]))
+sys.exit(3 if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
+"""
+
+
+def test_a_rank_that_failed_while_the_controller_was_away_restarts_the_job(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path, 0, 4.0, script=FAILS_FIRST, controller=("--remediate",))
+    try:
+        job.launched()
+        job.kill_controller()  # before rank 1 fails
+        until(lambda: not any(alive(pid) for pid in job.pids.values()))
+        job.start_controller()
+        finding = job.read(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["rank"]) == ("process_exit", 1)
+        assert job.ended()["phase"] == "succeeded"
+        assert job.controller.wait(timeout=60) == 0
+        assert [a.wait(timeout=60) for a in job.agents] == [0, 0]
+    finally:
+        job.close()
+    assert (tmp_path / "logs1" / "attempt-1" / "rank-1.log").exists()  # restarted as attempt 1
+    actions = job.rows("SELECT kind, status FROM actions")
+    assert actions == [("restart", "done")]
     job.no_rank_left()
