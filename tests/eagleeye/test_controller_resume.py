@@ -3,7 +3,9 @@ agent whose controller went away is asked for a hello again by the new one and d
 what it runs, as the same agent process (its session); the restored agents get a fresh
 heartbeat window on the new controller's clock, so none is lost right after the
 restart; the journal refuses a run that ended or a changed job, and a run that never
-launched starts over."""
+launched starts over. A restored coordinator sends an agent still on an earlier attempt
+the current launch, and answers an agent of the same name but a new process (another
+session) as a lost host."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import pytest
 
 from eagleeye.agents import AgentLink, AgentState, Membership
 from eagleeye.agents import resume as journal
+from eagleeye.agents.coordinator import JobCoordinator
 from eagleeye.errors import EagleEyeError
-from eagleeye.store import RunStore
+from eagleeye.store import RunReader, RunStore
+from ft_runtime.layout import JobLayout
 from ft_runtime.ports import free_port
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -110,3 +114,67 @@ def test_the_journal_refuses_an_ended_run_or_a_changed_job(tmp_path: Path) -> No
         journal.load(tmp_path / "c", CONFIG)
     store_with(tmp_path / "d", config=CONFIG)  # killed before its launch
     assert journal.load(tmp_path / "d", CONFIG) is None
+
+
+def restored_job(tmp_path: Path, session: str):
+    """A coordinator restarted at attempt 1 of a one-host job whose agent is ``a``."""
+    members = Membership(SECRET, f"tcp://127.0.0.1:{free_port()}", period_s=0.2)
+    (tmp_path / "run").mkdir()
+    store = RunStore(tmp_path / "run")
+    job = JobCoordinator(members, JobLayout(1, 1), store, journal=lambda j: journal.save(store, j))
+    launch = {"attempt": 1, "master_addr": "h", "master_port": 20001, "nnodes": 1}
+    state = {
+        "version": 1,
+        "attempt": 1,
+        "phase": "running",
+        "launch": {**launch, "nproc_per_node": 1},
+        "nodes": {"0": {"agent": "a", "host": "h", "session": session, "info": {}}},
+    }
+    journal.restore(job, state)
+    return job, members, store
+
+
+def test_an_agent_that_missed_the_current_attempts_launch_is_sent_it(tmp_path: Path) -> None:
+    job, members, store = restored_job(tmp_path, "0123456789abcdef")
+    link = AgentLink(members.address, SECRET, agent="a", node_rank=0, period_s=0.05)
+    link.session = "0123456789abcdef"  # the agent process the job admitted
+    link.declare(resume={"attempt": 0, "ranks": [{"rank": 0, "pid": 7, "code": None}]})
+    link.start()
+    try:
+
+        def restart():
+            job._poll()
+            return [m for m in link.take() if m.kind == "restart"]
+
+        (sent,) = wait_for(restart)
+        assert (sent.body["attempt"], sent.body["master_port"], sent.body["node_rank"]) == (
+            1,
+            20001,
+            0,
+        )
+        assert job.phase.value == "running"
+    finally:
+        link.close()
+        members.close()
+        store.close()
+
+
+def test_an_agent_of_the_same_name_but_a_new_process_is_not_adopted(tmp_path: Path) -> None:
+    job, members, store = restored_job(tmp_path, "0123456789abcdef")
+    link = AgentLink(members.address, SECRET, agent="a", node_rank=0, period_s=0.05).start()
+    try:
+
+        def stopped():
+            job._poll()
+            return [m for m in link.take() if m.kind == "stop"]
+
+        (stop,) = wait_for(stopped)
+        assert "lost" in stop.body["fenced"]
+        assert job.phase.value == "failed"  # no spare: the job stops
+    finally:
+        link.close()
+        members.close()
+        store.close()
+    with RunReader(tmp_path / "run") as run:
+        assert list(run.findings()["kind"]) == ["host_lost"]
+        assert run.meta()["cluster_state"]["phase"] == "failed"
