@@ -27,9 +27,10 @@ for a checkpoint first when there is a grace period. With ``snapshots`` on, ever
 carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``); when a
 spare takes a node rank, its holder takes that node's place in the ring the restart
 carries. With a ``journal`` (the run store's, ``eagleeye.agents.resume``) the state
-a restarted controller needs is written before every launch and end and at every rank
-exit; a controller restarted on the run (``resume.restore``) adopts the agents' running
-ranks as they say ``hello`` again (``eagleeye.agents.adoption``).
+a restarted controller needs is written before every launch and end, and after each
+poll in which ranks exited; a controller restarted on the run (``resume.restore``)
+adopts the agents' running ranks as they say ``hello`` again
+(``eagleeye.agents.adoption``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class JobCoordinator:
     launch_body: dict[str, object] = field(default_factory=dict)  # the current attempt's
     restored: bool = False  # restarted from the run store: the job runs, agents come back
     _exits_seen: set[tuple[int, int]] = field(default_factory=set)  # (attempt, rank) handled
+    _journal_due: bool = False  # ranks' exits since the journal was last written
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
@@ -191,6 +193,9 @@ class JobCoordinator:
         self._detect(self.intake.frames(hosts=self.layout.nnodes))
         for finding in self.inbox() if self.inbox is not None else ():
             self._from_outside(finding)
+        if self._journal_due:
+            self._journal_due = False
+            self.journal(self)
 
     def _from_outside(self, finding: Finding) -> None:
         """A finding from outside (an alert): answered when it is placed in the job; one
@@ -402,14 +407,13 @@ class JobCoordinator:
             return  # a rank of an earlier attempt, or one the stop ends
         if code == 0:
             self._succeeded.add(rank)
-            self.journal(self)
+            self._journal_due = True  # written once a poll, not once an exit
             if len(self._succeeded) == self.layout.world_size:
                 self._end(Phase.SUCCEEDED, "every rank exited 0")
             return
         if collateral:
             return
-        self._failed_attempts.add(attempt)
-        self.journal(self)
+        self._failed_attempts.add(attempt)  # journaled by the restart or the end that follows
         spec = self.layout.rank(rank)
         finding = Finding(
             "process_exit",
