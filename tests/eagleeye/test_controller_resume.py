@@ -178,3 +178,37 @@ def test_an_agent_of_the_same_name_but_a_new_process_is_not_adopted(tmp_path: Pa
     with RunReader(tmp_path / "run") as run:
         assert list(run.findings()["kind"]) == ["host_lost"]
         assert run.meta()["cluster_state"]["phase"] == "failed"
+
+
+def test_a_waiting_spare_joins_a_restarted_controller_again(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    first = Membership(SECRET, address, period_s=0.2)
+    spare = AgentLink(address, SECRET, agent="s", node_rank=-1, period_s=0.05, info={"spare": True})
+    spare.start()
+    try:
+        wait_for(lambda: admitted(first))
+        first.close()  # the controller is killed
+        members = Membership(SECRET, address, period_s=0.2)
+        (tmp_path / "run").mkdir()
+        store = RunStore(tmp_path / "run")
+        job = JobCoordinator(members, JobLayout(1, 1), store)
+        state = {
+            "version": 1,
+            "attempt": 0,
+            "phase": "running",
+            "launch": {},
+            "nodes": {"0": {"agent": "a", "host": "h", "session": "s1", "info": {}}},
+        }
+        journal.restore(job, state)
+        try:
+
+            def joined():
+                job._poll()
+                return job._spares._waiting
+
+            assert list(wait_for(joined)) == ["s"]  # waiting for a node rank again
+        finally:
+            members.close()
+            store.close()
+    finally:
+        spare.close()
