@@ -198,6 +198,7 @@ def test_a_restarted_controller_adopts_the_running_ranks_and_loses_nothing(
     for table in TABLES:
         assert set(before[table]) <= set(after[table]), f"rows of {table} lost"
     assert len(after["findings"]) >= 1
+    assert {f[3] for f in after["findings"]} == {"nan"}  # no host found lost by the restart
     assert len(after["actions"]) >= 1
     assert job.newest_step() == 159
     launches = job.rows("SELECT count(*) FROM events WHERE subject = 'job' AND phase = 'launch'")

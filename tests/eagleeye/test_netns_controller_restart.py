@@ -118,5 +118,6 @@ def test_the_controllers_host_killed_and_restarted_adopts_both_hosts_ranks(
     after = rows(db)
     for table, kept in before.items():
         assert kept <= after[table], f"rows of {table} lost"
+    assert after["findings"] == set()  # no host found lost by the restart
     launched = [e for e in after["events"] if e[3] == "launch" and str(e[2]).startswith("rank:")]
     assert sorted(json.loads(e[5])["pid"] for e in launched) == sorted(pids.values())
