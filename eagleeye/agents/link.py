@@ -12,7 +12,8 @@ itself, every 0.1 s backing off to one heartbeat period at most, and a ZMTP hear
 closes a connection whose peer stopped answering for 3 periods (5 s at least), so a
 controller host that vanished without closing its sockets is found too. Meanwhile
 nothing blocks: a message that cannot be queued (a thousand are already waiting for
-the controller) is dropped and counted by kind (``dropped``), and the loss of contact is
+the controller) is dropped and counted by kind (``dropped``); only a controller that is
+connected but slow is waited for, up to a period per message. The loss of contact is
 logged loudly every ten periods. A controller that does not know this agent
 (restarted from its run store) asks it to say ``hello`` again (``rehello``): the hello
 then carries what the agent runs (``declare``: its attempt, each rank's pid and the exit
@@ -149,18 +150,28 @@ class AgentLink:
             self._put(frames, kind)
 
     def _put(self, frames: list[bytes], kind: str) -> None:
-        """Queues a message for the controller, never waiting: one that cannot be queued
-        (the controller away and the queue full) is dropped and counted (the lock held)."""
+        """Queues a message for the controller (the lock held). With the queue full, a
+        connected controller (only slow) is waited for up to one period; one that is
+        away is not: the message is dropped and counted."""
         try:
             self._socket.send_multipart(frames, zmq.NOBLOCK)
+            return
         except zmq.Again:
-            self.dropped[kind] += 1
-            if sum(self.dropped.values()) in (1, 100, 10000):
-                log.warning(
-                    "the controller takes no messages (%s); dropped so far: %s",
-                    self.controller,
-                    dict(self.dropped),
-                )
+            pass
+        wait_ms = int(self.period_s * 1000) if self.connected else 0
+        try:
+            if wait_ms and self._socket.poll(wait_ms, zmq.POLLOUT):
+                self._socket.send_multipart(frames, zmq.NOBLOCK)
+                return
+        except zmq.Again:
+            pass
+        self.dropped[kind] += 1
+        if sum(self.dropped.values()) in (1, 100, 10000):
+            log.warning(
+                "the controller takes no messages (%s); dropped so far: %s",
+                self.controller,
+                dict(self.dropped),
+            )
 
     def _loop(self) -> None:
         next_beat = 0.0
