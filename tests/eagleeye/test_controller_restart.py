@@ -229,6 +229,15 @@ def test_exits_while_the_controller_was_away_are_answered_when_it_comes_back(
     exits = job.rows("SELECT subject FROM events WHERE phase = 'exited' ORDER BY subject")
     assert exits == [("rank:0",), ("rank:1",)]  # each answered once
     job.no_rank_left()
+    again = subprocess.run(  # the same command line once more: the run ended
+        [*EAGLEEYE, "controller", "--listen", job.listen, "--nnodes", "2", *job.common]
+        + ["--runs-dir", str(job.runs), "--run-id", "r"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 2  # a user's error, said in one line
+    assert "run r ended (succeeded); give another --run-id" in again.stderr
 
 
 def test_the_restarted_controller_refuses_strangers(tmp_path: Path) -> None:
