@@ -26,7 +26,11 @@ run on is recorded only. A stop (a signal to the controller or an agent) asks th
 for a checkpoint first when there is a grace period. With ``snapshots`` on, every launch
 carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``); when a
 spare takes a node rank, its holder takes that node's place in the ring the restart
-carries.
+carries. With a ``journal`` (the run store's, ``eagleeye.agents.resume``) the state
+a restarted controller needs is written before every launch and end, and after each
+poll in which ranks exited; a controller restarted on the run (``resume.restore``)
+adopts the agents' running ranks as they say ``hello`` again
+(``eagleeye.agents.adoption``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field
 from collector.types import Frame, Sample, Subject
 from detectors.base import Detector
 from detectors.types import Finding, Severity
+from eagleeye.agents.adoption import adopt
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.snapshots import ring_of
@@ -113,6 +118,11 @@ class JobCoordinator:
     _ring: str | None = None
     _spares: Spares = field(init=False)  # spare hosts waiting for a node rank
     _stops: StoppedRankHang = field(init=False)  # the attempt's stopped ranks (hangs)
+    journal: Callable[[JobCoordinator], None] = lambda job: None  # written ahead of acting
+    launch_body: dict[str, object] = field(default_factory=dict)  # the current attempt's
+    restored: bool = False  # restarted from the run store: the job runs, agents come back
+    _exits_seen: set[tuple[int, int]] = field(default_factory=set)  # (attempt, rank) handled
+    _journal_due: bool = False  # ranks' exits since the journal was last written
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
@@ -130,19 +140,20 @@ class JobCoordinator:
     def run(self, join_timeout_s: float = 120.0, limit_s: float = float("inf")) -> Phase:
         """Runs the job to its end; returns SUCCEEDED or FAILED."""
         deadline = self.clock() + join_timeout_s
-        while len(self._by_node) < self.layout.nnodes:
+        while len(self._by_node) < self.layout.nnodes and not self.restored:
             if self._stop is not None:
                 return self._end(Phase.FAILED, f"stopped by {self._stop}")
             if self.clock() > deadline:
                 missing = sorted(set(range(self.layout.nnodes)) - set(self._by_node))
                 return self._end(Phase.FAILED, f"no agent joined for node ranks {missing}")
             self._poll()
-        if self.snapshots:
+        if self.snapshots and not self.restored:
             try:
                 self._ring = self._holders_ring()
             except EagleEyeError as exc:
                 return self._end(Phase.FAILED, str(exc))
-        self._launch("launch")
+        if not self.restored:
+            self._launch("launch")
         end = self.clock() + limit_s
         while self.phase is Phase.RUNNING and self.clock() < end:
             if self._stop is not None:
@@ -185,6 +196,9 @@ class JobCoordinator:
         self._detect(self.intake.frames(hosts=self.layout.nnodes))
         for finding in self.inbox() if self.inbox is not None else ():
             self._from_outside(finding)
+        if self._journal_due:
+            self._journal_due = False
+            self.journal(self)
 
     def _from_outside(self, finding: Finding) -> None:
         """A finding from outside (an alert): answered when it is placed in the job; one
@@ -238,6 +252,9 @@ class JobCoordinator:
             self._spare_joined(agent)
             return
         held = self._by_node.get(agent.node_rank)
+        if self.phase is Phase.RUNNING and held is not None and held.agent == agent.agent:
+            adopt(self, held, agent)  # its link came back, or this controller restarted
+            return
         if self.phase is Phase.RUNNING and held is not None and held.agent != agent.agent:
             why = f"node rank {agent.node_rank} is held by {held.agent} in this job"
             self.members.fence(agent.agent, why, key="refused")  # it takes no host's place
@@ -260,6 +277,8 @@ class JobCoordinator:
         self._event("job", Phase.LAUNCH, **body)
         if self._ring is not None:
             body["snapshots"] = self._ring
+        self.launch_body = dict(body)
+        self.journal(self)  # before any agent acts on it
         for node, agent in self._by_node.items():  # a spare learns its node rank here
             self.members.send(agent.agent, kind, {**body, "node_rank": node})
 
@@ -384,6 +403,9 @@ class JobCoordinator:
         return samples
 
     def _exit(self, agent: str, rank: int, code: int, attempt: int) -> None:
+        if (attempt, rank) in self._exits_seen:  # reported, and declared again in a hello
+            return
+        self._exits_seen.add((attempt, rank))
         collateral = code != 0 and attempt in self._failed_attempts
         self._event(
             f"rank:{rank}", Phase.EXITED, agent=agent, exit_code=code, collateral=collateral
@@ -392,12 +414,13 @@ class JobCoordinator:
             return  # a rank of an earlier attempt, or one the stop ends
         if code == 0:
             self._succeeded.add(rank)
+            self._journal_due = True  # written once a poll, not once an exit
             if len(self._succeeded) == self.layout.world_size:
                 self._end(Phase.SUCCEEDED, "every rank exited 0")
             return
         if collateral:
             return
-        self._failed_attempts.add(attempt)
+        self._failed_attempts.add(attempt)  # journaled by the restart or the end that follows
         spec = self.layout.rank(rank)
         finding = Finding(
             "process_exit",
@@ -504,6 +527,7 @@ class JobCoordinator:
 
     def _end(self, phase: Phase, reason: str, grace_s: float | None = None) -> Phase:
         self.phase = phase
+        self.journal(self)
         body = {} if grace_s is None else {"grace_s": grace_s}
         for agent in self.members.alive():
             self.members.send(agent.agent, "stop", body)

@@ -17,6 +17,12 @@ fenced (lost or evicted, its node rank given to a spare) or the agent refused en
 ranks all the same, and says why (``ended_by``); when it names an agent to ``rejoin``
 as (a lost host's, the job going on), the agent, its ranks ended, joins again as that
 spare on a new link instead of ending.
+
+The agent tells its link what it runs (``AgentLink.declare``: the attempt, each rank's
+pid, the exit code of each that ended), which a controller that asks for a hello again
+(restarted from its run store) adopts. A controller that went away never ends the ranks:
+they train on, their exits are kept for the controller's return; once every rank ended
+and the controller stayed unreachable ``controller_wait_s``, the agent ends (status 3).
 """
 
 from __future__ import annotations
@@ -93,6 +99,8 @@ class HostAgent:
     on_rejoin: Callable[[str], None] = lambda line: None  # fenced, joined again as a spare
     _looks: StopLooks = field(default_factory=StopLooks)  # the ranks' processes, each tick
     _proc_samples: list[Sample] = field(default_factory=list)  # stops seen, to forward
+    controller_wait_s: float = 300.0  # ranks all ended, no controller this long: the agent ends
+    _attempt: int | None = None  # the attempt its ranks run
 
     @property
     def specs(self) -> list[RankSpec]:
@@ -126,6 +134,8 @@ class HostAgent:
                 self._act(message.kind, message.body)
             self._watch()
             self._forward()
+            if self._orphaned():
+                return 3
             time.sleep(0.05)
         self.stop_all()
         self._forward()
@@ -134,6 +144,30 @@ class HostAgent:
             status = f"stopped by {self.stop_requested}"
             self.link.report("outcome", {"action": "stop", "status": status})
         return 1
+
+    def _orphaned(self) -> bool:
+        """Whether every rank ended and the controller stayed away ``controller_wait_s``:
+        the job ended on this host with nobody to tell (logged; the agent ends)."""
+        if not self._ranks or any(r.proc.poll() is None for r in self._ranks.values()):
+            return False
+        away = self.link.unreachable_s()
+        if away < self.controller_wait_s:
+            return False
+        codes = {r.spec.rank: r.proc.returncode for r in self._ranks.values()}
+        self.ended_by = (
+            f"the controller stayed unreachable for {away:.0f} s and every rank of this host "
+            f"ended (attempt {self._attempt}, exit codes {codes}); nobody was told"
+        )
+        self._close()
+        return True
+
+    def _declare(self) -> None:
+        """Tells the link what runs here (said in a hello again)."""
+        ranks = [
+            {"rank": r.spec.rank, "pid": r.proc.pid, "code": r.proc.returncode}
+            for r in list(self._ranks.values())
+        ]
+        self.link.declare(resume={"attempt": self._attempt, "ranks": ranks})
 
     def _rejoin(self, agent: str, why: str) -> None:
         """Fenced with its ranks ended (``stop_all`` waited for each): joins the job again
@@ -213,6 +247,9 @@ class HostAgent:
                 )
             self._ranks[spec.rank] = _Rank(spec, proc, attempt)
             self.link.report("launched", {"rank": spec.rank, "pid": proc.pid, "attempt": attempt})
+        self._attempt = attempt
+        self.link.declare(node_rank=self.node_rank)  # a spare's, given by its launch
+        self._declare()
 
     def _open_holder(self, ring: object) -> None:
         """This host's snapshot holder in the controller's ring (once: it outlives the
@@ -293,6 +330,7 @@ class HostAgent:
             elif not rank.reported:
                 rank.reported = True
                 body = {"rank": rank.spec.rank, "code": code, "attempt": rank.attempt}
+                self._declare()
                 self.link.report("exit", body)
         node = f"node{self.node_rank}"
         self._proc_samples += self._looks.look(live, attempt, node, time.time())
@@ -327,6 +365,7 @@ class HostAgent:
         for rank in live:
             rank.reported = True  # an exit the agent caused is no failure to report
         self._ranks.clear()
+        self._declare()
 
 
 __all__ = ["HostAgent"]

@@ -5,6 +5,19 @@ host, node rank and what else it declares), then sends a heartbeat every period 
 own thread. It answers pings, and hands the controller's actions (``take``) to whoever
 executes them, only when they carry a valid HMAC of the job's secret and are not replays;
 anything else is refused, counted and logged, never acted on.
+
+When the controller goes away (killed, its host lost), the link keeps its host's ranks
+running: a silent controller is never evidence against them. ZeroMQ reconnects by
+itself, every 0.1 s backing off to one heartbeat period at most, and a ZMTP heartbeat
+closes a connection whose peer stopped answering for 3 periods (5 s at least), so a
+controller host that vanished without closing its sockets is found too. Meanwhile
+nothing blocks: a message that cannot be queued (a thousand are already waiting for
+the controller) is dropped and counted by kind (``dropped``); only a controller that is
+connected but slow is waited for, up to a period per message. The loss of contact is
+logged loudly every ten periods. A controller that does not know this agent
+(restarted from its run store) asks it to say ``hello`` again (``rehello``): the hello
+then carries what the agent runs (``declare``: its attempt, each rank's pid and the exit
+codes of those that ended).
 """
 
 from __future__ import annotations
@@ -19,11 +32,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from eagleeye.agents.summary import HostSummary, encode_summary
 from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
 
 log = logging.getLogger(__name__)
+#: Periods without a connection to the controller between two loud log lines.
+LOUD_EVERY = 10
 
 
 class AgentLink:
@@ -65,7 +81,21 @@ class AgentLink:
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self._socket.setsockopt(zmq.LINGER, 1000)
+        period_ms = max(int(period_s * 1000), 100)
+        self._socket.setsockopt(zmq.RECONNECT_IVL, 100)
+        self._socket.setsockopt(zmq.RECONNECT_IVL_MAX, period_ms)
+        self._socket.setsockopt(zmq.HEARTBEAT_IVL, period_ms)
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(3 * period_ms, 5000))
+        self._monitor = self._socket.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+        )
         self._socket.connect(controller)
+        self.dropped: Counter[str] = Counter()  # messages the link could not queue, by kind
+        self.declared: Mapping[str, Any] = {}  # what the agent runs, said in a hello again
+        self.connected = False  # a connection to the controller is up
+        self._down_since = time.monotonic()  # when the last connection went down
+        self._loud_at = self._down_since
+        self.controller_session: str | None = None  # the controller's, from its welcome
         self._thread = threading.Thread(target=self._loop, name="eagleeye-agent", daemon=True)
         self.welcomed = threading.Event()
 
@@ -73,6 +103,19 @@ class AgentLink:
         self._send("hello", self._hello)
         self._thread.start()
         return self
+
+    def declare(self, node_rank: int | None = None, **declared: Any) -> None:
+        """What this agent runs, said when the controller asks for a hello again: its node
+        rank once a launch gave it one (a spare's), and ``declared`` (``resume``: the
+        attempt and its ranks). Called from the agent's thread; the link's reads a whole
+        mapping, replaced at once."""
+        if node_rank is not None:
+            self._hello = {**self._hello, "node_rank": node_rank, "spare": False}
+        self.declared = {**self.declared, **declared}
+
+    def unreachable_s(self) -> float:
+        """Seconds since the connection to the controller went down (0 while up)."""
+        return 0.0 if self.connected else time.monotonic() - self._down_since
 
     def rejoin(self, agent: str, **info: Any) -> AgentLink:
         """A new link of this host to the same controller, as the spare ``agent`` (a new
@@ -91,7 +134,7 @@ class AgentLink:
         with self._lock:
             self._seq += 1
             frames = encode_summary(summary, self.secret, self.session, self._seq)
-            self._socket.send_multipart(frames)
+            self._put(frames, "summary")
         return len(frames[0])
 
     def take(self) -> list[Message]:
@@ -104,13 +147,38 @@ class AgentLink:
         with self._lock:  # one socket, two threads: sends are serialised
             self._seq += 1
             frames = seal(self.secret, Message(kind, self.agent, self.session, self._seq, body))
-            self._socket.send_multipart(frames)
+            self._put(frames, kind)
+
+    def _put(self, frames: list[bytes], kind: str) -> None:
+        """Queues a message for the controller (the lock held). With the queue full, a
+        connected controller (only slow) is waited for up to one period; one that is
+        away is not: the message is dropped and counted."""
+        try:
+            self._socket.send_multipart(frames, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+        wait_ms = int(self.period_s * 1000) if self.connected else 0
+        try:
+            if wait_ms and self._socket.poll(wait_ms, zmq.POLLOUT):
+                self._socket.send_multipart(frames, zmq.NOBLOCK)
+                return
+        except zmq.Again:
+            pass
+        self.dropped[kind] += 1
+        if sum(self.dropped.values()) in (1, 100, 10000):
+            log.warning(
+                "the controller takes no messages (%s); dropped so far: %s",
+                self.controller,
+                dict(self.dropped),
+            )
 
     def _loop(self) -> None:
         next_beat = 0.0
         poller = zmq.Poller()
         with self._lock:
             poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_beat:
@@ -118,8 +186,11 @@ class AgentLink:
                 next_beat = now + self.period_s
             with self._lock:
                 ready = dict(poller.poll(timeout=0))
+            if self._monitor in ready:
+                self._watch_connection()
             if self._socket in ready:
                 self._receive()
+            self._loud(now)
             self._stop.wait(min(0.05, max(next_beat - time.monotonic(), 0.0)))
 
     def _receive(self) -> None:
@@ -141,16 +212,57 @@ class AgentLink:
                 continue
             if message.kind == "ping":
                 self._send("pong", {})
+            elif message.kind == "rehello":  # a controller that does not know this agent
+                self._send("hello", {**self._hello, **self.declared})
             elif message.kind == "welcome":
+                if self.controller_session not in (None, message.session):
+                    log.warning(
+                        "a new controller (session %s) took this agent back; its ranks "
+                        "ran on meanwhile",
+                        message.session,
+                    )
+                self.controller_session = message.session
                 self.welcomed.set()
             else:
                 with self._lock:
                     self._inbox.append(message)
 
+    def _watch_connection(self) -> None:
+        """The connection's events: up, or down since now."""
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_CONNECTED:
+                self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED and self.connected:
+                self.connected = False
+                self._down_since = self._loud_at = time.monotonic()
+                log.warning(
+                    "lost the connection to the controller %s; this host's ranks keep "
+                    "running, retrying",
+                    self.controller,
+                )
+
+    def _loud(self, now: float) -> None:
+        """Every ``LOUD_EVERY`` periods without a controller, one loud line."""
+        if self.connected or now - self._loud_at < LOUD_EVERY * self.period_s:
+            return
+        self._loud_at = now
+        log.error(
+            "no controller at %s for %.0f s: this host's ranks keep running (a silent "
+            "controller is no evidence against them); retrying every %.1f s at most; "
+            "messages dropped meanwhile: %s",
+            self.controller,
+            now - self._down_since,
+            self.period_s,
+            dict(self.dropped),
+        )
+
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close()
 
 

@@ -14,6 +14,13 @@ a ``stop``, so a host whose link comes back ends its ranks; the stop may name a 
 under which it is to say ``hello`` again as a spare (``rejoin``) once they ended. A spare
 (an agent that says ``hello`` without a node rank, ``node_rank`` -1) is given one with
 ``assign``.
+
+A genuine message (valid HMAC) from a connection that is not admitted (an agent whose
+link reconnected, or whose controller was restarted from its run store) is answered with
+``rehello``, at most once a period per connection: the agent says ``hello`` again with
+what it runs. A restarted controller knows the agents it had admitted (``restore``):
+each is given a fresh heartbeat window on the new controller's clock, so it is lost only
+if it stays silent ``missed`` periods from then.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ class AgentState:
     lost_at: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
     slot: int = -1  # the agent's slot in the controller's replay check
+    session: str = ""  # the session of its hello (an agent process's own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,7 @@ class Membership:
         self.fenced: dict[str, str] = {}  # agent -> why: refused, told to stop, for good
         self._fence_told: dict[str, float] = {}  # when a fenced agent was last told to stop
         self._fence_stop: dict[str, dict[str, str]] = {}  # what a fenced agent is told
+        self._asked: dict[bytes, float] = {}  # when a connection was asked for a hello again
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -214,6 +223,7 @@ class Membership:
         state = self.agents.get(message.sender)
         if state is None or state.identity != identity:
             self._refuse(Refused(f"{message.sender} is not admitted", "not_admitted"), identity)
+            self._ask_hello(identity, now)
             return None
         state.last_seen = now
         self._pinged.pop(message.sender, None)
@@ -242,10 +252,11 @@ class Membership:
         if len(senders) < len(messages) or not all(genuine):  # some refused: one by one
             senders, kept = [], []
             for frames, state, payload, ok in zip(messages, states, payloads, genuine, strict=True):
-                if state is None or state.lost_at is not None:
-                    why = Refused("a summary from a connection not admitted", "not_admitted")
-                elif not ok:
+                if not ok:
                     why = Refused("a summary without a valid MAC of the shared secret", "auth")
+                elif state is None or state.lost_at is not None:
+                    why = Refused("a summary from a connection not admitted", "not_admitted")
+                    self._ask_hello(frames[0], now)
                 else:
                     senders.append(state)
                     kept.append(payload)
@@ -288,6 +299,7 @@ class Membership:
             last_seen=now,
             info=dict(body),
             slot=self._sequencer.slot(message.sender),
+            session=message.session,
         )
         old = self.agents.get(message.sender)
         if old is not None and self._by_identity.pop(old.identity, None) is old:
@@ -301,6 +313,33 @@ class Membership:
         self.send(message.sender, "welcome", {"period_s": self.period_s})
         log.info("agent %s on %s admitted (node rank %d)", state.agent, state.host, state.node_rank)
         return state
+
+    def _ask_hello(self, identity: bytes, now: float) -> None:
+        """Asks a connection that sent a genuine message but is not admitted to say
+        ``hello`` again (once a period)."""
+        if now - self._asked.get(identity, -math.inf) < self.period_s:
+            return
+        if len(self._asked) >= MAX_DRAIN:
+            self._asked.clear()
+        self._asked[identity] = now
+        self._send_to(identity, "rehello", {})
+
+    def restore(self, agents: list[AgentState], fenced: Mapping[str, Mapping[str, str]]) -> None:
+        """A restarted controller's memory: the agents it had admitted (no connection
+        until each says ``hello`` again, each with a fresh heartbeat window on this
+        clock) and the agents it had fenced (agent -> what it is told)."""
+        now = self.clock()
+        for state in agents:
+            state.identity, state.admitted_at, state.last_seen = b"", now, now
+            self.agents[state.agent] = state
+        for agent, stop in fenced.items():
+            self.fenced[agent] = next(iter(stop.values()), "fenced")
+            self._fence_stop[agent] = dict(stop)
+            self._fence_told[agent] = now
+
+    def fence_stops(self) -> dict[str, dict[str, str]]:
+        """Every fenced agent and what it is told (a restarted controller's to restore)."""
+        return {agent: dict(stop) for agent, stop in self._fence_stop.items()}
 
     def _refuse(self, exc: Refused, identity: bytes) -> None:
         self.refused[exc.reason] += 1

@@ -26,7 +26,10 @@ a lost or evicted host's node rank is given to it (the job then restarts on the 
 of hosts; the replaced host is fenced, and a lost host's agent, its ranks ended, joins
 again as a spare when its link comes back). Both print one JSON line per event on stdout.
 SIGTERM or SIGINT to either stops the job on every host and records why; with
---grace-period the loops are asked for a checkpoint first.
+--grace-period the loops are asked for a checkpoint first. A controller that is killed
+never ends the ranks: the agents keep them training and wait for it; started again with
+the same command line (the same --runs-dir and --run-id), it goes on with the run in its
+store and adopts the running ranks.
 """
 """The help page of both commands."""
 

@@ -90,6 +90,16 @@ def add_parser(sub: Any) -> None:
         help="on SIGTERM or SIGINT: give the controller S seconds to have every rank "
         "checkpoint and end (default: 0, end this host's ranks at once)",
     )
+    a.add_argument(
+        "--controller-wait",
+        type=seconds,
+        default=300.0,
+        metavar="S",
+        help="a controller that goes away never ends this host's ranks: they train on and "
+        "the agent waits for the controller (restarted with the same command line, it adopts "
+        "them); once every rank ended and no controller came for S seconds, the agent ends "
+        "with status 3 (default: 300)",
+    )
     a.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module")
     a.add_argument("script", metavar="SCRIPT")
     a.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...")
@@ -153,6 +163,7 @@ def _agent(args: argparse.Namespace) -> int:
         agent.env = {k: v for k, v in wanted.items() if k not in os.environ}
 
     agent.grace_period_s = args.grace_period
+    agent.controller_wait_s = args.controller_wait
     agent.on_rejoin = lambda line: print(f"eagleeye agent: {line}", file=sys.stderr, flush=True)
 
     def stop(signum: int, frame: object) -> None:

@@ -8,6 +8,7 @@ import random
 import signal
 from collections.abc import Callable
 from contextlib import ExitStack
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagleeye.commands._args import address_port, non_negative, positive, seconds
@@ -67,7 +68,13 @@ def add_parser(sub: Any) -> None:
         "up to the next host's (ranks that save through eagleeye.init())",
     )
     c.add_argument("--runs-dir", default="runs", help="folder of run folders (default: runs)")
-    c.add_argument("--run-id", default=None, help="name of this run (default: generated)")
+    c.add_argument(
+        "--run-id",
+        default=None,
+        help="name of this run (default: generated). A controller started again with the "
+        "same --runs-dir and --run-id (the same command line) goes on with the unfinished "
+        "run: it reopens its store and adopts the agents' running ranks",
+    )
     g = c.add_argument_group("remediation, metrics and alerts (as `eagleeye run`)")
     add_remediate(g)
     add_policy(
@@ -143,31 +150,34 @@ def _coordinate(
     alerts: RunAlerts | None,
 ) -> int:
     from eagleeye.agents import Membership, read_secret
+    from eagleeye.agents import resume as journal
     from eagleeye.agents.coordinator import JobCoordinator
     from eagleeye.agents.places import AgentPlaces
-    from eagleeye.store import RunStore, create_run_dir
+    from eagleeye.store import DB_NAME, RunStore, create_run_dir
     from ft_runtime.types import Phase
 
     secret = read_secret(args.secret_file)
+    config = {
+        "nnodes": args.nnodes,
+        "nproc_per_node": args.nproc_per_node,
+        "recovery": "job",
+        "snapshots": args.snapshots,
+        "remediate": args.remediate,
+        "max_restarts": args.max_restarts,
+        "policy": policy.name,
+        "policy_file": args.policy,
+        "grace_period_s": args.grace_period,
+    }
+    run_dir = Path(args.runs_dir) / run_id
+    again = args.run_id is not None and (run_dir / DB_NAME).exists()
+    state = journal.load(run_dir, config) if again else None  # refused here: nothing bound
     host, port = args.listen
     members = Membership(secret, f"tcp://{host}:{port}", period_s=args.heartbeat)
-    run_dir = create_run_dir(args.runs_dir, run_id)
+    if not again:
+        run_dir = create_run_dir(args.runs_dir, run_id)
     store = RunStore(run_dir)
     store.set_meta("run_id", run_id)
-    store.set_meta(
-        "config",
-        {
-            "nnodes": args.nnodes,
-            "nproc_per_node": args.nproc_per_node,
-            "recovery": "job",
-            "snapshots": args.snapshots,
-            "remediate": args.remediate,
-            "max_restarts": args.max_restarts,
-            "policy": policy.name,
-            "policy_file": args.policy,
-            "grace_period_s": args.grace_period,
-        },
-    )
+    store.set_meta("config", config)
     places = AgentPlaces(layout)
     ports = random.Random()
     coordinator = JobCoordinator(
@@ -185,7 +195,10 @@ def _coordinate(
         on_samples=(lambda samples: None) if metrics is None else metrics.host_samples,
         on_job_frame=(lambda frame: None) if metrics is None else metrics.job_step,
         on_joined=places.admit,
+        journal=lambda job: journal.save(store, job),
     )
+    if state is not None:
+        journal.restore(coordinator, state)
     if metrics is not None:
         metrics.remediator = coordinator.remediator
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -201,6 +214,7 @@ def _coordinate(
             "webhook": None if alerts is None else alerts.url,
             "remediate": args.remediate,
             "policy": policy.name,
+            "resumed": None if state is None else {"attempt": coordinator.attempt},
         }
     )
     try:

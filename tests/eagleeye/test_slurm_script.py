@@ -67,7 +67,7 @@ def test_the_controller_and_one_agent_per_node_get_slurms_layout(tmp_path: Path)
     controller = next(c for c in calls if c[0] == "controller")
     assert controller == [
         *("controller", "--listen", "gpu-a1:29400", "--secret-file", "/etc/eagleeye/job.secret"),
-        *("--nnodes", "2", "--nproc-per-node", "4", "--run-id", "slurm-77"),
+        *("--nnodes", "2", "--nproc-per-node", "4", "--run-id", "slurm-77-0"),
         *("--grace-period", "0"),
     ]
     agents = sorted(
