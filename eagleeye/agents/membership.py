@@ -112,7 +112,7 @@ class Membership:
         self._pings: Counter[str] = Counter()
         self.fenced: dict[str, str] = {}  # agent -> why: refused, told to stop, for good
         self._fence_told: dict[str, float] = {}  # when a fenced agent was last told to stop
-        self._fence_stop: dict[str, dict[str, str]] = {}  # what a fenced agent is told
+        self._fence_stop: dict[str, dict[str, Any]] = {}  # what a fenced agent is told
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -344,14 +344,26 @@ class Membership:
     def alive(self) -> list[AgentState]:
         return [s for s in self.agents.values() if s.lost_at is None]
 
-    def fence(self, agent: str, why: str, key: str = "fenced", rejoin: str | None = None) -> None:
+    def fence(
+        self,
+        agent: str,
+        why: str,
+        key: str = "fenced",
+        rejoin: str | None = None,
+        evicted: bool = False,
+    ) -> None:
         """Puts ``agent`` out of the job for good: told to stop its ranks now (``{key:
         why}``, delivered when its link comes back), every later message refused and
         answered with a stop, never admitted again (its hello included). With ``rejoin``
         the stop also names the new agent under which the host may join again as a spare
-        once its ranks ended (a new session, a new connection, no node rank)."""
+        once its ranks ended (a new session, a new connection, no node rank). With
+        ``evicted`` the stop says the host was evicted (its agent stays out)."""
         self.fenced[agent] = why
-        stop = {key: why} if rejoin is None else {key: why, "rejoin": rejoin}
+        stop: dict[str, Any] = {key: why}
+        if rejoin is not None:
+            stop["rejoin"] = rejoin
+        if evicted:
+            stop["evicted"] = True
         self._fence_stop[agent] = stop
         state = self.agents.get(agent)
         if state is not None and state.lost_at is None:
