@@ -27,6 +27,7 @@ from eagleeye.summary import (
     RunSummary,
     evidence_text,
     fault_findings,
+    finding_lines,
     restores,
     summarize,
 )
@@ -188,6 +189,7 @@ def render(report: DemoReport, console: Console) -> None:
     run = report.faulted
     console.print(_faults_table(run))
     console.print(_evidence_table(run))
+    console.print(_findings_table(run))
     console.print(_actions_table(run))
     console.print(_restores_table(report.restores))
     lines = [
@@ -232,7 +234,7 @@ def _faults_table(run: RunSummary) -> Table:
 def _evidence_table(run: RunSummary) -> Table:
     """Each injected fault's finding: what, where, how soon, and the evidence."""
     table = Table(title="The finding that answered each fault, with its evidence")
-    for column in ("fault", "finding", "subject", "delay", "evidence (detector)"):
+    for column in ("fault", "finding", "subject", "host", "delay", "evidence (detector)"):
         table.add_column(column)
     for f in fault_findings(run):
         steps = "" if f.delay_steps is None else f", {f.delay_steps} steps"
@@ -240,9 +242,37 @@ def _evidence_table(run: RunSummary) -> Table:
             f.spec,
             f.finding or "[red]none[/red]",
             f.subject or "-",
+            f.host or "-",
             "-" if f.delay_s is None else f"{f.delay_s:.2f} s{steps}",
             f"{evidence_text(f.evidence)} ({f.detector})" if f.finding else "-",
         )
+    return table
+
+
+#: Findings listed in the summary's table at most (the rest: RunReader(...).findings()).
+MAX_FINDING_ROWS = 20
+
+
+def _findings_table(run: RunSummary) -> Table:
+    """Every finding of the run: what, on what, on which host, and what answered it."""
+    table = Table(title="Findings (each on its host)")
+    for column in ("finding", "subject", "host", "step", "severity", "answered by"):
+        table.add_column(column)
+    lines = finding_lines(run)
+    for line in lines[:MAX_FINDING_ROWS]:
+        table.add_row(
+            line.kind,
+            line.subject,
+            line.host,
+            "-" if line.step is None else str(line.step),
+            line.severity,
+            line.action or "-",
+        )
+    if len(lines) > MAX_FINDING_ROWS:
+        more = len(lines) - MAX_FINDING_ROWS
+        table.add_row(f"+{more} more", "RunReader(...).findings()", "", "", "", "")
+    if not lines:
+        table.add_row("no finding", "-", "-", "-", "-", "-")
     return table
 
 
@@ -252,7 +282,8 @@ def _actions_table(run: RunSummary) -> Table:
         table.add_column(column)
     for row in run.actions.to_dict("records"):
         table.add_row(
-            f"{row['finding_kind']} on {row['finding_scope']} {row['finding_rank']}",
+            f"{row['finding_kind']} on {row['finding_scope']} {row['finding_rank']} "
+            f"(host {run.host_of(row['finding_id'])})",
             row["kind"],
             row["target"],
             row["status"],

@@ -403,6 +403,9 @@ def _run_in(
             "grace_period_s": config.grace_period_s,
         },
     )
+    # every (virtual) node runs on this host: where the summary places each finding
+    hostname = sources.hostname if sources is not None else socket.gethostname()
+    store.set_meta("hosts", {spec.node: hostname for spec in config.layout.ranks()})
     detectors = live_detectors(limits, fused)
     # --remediate enables actions; without it the policy decides (files default to dry-run).
     remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)

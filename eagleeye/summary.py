@@ -1,7 +1,8 @@
 """What a run did, read back from its store: the tables of the terminal summary.
 
 Every figure here comes from the run store, so the summary shows what was recorded, not
-what the controller believes happened.
+what the controller believes happened. Every finding names its host (``RunHosts``: the
+hostname of its rank's or node's host, ``job`` for one on the whole job).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from eagleeye.goodput import effective_training
+from eagleeye.runhosts import RunHosts
 from eagleeye.store import RunReader
 
 
@@ -45,6 +47,14 @@ class RunSummary:
     faults: list[FaultOutcome]
     actions: pd.DataFrame
     findings: pd.DataFrame
+    hosts: RunHosts
+
+    def host_of(self, finding_id: Any) -> str:
+        """The host of the finding with this id (an action's ``finding_id``); "-" for none."""
+        if finding_id is None or pd.isna(finding_id):
+            return "-"
+        rows = self.findings[self.findings["id"] == finding_id].to_dict("records")
+        return self.hosts.of_finding(rows[0]) if rows else "-"
 
 
 def summarize(run_dir: str) -> RunSummary:
@@ -56,6 +66,7 @@ def summarize(run_dir: str) -> RunSummary:
         findings = reader.findings()
         actions = reader.actions()
         faults = reader.faults()
+        hosts = RunHosts.read(reader)
     finally:
         reader.close()
     wall = float(result.get("ended", 0.0)) - float(result.get("started", 0.0))
@@ -74,9 +85,12 @@ def summarize(run_dir: str) -> RunSummary:
         final_loss=final_loss(steps),
         ettr=ettr,
         lost_s=lost,
-        faults=[_match(fault, findings, actions, steps) for fault in faults.to_dict("records")],
+        faults=[
+            _match(fault, findings, actions, steps, hosts) for fault in faults.to_dict("records")
+        ],
         actions=actions,
         findings=findings,
+        hosts=hosts,
     )
 
 
@@ -101,7 +115,11 @@ def final_loss(steps: pd.DataFrame) -> float:
 
 
 def _match(
-    fault: dict[Any, Any], findings: pd.DataFrame, actions: pd.DataFrame, steps: pd.DataFrame
+    fault: dict[Any, Any],
+    findings: pd.DataFrame,
+    actions: pd.DataFrame,
+    steps: pd.DataFrame,
+    hosts: RunHosts,
 ) -> FaultOutcome:
     """The first finding about the fault's rank after it, the action that answered it, and
     when the job was back at the step where the fault struck."""
@@ -133,7 +151,7 @@ def _match(
         spec,
         injected,
         step,
-        f"{first['kind']} on {first['scope']} {rank}",
+        f"{first['kind']} on {first['scope']} {rank} (host {hosts.of_finding(first.to_dict())})",
         max(0.0, float(first["time"]) - injected),
         action,
         outcome,
@@ -201,15 +219,16 @@ class FaultFinding:
     delay_s: float | None
     delay_steps: int | None
     evidence: dict[str, float]
+    host: str | None = None
 
 
 def fault_findings(run: RunSummary) -> list[FaultFinding]:
     """For each injected fault, the first finding of an answering kind about its rank (or
     the node, replica or job holding it), from a second before the injection on."""
-    return [_answer_of(fault, run.findings) for fault in run.faults]
+    return [_answer_of(fault, run.findings, run.hosts) for fault in run.faults]
 
 
-def _answer_of(fault: FaultOutcome, findings: pd.DataFrame) -> FaultFinding:
+def _answer_of(fault: FaultOutcome, findings: pd.DataFrame, hosts: RunHosts) -> FaultFinding:
     kind, _, rest = fault.spec.partition(":")
     rank = _spec_rank(rest)
     none = FaultFinding(fault.spec, None, None, None, None, None, {})
@@ -232,6 +251,7 @@ def _answer_of(fault: FaultOutcome, findings: pd.DataFrame) -> FaultFinding:
         max(0.0, float(first["time"]) - fault.injected_at),
         None if step is None or fault.step is None else max(0, step - fault.step),
         {str(k): float(v) for k, v in dict(first["evidence"]).items()},
+        hosts.of_finding(first.to_dict()),
     )
 
 
@@ -270,3 +290,56 @@ def evidence_text(evidence: dict[str, float], limit: int = 6) -> str:
     shown = [f"{k}={v:.4g}" for k, v in list(evidence.items())[:limit]]
     more = len(evidence) - limit
     return ", ".join(shown) + (f" (+{more} more)" if more > 0 else "")
+
+
+@dataclass(frozen=True, slots=True)
+class FindingLine:
+    """One finding of a run as the summaries list it: what, on what, on which host, and
+    the first action that answered it."""
+
+    kind: str
+    subject: str
+    host: str
+    step: int | None
+    severity: str
+    action: str | None
+
+    @property
+    def text(self) -> str:
+        at = "" if self.step is None else f" at step {self.step}"
+        answer = f": {self.action}" if self.action else ""
+        return f"{self.kind} on {self.subject}{at}, host {self.host} ({self.severity}){answer}"
+
+
+def finding_lines(run: RunSummary) -> list[FindingLine]:
+    """Every finding of the run, in time order, each with its host."""
+    return _lines(run.findings, run.actions, run.hosts)
+
+
+def run_finding_lines(run_dir: str) -> list[FindingLine]:
+    """Every finding recorded in a run's store, each with its host (``eagleeye run``)."""
+    with RunReader(run_dir) as reader:
+        return _lines(reader.findings(), reader.actions(), RunHosts.read(reader))
+
+
+def _lines(findings: pd.DataFrame, actions: pd.DataFrame, hosts: RunHosts) -> list[FindingLine]:
+    lines = []
+    for row in findings.to_dict("records"):
+        answered = actions[actions["finding_id"] == row["id"]]
+        action = None
+        if not answered.empty:  # the first action, as it ended
+            key = answered.iloc[0]["key"]
+            last = answered[answered["key"] == key].iloc[-1]
+            dry = " (dry run)" if bool(last["dry_run"]) else ""
+            action = f"{last['kind']} {last['target']} {last['status']}{dry}"
+        lines.append(
+            FindingLine(
+                str(row["kind"]),
+                _subject_text(row),
+                hosts.of_finding(row),
+                None if pd.isna(row["step"]) else int(row["step"]),
+                str(row["severity"]),
+                action,
+            )
+        )
+    return lines

@@ -16,7 +16,10 @@ it in the same attempt are its collateral. An agent lost (``Membership.lost``) i
 ``host_lost`` finding, answered as an eviction (a spare takes its place, else the job
 stops and the other agents' ranks are ended: nothing is restarted onto a host that is
 gone); when its link comes back, its agent ends its ranks and joins again as a spare
-under the new name its stop gives. Every rank exiting 0 ends the job as succeeded. The
+under the new name its stop gives (with snapshots too: its holder ends with its ranks).
+An evicted host (suspected hardware) stays out: its agent ends, and a spare on that host
+is refused unless it says ``readmit`` (``eagleeye agent --spare --readmit``, once its
+hardware is checked). Every rank exiting 0 ends the job as succeeded. The
 samples the agents forward from their hosts' sources are stored and read by the host
 rules (an XID, an ECC error, a thermal throttle on the rank using the GPU). The ranks'
 telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
@@ -123,6 +126,7 @@ class JobCoordinator:
     restored: bool = False  # restarted from the run store: the job runs, agents come back
     _exits_seen: set[tuple[int, int]] = field(default_factory=set)  # (attempt, rank) handled
     _journal_due: bool = False  # ranks' exits since the journal was last written
+    _evicted: dict[str, str] = field(default_factory=dict)  # host -> why it was evicted
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
@@ -378,6 +382,8 @@ class JobCoordinator:
         self._event(f"agent:{agent.agent}", Phase.EVICTED, host=agent.host, cause=action.reason)
         cause = f"host {agent.host} ({node}) evicted: {action.reason}"
         done = self._replace(agent.agent, rank, cause)
+        if done is not None:
+            self._evicted.setdefault(agent.host, cause)  # out until an operator readmits it
         if done is None:
             return Outcome(action, OutcomeStatus.SKIPPED, "the host is out of the job already", now)
         return Outcome(action, OutcomeStatus.DONE, done, self.clock())
@@ -465,10 +471,18 @@ class JobCoordinator:
         """A spare host admitted: it waits for a node rank. With snapshots on it must have
         declared its snapshot holder (it takes its node's place in the ring), else it is
         refused. A fenced host's agent joining again as a spare (``rejoined_from``) is
-        admitted only when it says its ranks ended."""
+        admitted only when it says its ranks ended. A spare on a host evicted from this
+        job (suspected hardware) is refused unless its hello says ``readmit`` (the
+        operator's ``eagleeye agent --spare --readmit``)."""
         rejoined = agent.info.get("rejoined_from")
         if rejoined is not None and agent.info.get("ranks_ended") is not True:
             why = f"{rejoined} joins again as a spare before its ranks ended"
+            self.members.fence(agent.agent, why, key="refused")
+            self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
+            return
+        evicted = self._evicted.get(agent.host)
+        if evicted is not None and agent.info.get("readmit") is not True:
+            why = readmit_refusal(agent.host, evicted)
             self.members.fence(agent.agent, why, key="refused")
             self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
             return
@@ -484,6 +498,8 @@ class JobCoordinator:
             return
         self._spares.join(agent)
         again = {} if rejoined is None else {"rejoined_from": str(rejoined), "ranks_ended": True}
+        if evicted is not None:
+            again["readmitted"] = evicted  # the operator's choice, recorded with the cause
         self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True, **again)
 
     def _replace(self, agent: str, node: int, reason: str, rejoin: bool = False) -> str | None:
@@ -492,17 +508,19 @@ class JobCoordinator:
         attempt that was running are ended), within the restart budget. With no spare, or
         no budget left, the job stops. With ``rejoin`` (a lost host, not an evicted one)
         and the job going on, the fenced host's stop names a new agent under which it
-        joins again as a spare once its ranks ended. Returns what was done (None: the
-        host was out of the job already, a second finding on it)."""
+        joins again as a spare once its ranks ended (with snapshots too: its holder ends
+        with its ranks, and the spare's holder starts fresh when it is given a node rank).
+        An evicted host's stop says so (``evicted``): its agent stays out. Returns what
+        was done (None: the host was out of the job already, a second finding on it)."""
         held = self._by_node.get(node)
         if agent in self.members.fenced:
             return None
         spare = self._spares.take() if held is not None and held.agent == agent else None
         goes_on = spare is not None and self.attempt < self.max_restarts
         again = None
-        if rejoin and goes_on and held is not None and not self.snapshots:
+        if rejoin and goes_on and held is not None:
             again = self.members.new_name(held.host)
-        self.members.fence(agent, reason, rejoin=again)
+        self.members.fence(agent, reason, rejoin=again, evicted=not rejoin)
         if spare is None:
             self._end(Phase.FAILED, reason)
             return "no spare host: stopped"
@@ -545,6 +563,15 @@ class JobCoordinator:
         self.on_update(event)
 
 
+def readmit_refusal(host: str, why: str) -> str:
+    """What a spare on a host evicted from the job is told when it did not ask to be
+    readmitted."""
+    return (
+        f"host {host} was evicted from this job ({why}); once its hardware is checked, "
+        "readmit it as a spare with eagleeye agent --spare --readmit"
+    )
+
+
 def _seconds(value: object) -> float:
     """A duration an agent gave: a finite number of seconds from 0, else 0."""
     try:
@@ -573,4 +600,4 @@ def _samples(frame: Frame) -> list[Sample]:
     ]
 
 
-__all__ = ["JobCoordinator"]
+__all__ = ["JobCoordinator", "readmit_refusal"]

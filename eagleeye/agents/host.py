@@ -16,7 +16,8 @@ and runs nothing until a launch names its node rank. A ``stop`` that says the ho
 fenced (lost or evicted, its node rank given to a spare) or the agent refused ends the
 ranks all the same, and says why (``ended_by``); when it names an agent to ``rejoin``
 as (a lost host's, the job going on), the agent, its ranks ended, joins again as that
-spare on a new link instead of ending.
+spare on a new link instead of ending. An evicted host's stop (``evicted``: suspected
+hardware) ends the agent with what to do: check the host, then readmit it as a spare.
 
 The agent tells its link what it runs (``AgentLink.declare``: the attempt, each rank's
 pid, the exit code of each that ended), which a controller that asks for a hello again
@@ -187,7 +188,13 @@ class HostAgent:
         if "refused" in body:
             self.ended_by = f"refused by the controller: {body['refused']}"
             return 2
-        if "fenced" in body:
+        if "fenced" in body and body.get("evicted") is True:
+            self.ended_by = (
+                f"evicted by the controller ({body['fenced']}); its ranks ended; this host "
+                "stays out of the job: once its hardware is checked, readmit it as a spare "
+                "with eagleeye agent --spare --readmit"
+            )
+        elif "fenced" in body:
             self.ended_by = f"fenced by the controller ({body['fenced']}); its ranks ended"
         return 0
 

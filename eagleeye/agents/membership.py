@@ -11,7 +11,8 @@ reason) and never acted on; a sender is never admitted by one. An agent fenced
 (``fence``: its host was lost or evicted, its node rank given to a spare) is never
 admitted again: whatever it sends later is refused (reason ``fenced``) and answered with
 a ``stop``, so a host whose link comes back ends its ranks; the stop may name a new agent
-under which it is to say ``hello`` again as a spare (``rejoin``) once they ended. A spare
+under which it is to say ``hello`` again as a spare (``rejoin``) once they ended, or say
+that the host was evicted (``evicted``: its agent stays out). A spare
 (an agent that says ``hello`` without a node rank, ``node_rank`` -1) is given one with
 ``assign``.
 
@@ -120,7 +121,7 @@ class Membership:
         self._pings: Counter[str] = Counter()
         self.fenced: dict[str, str] = {}  # agent -> why: refused, told to stop, for good
         self._fence_told: dict[str, float] = {}  # when a fenced agent was last told to stop
-        self._fence_stop: dict[str, dict[str, str]] = {}  # what a fenced agent is told
+        self._fence_stop: dict[str, dict[str, Any]] = {}  # what a fenced agent is told
         self._asked: dict[bytes, float] = {}  # when a connection was asked for a hello again
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
@@ -383,14 +384,26 @@ class Membership:
     def alive(self) -> list[AgentState]:
         return [s for s in self.agents.values() if s.lost_at is None]
 
-    def fence(self, agent: str, why: str, key: str = "fenced", rejoin: str | None = None) -> None:
+    def fence(
+        self,
+        agent: str,
+        why: str,
+        key: str = "fenced",
+        rejoin: str | None = None,
+        evicted: bool = False,
+    ) -> None:
         """Puts ``agent`` out of the job for good: told to stop its ranks now (``{key:
         why}``, delivered when its link comes back), every later message refused and
         answered with a stop, never admitted again (its hello included). With ``rejoin``
         the stop also names the new agent under which the host may join again as a spare
-        once its ranks ended (a new session, a new connection, no node rank)."""
+        once its ranks ended (a new session, a new connection, no node rank). With
+        ``evicted`` the stop says the host was evicted (its agent stays out)."""
         self.fenced[agent] = why
-        stop = {key: why} if rejoin is None else {key: why, "rejoin": rejoin}
+        stop: dict[str, Any] = {key: why}
+        if rejoin is not None:
+            stop["rejoin"] = rejoin
+        if evicted:
+            stop["evicted"] = True
         self._fence_stop[agent] = stop
         state = self.agents.get(agent)
         if state is not None and state.lost_at is None:

@@ -24,7 +24,9 @@ host and sends the controller one summary per step (the host's statistics and th
 that stand out). An agent started with --spare instead of --node-rank runs nothing until
 a lost or evicted host's node rank is given to it (the job then restarts on the new set
 of hosts; the replaced host is fenced, and a lost host's agent, its ranks ended, joins
-again as a spare when its link comes back). Both print one JSON line per event on stdout.
+again as a spare when its link comes back; an evicted host's agent ends, and the host
+comes back only as a spare started with --readmit, once its hardware is checked). Both
+print one JSON line per event on stdout.
 SIGTERM or SIGINT to either stops the job on every host and records why; with
 --grace-period the loops are asked for a checkpoint first. A controller that is killed
 never ends the ranks: the agents keep them training and wait for it; started again with

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -32,7 +33,14 @@ def add_parser(sub: Any) -> None:
         "--spare",
         action="store_true",
         help="join as a spare host: run no ranks until the controller gives this host the "
-        "node rank of a host that was lost or evicted (not with the controller's --snapshots)",
+        "node rank of a host that was lost or evicted",
+    )
+    a.add_argument(
+        "--readmit",
+        action="store_true",
+        help="with --spare: readmit this host after the controller evicted it from the job "
+        "(a fatal XID, an uncorrectable memory error, an evict action); check its hardware "
+        "first. Without it, a spare on an evicted host is refused",
     )
     a.add_argument(
         "--advertise",
@@ -115,6 +123,12 @@ def _agent(args: argparse.Namespace) -> int:
     from eagleeye.hostsources import HostSourcesConfig
     from eagleeye.launch import NCCL_DUMP_ENV, nvml_source
 
+    if args.readmit and not args.spare:
+        print(
+            "eagleeye agent: --readmit needs --spare (an evicted host comes back as a spare)",
+            file=sys.stderr,
+        )
+        return 2
     secret = read_secret(args.secret_file)
     host, port = args.controller
     hostname = args.hostname or socket.gethostname()
@@ -129,7 +143,7 @@ def _agent(args: argparse.Namespace) -> int:
     link = AgentLink(
         f"tcp://{host}:{port}",
         secret,
-        agent=f"{hostname}-{'spare' if args.spare else node_rank}",
+        agent=_name(hostname, node_rank, args.spare, args.readmit),
         node_rank=node_rank,
         period_s=args.heartbeat,
         info={
@@ -137,6 +151,7 @@ def _agent(args: argparse.Namespace) -> int:
             "visible_devices": visible,
             "holder": holder_at,
             "spare": args.spare,
+            "readmit": args.readmit,
         },
         host=hostname,
     ).start()
@@ -179,3 +194,12 @@ def _agent(args: argparse.Namespace) -> int:
         print(f"eagleeye agent: {agent.ended_by}", file=sys.stderr, flush=True)
     print(json.dumps({"type": "AgentEnded", "code": code}), file=sys.stderr, flush=True)
     return code
+
+
+def _name(hostname: str, node_rank: int, spare: bool, readmit: bool) -> str:
+    """This agent's name in the job: ``HOST-N``, ``HOST-spare``, or for a host readmitted
+    after an eviction ``HOST-readmitted-XXXXXX`` (a name never fenced in the job: the
+    host's earlier agents were)."""
+    if readmit:
+        return f"{hostname}-readmitted-{secrets.token_hex(3)}"
+    return f"{hostname}-{'spare' if spare else node_rank}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from eagleeye.commands._args import non_negative, positive, seconds
@@ -266,9 +267,32 @@ def _run(args: argparse.Namespace) -> int:
     if stopped is not None:
         verdict = f"stopped by {stopped.cause}"
     live.console.print(f"run {verdict}; store: {result.run_dir / 'run.db'}")
+    _print_findings(live, result.run_dir)
     if stopped is not None:
         return 128 + stopped.signal  # as a shell reports a process ended by that signal
     return 0 if result.succeeded else 1
+
+
+#: Findings the end of `eagleeye run` lists at most (the rest: RunReader(...).findings()).
+MAX_FINDING_LINES = 20
+
+
+def _print_findings(live: Any, run_dir: Path) -> None:
+    """The run's findings, each with its host and what answered it, from its store."""
+    from rich.markup import escape
+
+    from eagleeye.summary import run_finding_lines
+
+    lines = run_finding_lines(str(run_dir))
+    if not lines:
+        live.console.print("no finding")
+        return
+    live.console.print(f"{len(lines)} finding(s), each on its host:")
+    for line in lines[:MAX_FINDING_LINES]:
+        live.console.print(f"  {escape(line.text)}")
+    if len(lines) > MAX_FINDING_LINES:
+        more = len(lines) - MAX_FINDING_LINES
+        live.console.print(f"  +{more} more: eagleeye.store.RunReader({str(run_dir)!r}).findings()")
 
 
 def _ranks(text: str) -> frozenset[int] | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -280,8 +282,13 @@ def test_a_crash_at_every_start_stops_after_two_attempts_with_its_traceback(tmp_
     # the traceback, from torchrun's error file that @record wrote
     assert "ValueError: learning_rate must be positive, got -1" in err
     assert "in main" in err
+    # the closing lines: every finding with the host it was on
+    host = socket.gethostname()
+    assert "finding(s), each on its host:" in err
+    assert re.search(rf"process_exit on rank \d, host {re.escape(host)} \(critical\)", err)
     (run,) = (tmp_path / "runs").iterdir()
     with RunReader(run) as reader:
+        assert reader.meta()["hosts"] == {"node0": host}
         assert reader.meta()["result"]["attempts"] == 2
         failed = reader.events().query("subject == 'job' and phase == 'failed'")
     assert "crash loop" in failed["detail"].iloc[0]["reason"]

@@ -1,9 +1,10 @@
 """A spare host through the real commands on loopback: `eagleeye controller`, agents for
 node ranks 0 and 1 and `eagleeye agent --spare`. A fatal XID in node rank 1's kernel log
 evicts its host: the spare takes node rank 1 (its ranks get node rank 1's environment),
-every host restarts as attempt 1 and the job succeeds; the evicted host's agent is fenced,
-ends its ranks and says why; the store has the XID finding and its `evict` action naming
-the spare."""
+every host restarts as attempt 1 and the job succeeds; the evicted host's agent ends its
+ranks and says why and how to readmit the host; a spare started again on the evicted host
+is refused with the reason, one started with `--readmit` is admitted; the store has the
+XID finding and its `evict` action naming the spare."""
 
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200
 RANK = """
 import os, sys, time
 print({k: os.environ[k] for k in ("RANK", "GROUP_RANK", "MASTER_ADDR")}, flush=True)
-time.sleep(60 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" else 0.5)
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    time.sleep(60)
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.1)
 """
 EAGLEEYE = [sys.executable, "-m", "eagleeye"]
 
@@ -63,7 +68,7 @@ def test_an_evicted_host_is_replaced_by_the_spare_and_the_job_succeeds(tmp_path:
         return subprocess.Popen(
             [*EAGLEEYE, "agent", "--controller", listen, *role, *common, "--no-host-metrics"]
             + [*extra, "--advertise", "127.0.0.1", "--log-dir", str(tmp_path / name)]
-            + [str(tmp_path / "rank.py")],
+            + [str(tmp_path / "rank.py"), str(tmp_path / "finish")],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -71,7 +76,7 @@ def test_an_evicted_host_is_replaced_by_the_spare_and_the_job_succeeds(tmp_path:
     read(lambda i: "listening" in i)
     agents = []
     try:
-        agents.append(agent(["--spare"], "spare"))
+        agents.append(agent(["--spare"], "spare", ("--hostname", "spare-host")))
         read(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
         agents.append(agent(["--node-rank", "0"], "logs0"))
         sources = ("--kernel-log", str(kernel_log), "--sources-period", "0.2")
@@ -84,15 +89,29 @@ def test_an_evicted_host_is_replaced_by_the_spare_and_the_job_succeeds(tmp_path:
         recovering = read(lambda i: i.get("phase") == "recovering")
         assert (recovering["detail"]["node"], recovering["attempt"]) == (1, 1)
         took = recovering["detail"]["spare"]
+        # every agent here runs on this machine's hostname, the evicted host's: a spare
+        # started again is refused, one the operator readmits is admitted
+        plain = agent(["--spare"], "plain")
+        refused = read(lambda i: i.get("phase") == "exited" and "--readmit" in str(i["detail"]))
+        assert "was evicted from this job (host" in refused["detail"]["reason"]
+        _, plain_err = plain.communicate(timeout=60)
+        assert plain.returncode == 2
+        assert "eagleeye agent: refused by the controller: host" in plain_err
+        agents.append(agent(["--spare", "--readmit"], "readmitted"))
+        readmitted = read(lambda i: i.get("phase") == "running" and i["detail"].get("readmitted"))
+        assert "-readmitted-" in readmitted["subject"]
+        assert "evicted: xid" in readmitted["detail"]["readmitted"]
+        (tmp_path / "finish").touch()
         end = read(
             lambda i: i.get("subject") == "job" and i.get("phase") in ("succeeded", "failed")
         )
         assert end["phase"] == "succeeded", end
         assert controller.wait(timeout=30) == 0
         errs = [a.communicate(timeout=30)[1] for a in agents]
-        assert [a.returncode for a in agents] == [0, 0, 0]
-        assert "fenced by the controller (host" in errs[2]  # the evicted host's agent
+        assert [a.returncode for a in agents] == [0, 0, 0, 0]
+        assert "eagleeye agent: evicted by the controller (host" in errs[2]  # the evicted host
         assert "evicted: xid" in errs[2]
+        assert "readmit it as a spare with eagleeye agent --spare --readmit" in errs[2]
     finally:
         for proc in [controller, *agents]:
             if proc.poll() is None:

@@ -4,6 +4,7 @@ restarting only its replica, which catches up and ends bitwise equal to the othe
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -17,6 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420
 def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path) -> None:
     output = run_demo("--steps", "90", "--kill-step", "10", "--runs-dir", str(tmp_path))
     assert "process_exit on rank 3" in output
+    # every finding names its host (the demo runs on this machine)
+    assert f"│ process_exit │ rank 3 │ {socket.gethostname()} │" in output
     assert "Final parameters of the 4 ranks that finished: bitwise identical" in output
     assert "Effective training time ratio (ETTR)" in output
     # Each injected fault's finding, with its evidence.

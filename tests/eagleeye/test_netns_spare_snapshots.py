@@ -5,7 +5,8 @@ a bridge), one rank each of the reference workload. Once host B's snapshots are 
 up on host A's holder, B's link is cut: a `host_lost` finding, the spare takes node rank
 1 and its holder B's place in the ring, the job restarts on hosts A and D, node rank 1's
 rank restores from a holder's memory (the spare's, pulled from A's backups, or A's), not
-from disk, and the job succeeds. No process is left on any host."""
+from disk, and the job succeeds. When B's link comes back its agent ends its rank and
+its holder and joins again as a spare. No process is left on any host."""
 
 from __future__ import annotations
 
@@ -113,10 +114,15 @@ def test_a_spare_restores_a_lost_hosts_state_from_the_other_hosts_holder(
             assert time.monotonic() < deadline, "the spare's holder pulled nothing from A"
             time.sleep(1.0)
 
-        hosts.restore(2)  # B comes back: fenced, its agent and holder end
-        _, b_err = b.communicate(timeout=120)
-        assert b.returncode == 0
-        assert "fenced by the controller" in b_err
+        hosts.restore(2)  # B comes back: fenced, its rank and holder end, it joins again
+        rejoined = lines.next(
+            lambda i: i.get("phase") == "running" and i["detail"].get("rejoined_from")
+        )
+        assert rejoined["detail"]["spare"] is True
+        assert rejoined["detail"]["ranks_ended"] is True
+        b_again = rejoined["subject"].removeprefix("agent:")
+        assert hosts.pids(2) == [b.pid]  # B's rank and holder are gone; only its agent lives
+        assert b.poll() is None  # the agent stays, as a spare
 
         end = lines.next(
             lambda i: i.get("subject") == "job" and i.get("phase") in ("succeeded", "failed"),
@@ -124,6 +130,9 @@ def test_a_spare_restores_a_lost_hosts_state_from_the_other_hosts_holder(
         )
         assert end["phase"] == "succeeded", end
         assert controller.wait(timeout=60) == 0
+        _, b_err = b.communicate(timeout=60)  # the job's end reaches the spare B became
+        assert b.returncode == 0
+        assert f"its ranks ended; joined again as the spare {b_again}" in b_err
         for proc in (a, spare):
             proc.communicate(timeout=60)
             assert proc.returncode == 0  # told to stop: ranks and holders ended

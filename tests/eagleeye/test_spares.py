@@ -8,14 +8,19 @@ its ranks ended, joins again as a spare under a new name, which can take a node 
 later (a real `eagleeye agent` too, its link "cut" by stopping its process); with the
 restart budget spent the spare is left unused and the job stops; with --snapshots the
 spare's holder takes the lost node's place in the ring the restart carries, a spare that
-declared no holder is refused with the reason, and a lost host's agent is only fenced,
-and ends."""
+declared no holder is refused with the reason, a lost host joins again as a spare too (a
+real agent's holder ends with its ranks and starts fresh, empty, when it is given a node
+rank again), and with no spare a lost host's agent is only fenced, and ends. An evicted
+host is told so and stays out: a spare on that host is refused unless it says
+``readmit`` (``eagleeye agent --spare --readmit``), and a readmitted one can take a node
+rank."""
 
 from __future__ import annotations
 
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -29,10 +34,12 @@ import pytest
 import zmq
 
 from eagleeye.agents import Membership, Message
-from eagleeye.agents.coordinator import JobCoordinator
+from eagleeye.agents.coordinator import JobCoordinator, readmit_refusal
 from eagleeye.agents.spares import NO_HOLDER_REFUSAL
-from eagleeye.agents.wire import seal, unseal
+from eagleeye.agents.wire import holder_token, seal, unseal
 from eagleeye.store import RunReader, RunStore
+from eagleeye.summary import run_finding_lines
+from ft_runtime.ckpt.config import ring_text
 from ft_runtime.layout import JobLayout
 from ft_runtime.types import LifecycleEvent, Phase
 
@@ -105,8 +112,14 @@ def pump(hosts: list[Host], until: Callable[[], object], limit: float = 20.0) ->
 class Job:
     """The controller's coordinator on its own thread, over a real Membership."""
 
-    def __init__(self, tmp: Path, max_restarts: int = 2, snapshots: bool = False) -> None:
-        self.members = Membership(SECRET, period_s=PERIOD_S)
+    def __init__(
+        self,
+        tmp: Path,
+        max_restarts: int = 2,
+        snapshots: bool = False,
+        period_s: float = PERIOD_S,
+    ) -> None:
+        self.members = Membership(SECRET, period_s=period_s)
         self.run_dir = tmp / "run"
         self.run_dir.mkdir()
         self.store = RunStore(self.run_dir)
@@ -206,6 +219,9 @@ def test_a_lost_node_rank_goes_to_the_spare_and_the_lost_host_is_fenced(
     assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
     assert f"node rank {lost} moved to the spare hs" in actions["detail"][0]
     assert "attempt 1" in actions["detail"][0]
+    # the summary names the lost host, not the spare that took its node rank
+    lines = run_finding_lines(str(job.run_dir))
+    assert [(line.kind, line.host) for line in lines] == [("host_lost", f"h{lost}")]
 
 
 def test_an_evicted_host_is_replaced_by_the_spare(tmp_path: Path) -> None:
@@ -214,7 +230,10 @@ def test_an_evicted_host_is_replaced_by_the_spare(tmp_path: Path) -> None:
         xid = {"name": "gpu_xid", "value": 79.0, "time": time.time(), "labels": {"node": "node1"}}
         nodes[1].send("samples", {"samples": [xid, xid]})  # two findings, one eviction
         pump(hosts, lambda: restarted(spare, 1) and nodes[1].kinds("stop"))
-        assert "evicted: xid" in nodes[1].kinds("stop")[0]["fenced"]
+        stop = nodes[1].kinds("stop")[0]
+        assert "evicted: xid" in stop["fenced"]
+        assert stop["evicted"] is True  # suspected hardware: its agent stays out
+        assert "rejoin" not in stop
         nodes[1].send("samples", {"samples": [xid]})  # refused: never acted on again
         pump(hosts, lambda: job.members.refused["fenced"] >= 1)
         nodes[0].send("exit", {"rank": 0, "code": 0, "attempt": 1})
@@ -225,6 +244,9 @@ def test_an_evicted_host_is_replaced_by_the_spare(tmp_path: Path) -> None:
         actions = run.actions()
     assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [("evict", "xid")]
     assert "moved to the spare hs" in actions["detail"][0]
+    assert [(line.kind, line.host) for line in run_finding_lines(str(job.run_dir))] == [
+        ("xid", "h1")
+    ]
 
 
 def test_with_the_budget_spent_the_spare_is_left_and_the_job_stops(tmp_path: Path) -> None:
@@ -411,7 +433,7 @@ def test_a_fenced_host_joins_again_as_a_spare_and_can_take_a_node_rank_later(
     ]
 
 
-def test_with_snapshots_a_lost_host_is_only_fenced_not_asked_to_join_again(
+def test_with_no_spare_a_lost_host_is_only_fenced_not_asked_to_join_again(
     tmp_path: Path,
 ) -> None:
     job = Job(tmp_path, snapshots=True)
@@ -428,9 +450,100 @@ def test_with_snapshots_a_lost_host_is_only_fenced_not_asked_to_join_again(
         back.send("heartbeat", {})
         pump(nodes, lambda: back.kinds("stop"))
         assert "rejoin" not in back.kinds("stop")[0]  # not asked back: its agent ends
+        assert "evicted" not in back.kinds("stop")[0]
     finally:
         job.close()
         for host in nodes:
+            host.close()
+
+
+def test_an_evicted_host_stays_out_until_its_spare_is_readmitted(tmp_path: Path) -> None:
+    with two_hosts_and_a_spare(tmp_path, max_restarts=3) as (job, nodes, spare, hosts):
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        xid = {"name": "gpu_xid", "value": 79.0, "time": time.time(), "labels": {"node": "node1"}}
+        nodes[1].send("samples", {"samples": [xid]})
+        pump(hosts, lambda: restarted(spare, 1) and nodes[1].kinds("stop"))
+        cause = nodes[1].kinds("stop")[0]["fenced"]
+        assert nodes[1].kinds("stop")[0]["evicted"] is True
+
+        # an agent started again on that host as a plain spare (a supervisor restarting
+        # it, say) is refused: suspected hardware does not silently come back
+        plain = Host(job.members.address, "h1-spare", -1, spare=True, host="h1")
+        hosts.append(plain)
+        pump(hosts, lambda: plain.kinds("stop"))
+        assert plain.kinds("stop")[0] == {"refused": readmit_refusal("h1", cause)}
+        assert "--spare --readmit" in plain.kinds("stop")[0]["refused"]
+
+        # the operator checked the host and readmits it
+        readmitted = Host(
+            job.members.address, "h1-readmitted-1", -1, spare=True, host="h1", readmit=True
+        )
+        hosts.append(readmitted)
+        pump(hosts, lambda: job.members.agents.get("h1-readmitted-1") is not None)
+        assert readmitted.kinds("stop") == []
+        spare.beating = False  # now hs is lost: the readmitted host takes node rank 1
+        pump(hosts, lambda: restarted(readmitted, 2) and restarted(nodes[0], 2))
+        assert restarted(readmitted, 2)["node_rank"] == 1  # type: ignore[index]
+        assert plain.kinds("restart") == []
+        nodes[0].send("exit", {"rank": 0, "code": 0, "attempt": 2})
+        readmitted.send("exit", {"rank": 1, "code": 0, "attempt": 2})
+        pump(hosts, lambda: job.result)
+        assert job.result == [Phase.SUCCEEDED]
+    with RunReader(job.run_dir) as run:
+        events = run.events()
+    spares = [
+        (e["subject"], e["phase"], e["detail"].get("readmitted"), e["detail"].get("reason"))
+        for _, e in events.iterrows()
+        if e["subject"] in ("agent:h1-spare", "agent:h1-readmitted-1")
+    ]
+    assert spares == [
+        ("agent:h1-spare", "exited", None, readmit_refusal("h1", cause)),
+        ("agent:h1-readmitted-1", "running", cause, None),
+    ]
+
+
+def test_with_snapshots_a_lost_host_joins_again_as_a_spare_and_its_holder_is_used_later(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path, max_restarts=3, snapshots=True)
+    holders = ["tcp://10.9.9.2:5600", "tcp://10.9.9.3:5600", "tcp://10.9.9.99:5600"]
+    nodes = [Host(job.members.address, f"h{n}", n, holder=holders[n]) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True, holder=holders[2])
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        nodes[1].beating = False  # h1's link is cut: hs takes node rank 1 as attempt 1
+        pump(hosts, lambda: restarted(spare, 1))
+        back = nodes[1]
+        back.send("heartbeat", {})
+        pump(hosts, lambda: back.kinds("stop"))
+        stop = back.kinds("stop")[0]
+        assert stop["rejoin"] == "h1-spare"  # with --snapshots too
+        again = Host(
+            job.members.address,
+            stop["rejoin"],
+            -1,
+            True,
+            holders[1],  # its holder ended with its ranks; it starts again, empty, when used
+            host="h1",
+            rejoined_from="h1",
+            ranks_ended=True,
+        )
+        hosts.append(again)
+        pump(hosts, lambda: job.members.agents.get("h1-spare") is not None)
+        assert again.kinds("stop") == []
+        spare.beating = False  # hs is lost: the host that joined again takes node rank 1
+        pump(hosts, lambda: restarted(again, 2) and restarted(nodes[0], 2))
+        took, kept = restarted(again, 2), restarted(nodes[0], 2)
+        assert took is not None
+        assert kept is not None
+        ring = f"node0={holders[0]},node1={holders[1]}"
+        assert took["snapshots"] == kept["snapshots"] == ring
+        assert took["node_rank"] == 1
+    finally:
+        job.close()
+        for host in hosts:
             host.close()
 
 
@@ -445,27 +558,28 @@ def alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("snapshots", [False, True])
-def test_a_real_agent_whose_link_was_cut_ends_its_rank_and_joins_again_as_a_spare(
-    tmp_path: Path, snapshots: bool
-) -> None:
+def real_agent(tmp_path: Path, job: Job, *role: str) -> subprocess.Popen[str]:
+    """`eagleeye agent` on host "hb" (loopback) running the sleeper for ``job``."""
     (tmp_path / "s").write_bytes(SECRET + b"\n")
     (tmp_path / "sleep.py").write_text(SLEEPER)
-    job = Job(tmp_path, snapshots=snapshots)
-    node0 = Host(job.members.address, "h0", 0)
-    node0.hello(0, holder="tcp://127.0.0.1:9")  # (snapshots) a holder nobody serves
-    hosts = [node0]
-    if not snapshots:
-        hosts.append(Host(job.members.address, "hs", -1, spare=True))
     host, port = job.members.address.removeprefix("tcp://").rsplit(":", 1)
-    agent = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "eagleeye", "agent", "--controller", f"{host}:{port}"]
-        + ["--secret-file", str(tmp_path / "s"), "--node-rank", "1", "--heartbeat", "0.2"]
+        + ["--secret-file", str(tmp_path / "s"), *role, "--heartbeat", "0.2"]
         + ["--hostname", "hb", "--advertise", "127.0.0.1", "--no-host-metrics"]
         + ["--gpu-metrics", "off", "--log-dir", str(tmp_path / "logs"), str(tmp_path / "sleep.py")],
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_a_real_agent_whose_link_was_cut_ends_its_rank_and_joins_again_as_a_spare(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    node0 = Host(job.members.address, "h0", 0)
+    hosts = [node0, Host(job.members.address, "hs", -1, spare=True)]
+    agent = real_agent(tmp_path, job, "--node-rank", "1")
     job.start()
     try:
         pump(hosts, lambda: job.coordinator.phase is Phase.RUNNING and node0.kinds("launch"))
@@ -475,21 +589,9 @@ def test_a_real_agent_whose_link_was_cut_ends_its_rank_and_joins_again_as_a_spar
         assert alive(pid)
         agent.send_signal(signal.SIGSTOP)  # its link is cut: no heartbeat, no pong
         try:
-            if snapshots:
-                pump(hosts, lambda: job.result)  # no spare: the job stops
-            else:
-                pump(hosts, lambda: restarted(hosts[1], 1))
+            pump(hosts, lambda: restarted(hosts[1], 1))
         finally:
             agent.send_signal(signal.SIGCONT)  # the link comes back
-        if snapshots:
-            _, err = agent.communicate(timeout=60)
-            assert agent.returncode == 0
-            assert (
-                "eagleeye agent: fenced by the controller (host hb (node rank 1) was lost)" in err
-            )
-            assert "joined again" not in err
-            assert not alive(pid)
-            return
         pump(hosts, lambda: job.members.agents.get("hb-spare") is not None)
         assert not alive(pid)  # its rank ended before it joined as a spare
         assert job.members.agents["hb-spare"].info["rejoined_from"] == "hb-1"
@@ -516,3 +618,106 @@ def rank_pid(job: Job) -> int | None:
         if event.subject == "rank:1" and event.phase is Phase.LAUNCH and "pid" in event.detail:
             return int(event.detail["pid"])  # type: ignore[arg-type]
     return None
+
+
+def held(endpoint: str, owner: str) -> list[int] | None:
+    """The steps of ``owner``'s snapshots a holder has (None: it does not answer)."""
+    from ft_runtime.ckpt._rpc import Rpc
+    from ft_runtime.errors import CheckpointError
+
+    rpc = Rpc(zmq.Context.instance(), endpoint, 0.5, holder_token(SECRET))
+    try:
+        head, _ = rpc.call({"op": "list", "owner": owner})
+    except CheckpointError:
+        return None
+    finally:
+        rpc.close()
+    return sorted(s["step"] for s in head["slots"])
+
+
+def listening(endpoint: str) -> bool:
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    with socket.socket() as probe:
+        return probe.connect_ex((host, int(port))) == 0
+
+
+def test_with_snapshots_a_real_agent_whose_link_was_cut_joins_again_its_holder_fresh(
+    tmp_path: Path,
+) -> None:
+    from datetime import timedelta
+
+    import torch
+
+    from ft_runtime.ckpt import CheckpointClient, ClientConfig
+    from ft_runtime.ckpt.config import parse_ring
+
+    # a period long enough that the hosts driven by hand stay alive while the test asks
+    # the holder and saves into it between two pumps
+    job = Job(tmp_path, max_restarts=3, snapshots=True, period_s=1.0)
+    node0 = Host(job.members.address, "h0", 0, holder="tcp://127.0.0.1:9")  # nobody serves
+    spare = Host(job.members.address, "hs", -1, spare=True, holder="tcp://127.0.0.1:8")
+    hosts = [node0, spare]
+    agent = real_agent(tmp_path, job, "--node-rank", "1")
+    job.start()
+    try:
+        pump(hosts, lambda: job.coordinator.phase is Phase.RUNNING and node0.kinds("launch"))
+        ring = parse_ring(node0.kinds("launch")[0]["snapshots"])
+        mine = ring.endpoint("node1")  # the real agent's holder
+        pump(hosts, lambda: rank_pid(job) is not None and held(mine, "node1") == [])
+        pid = rank_pid(job)
+        assert pid is not None
+        cfg = ClientConfig("node1", ring, timeout=timedelta(seconds=2), token=holder_token(SECRET))
+        client = CheckpointClient(cfg)
+        try:
+            assert client.save({"w": torch.ones(1000), "step": 10}, 10).ok
+        finally:
+            client.close()
+        pump(hosts, lambda: held(mine, "node1") == [10])
+
+        agent.send_signal(signal.SIGSTOP)  # its link is cut: hs takes node rank 1
+        try:
+            pump(hosts, lambda: restarted(spare, 1))
+        finally:
+            agent.send_signal(signal.SIGCONT)  # the link comes back
+        pump(hosts, lambda: job.members.agents.get("hb-spare") is not None)
+        joined = job.members.agents["hb-spare"].info
+        assert (joined["rejoined_from"], joined["ranks_ended"]) == ("hb-1", True)
+        assert joined["holder"] == mine
+        assert not alive(pid)  # its rank ended, and its holder with it, before it joined
+        assert not listening(mine)
+
+        spare.beating = False  # hs is lost: hb, a spare now, takes node rank 1 again
+        pump(hosts, lambda: restarted(node0, 2))
+        assert restarted(node0, 2)["snapshots"] == ring_text(ring)  # type: ignore[index]
+        answers: list[list[int] | None] = []
+        pump(hosts, lambda: answers.append(held(mine, "node1")) or answers[-1] is not None)
+        assert answers[-1] == []  # a fresh holder: nothing of its earlier life
+        pump(  # its rank 1 of attempt 2 launched, beside the new holder
+            hosts,
+            lambda: any(
+                e.subject == "rank:1" and e.attempt == 2 and e.detail.get("agent") == "hb-spare"
+                for e in list(job.events)
+                if e.phase is Phase.LAUNCH
+            ),
+        )
+    finally:
+        job.close()
+        try:
+            _, err = agent.communicate(timeout=60)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.communicate()
+        for h in hosts:
+            h.close()
+    assert agent.returncode == 0
+    assert "its ranks ended; joined again as the spare hb-spare" in err
+
+
+def test_readmit_needs_spare(tmp_path: Path) -> None:
+    (tmp_path / "s").write_bytes(SECRET + b"\n")
+    argv = [sys.executable, "-m", "eagleeye", "agent", "--controller", "127.0.0.1:1"]
+    argv += ["--secret-file", str(tmp_path / "s"), "--node-rank", "1", "--readmit", "x.py"]
+    got = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 2
+    assert "--readmit needs --spare" in got.stderr
