@@ -61,6 +61,7 @@ def state_of(job: JobCoordinator) -> dict[str, Any]:
             for node, agent in job._by_node.items()
         },
         "fenced": job.members.fence_stops(),
+        "evicted": dict(job._evicted),
         "failed_attempts": sorted(job._failed_attempts),
         "succeeded": sorted(job._succeeded),
         "exits": sorted([a, r] for a, r in job._exits_seen if a == job.attempt),
@@ -150,6 +151,7 @@ def restore(job: JobCoordinator, state: Mapping[str, Any]) -> None:
     for node, agent in nodes.items():
         job.members.assign(agent.agent, node)
         job.on_joined(agent)
+    job._evicted = {str(h): str(why) for h, why in (state.get("evicted") or {}).items()}
     job._failed_attempts = set(state.get("failed_attempts", ()))
     job._succeeded = set(state.get("succeeded", ()))
     job._exits_seen = {(int(a), int(r)) for a, r in state.get("exits", ())}

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from eagleeye.agents import AgentLink, AgentState, Membership
 from eagleeye.agents import resume as journal
@@ -34,6 +35,14 @@ def wait_for(check, limit: float = 10.0):
             return got
         time.sleep(0.02)
     raise AssertionError("not seen in time")
+
+
+def rebound(address: str) -> Membership | None:
+    """A new controller on ``address``, once the closed one's socket let it go."""
+    try:
+        return Membership(SECRET, address, period_s=0.2)
+    except zmq.ZMQError:
+        return None
 
 
 def admitted(members: Membership) -> list[AgentState]:
@@ -188,7 +197,7 @@ def test_a_waiting_spare_joins_a_restarted_controller_again(tmp_path: Path) -> N
     try:
         wait_for(lambda: admitted(first))
         first.close()  # the controller is killed
-        members = Membership(SECRET, address, period_s=0.2)
+        members = wait_for(lambda: rebound(address))  # its port is freed in the background
         (tmp_path / "run").mkdir()
         store = RunStore(tmp_path / "run")
         job = JobCoordinator(members, JobLayout(1, 1), store)
@@ -212,3 +221,37 @@ def test_a_waiting_spare_joins_a_restarted_controller_again(tmp_path: Path) -> N
             store.close()
     finally:
         spare.close()
+
+
+def test_a_restarted_controller_still_keeps_an_evicted_host_out(tmp_path: Path) -> None:
+    members = Membership(SECRET, f"tcp://127.0.0.1:{free_port()}", period_s=0.2)
+    (tmp_path / "run").mkdir()
+    store = RunStore(tmp_path / "run")
+    job = JobCoordinator(members, JobLayout(1, 1), store)
+    before = {
+        "version": 1,
+        "attempt": 1,
+        "phase": "running",
+        "launch": {},
+        "nodes": {"0": {"agent": "a", "host": "h", "session": "s1", "info": {}}},
+        "evicted": {"bad-host": "host bad-host (node0) evicted: xid 79"},
+    }
+    journal.restore(job, before)
+    assert journal.state_of(job)["evicted"] == before["evicted"]  # written again as read
+    spare = AgentLink(
+        members.address, SECRET, "s", -1, period_s=0.05, host="bad-host", info={"spare": True}
+    )
+    spare.start()
+    try:
+
+        def told():
+            job._poll()
+            return [m for m in spare.take() if m.kind == "stop"]
+
+        (stop,) = wait_for(told)
+        assert "--readmit" in str(stop.body)
+        assert not job._spares._waiting
+    finally:
+        spare.close()
+        members.close()
+        store.close()
