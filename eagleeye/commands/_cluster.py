@@ -10,7 +10,7 @@ from dataclasses import fields, is_dataclass
 
 from eagleeye.commands._args import seconds
 
-CLUSTER_DOC = """`eagleeye controller` and `eagleeye agent`: one job across hosts (--recovery job).
+CLUSTER_DOC = """`eagleeye controller` and `eagleeye agent`: one job across hosts.
 
 The controller listens on an explicit address for the agents (one per host, one node
 rank each), authenticated by the job's shared secret from a file; it launches the job
@@ -26,7 +26,10 @@ a lost or evicted host's node rank is given to it (the job then restarts on the 
 of hosts; the replaced host is fenced, and a lost host's agent, its ranks ended, joins
 again as a spare when its link comes back). Both print one JSON line per event on stdout.
 SIGTERM or SIGINT to either stops the job on every host and records why; with
---grace-period the loops are asked for a checkpoint first.
+--grace-period the loops are asked for a checkpoint first. With --recovery replica
+--replicas N the job is N replicas training through the replica library: a failed rank
+or a lost host costs only its replica, restarted (a lost host's on a spare) and caught up
+from a healthy replica while the others train on (docs/multihost.md).
 """
 """The help page of both commands."""
 
