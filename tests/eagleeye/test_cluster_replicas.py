@@ -66,91 +66,148 @@ def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None
         time.sleep(0.1)
 
 
-def test_a_lost_host_restarts_only_its_replica_on_the_spare(tmp_path: Path) -> None:
-    (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    finish = tmp_path / "finish"
-    listen = f"127.0.0.1:{free_port()}"
-    common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.3"]
-    controller = subprocess.Popen(
-        [*EAGLEEYE, "controller", "--listen", listen, "--nnodes", "2", "--remediate", *common]
-        + ["--recovery", "replica", "--replicas", "2"]
-        + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    lines = Lines(controller)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+class Job:
+    """The controller and its agents (node ranks 0 and 1, and a spare) on loopback."""
 
-    def agent(role: list[str], name: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [*EAGLEEYE, "agent", "--controller", listen, *role, *common, "--no-host-metrics"]
-            + ["--advertise", "127.0.0.1", "--log-dir", str(tmp_path / name)]
-            + [str(script), str(finish)],
-            stderr=subprocess.PIPE,
+    def __init__(self, tmp_path: Path) -> None:
+        (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
+        self.tmp = tmp_path
+        self.script = tmp_path / "train.py"
+        self.script.write_text(SCRIPT)
+        self.finish = tmp_path / "finish"
+        self.listen = f"127.0.0.1:{free_port()}"
+        self.common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.3"]
+        self.controller = subprocess.Popen(
+            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", "--remediate"]
+            + [*self.common, "--recovery", "replica", "--replicas", "2"]
+            + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
-            env=env,
         )
+        self.lines = Lines(self.controller)
+        self.agents: list[subprocess.Popen[str]] = []
+        self.first: dict[int, dict[str, Any]] = {}
+        self.healthy = tmp_path / "logs0" / "replica-0-0" / "rank-0.log"
 
-    agents: list[subprocess.Popen[str]] = []
-    try:
-        lines.next(lambda i: "listening" in i)
-        agents.append(agent(["--spare"], "spare"))
-        lines.next(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
-        agents += [agent(["--node-rank", "0"], "logs0"), agent(["--node-rank", "1"], "logs1")]
-        first: dict[int, dict[str, Any]] = {}
-        while len(first) < 2:  # each rank's process started by its agent, in any order
-            item = lines.next(lambda i: running(0)(i) or running(1)(i))
-            first[int(item["subject"].removeprefix("rank:"))] = item["detail"]
-        healthy = tmp_path / "logs0" / "replica-0-0" / "rank-0.log"
-        wait_for(lambda: len(steps(healthy)) >= 10, "replica 0 never stepped")
+    def agent(self, role: list[str], name: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [*EAGLEEYE, "agent", "--controller", self.listen, *role, *self.common]
+            + ["--no-host-metrics", "--advertise", "127.0.0.1"]
+            + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        self.agents.append(proc)
+        return proc
 
-        os.kill(agents[2].pid, signal.SIGKILL)  # node rank 1's host is lost
-        os.kill(first[1]["pid"], signal.SIGKILL)
-        finding = lines.next(lambda i: i.get("type") == "Finding")
-        assert (finding["kind"], finding["subject"]["node"]) == ("host_lost", "node1")
-        at_loss = steps(healthy)[-1]
-        moved = lines.next(running(1))["detail"]
-        assert moved["agent"].endswith("-spare")
-        joined = lines.next(
+    def start(self) -> None:
+        """Every agent joined, each rank started, replica 0 stepping."""
+        self.lines.next(lambda i: "listening" in i)
+        self.agent(["--spare"], "spare")
+        self.lines.next(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
+        self.agent(["--node-rank", "0"], "logs0")
+        self.agent(["--node-rank", "1"], "logs1")
+        while len(self.first) < 2:  # each rank's process started by its agent, in any order
+            item = self.lines.next(lambda i: running(0)(i) or running(1)(i))
+            self.first[int(item["subject"].removeprefix("rank:"))] = item["detail"]
+        wait_for(lambda: len(steps(self.healthy)) >= 10, "replica 0 never stepped")
+
+    def caught_up(self, at_loss: int) -> dict[str, Any]:
+        """Replica 1 restarted and admitted while replica 0 trained on; then every replica
+        is told to stop 20 steps on, and the job succeeds. Returns the restarted rank's
+        process (its agent and pid)."""
+        moved = self.lines.next(running(1))["detail"]
+        joined = self.lines.next(
             lambda i: i.get("subject") == "replica:1" and "joined_epoch" in i["detail"]
         )
         assert joined["phase"] == "running"
-        assert steps(healthy)[-1] > at_loss  # replica 0 trained on while 1 caught up
-        end_at = steps(healthy)[-1] + 20
-        finish.write_text(str(end_at))
-        end = lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
+        assert steps(self.healthy)[-1] > at_loss  # replica 0 trained on while 1 caught up
+        self.end_at = steps(self.healthy)[-1] + 20
+        self.finish.write_text(str(self.end_at))
+        end = self.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
         assert end["phase"] == "succeeded", end
-        assert controller.wait(timeout=60) == 0
-        for proc in agents[:2]:
-            proc.communicate(timeout=60)
-            assert proc.returncode == 0
-    finally:
-        for proc in [controller, *agents]:
+        assert self.controller.wait(timeout=60) == 0
+        return dict(moved)
+
+    def close(self) -> None:
+        for proc in [self.controller, *self.agents]:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
-    survived = steps(healthy)
-    assert survived == list(range(survived[0], survived[-1] + 1))  # never restarted
-    assert survived[-1] >= end_at
-    rejoined = steps(tmp_path / "spare" / "replica-1-1" / "rank-1.log")
-    assert rejoined
-    assert rejoined[0] > at_loss
-    assert rejoined[-1] == survived[-1]
-    started = [i["detail"]["pid"] for i in lines.seen if running(0)(i)]
-    assert started == [first[0]["pid"]]  # rank 0 never started again: its pid is the first
+
+    def check_healthy(self, rejoined_log: Path, at_loss: int) -> None:
+        """Replica 0's rank: one process that committed every step; replica 1's new one
+        started after the loss and ended at the same step."""
+        survived = steps(self.healthy)
+        assert survived == list(range(survived[0], survived[-1] + 1))  # never restarted
+        assert survived[-1] >= self.end_at
+        rejoined = steps(rejoined_log)
+        assert rejoined
+        assert rejoined[0] > at_loss
+        assert rejoined[-1] == survived[-1]
+        assert "caught up" in rejoined_log.read_text()
+        started = [i["detail"]["pid"] for i in self.lines.seen if running(0)(i)]
+        assert started == [self.first[0]["pid"]]  # rank 0 never started again
+
+    def no_rank_left(self, *pids: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                assert f.read().split()[2] == "Z", f"rank process {pid} outlived the run"
+
+
+def test_a_lost_host_restarts_only_its_replica_on_the_spare(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start()
+        os.kill(job.agents[2].pid, signal.SIGKILL)  # node rank 1's host is lost
+        os.kill(job.first[1]["pid"], signal.SIGKILL)
+        finding = job.lines.next(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["node"]) == ("host_lost", "node1")
+        at_loss = steps(job.healthy)[-1]
+        moved = job.caught_up(at_loss)
+        assert moved["agent"].endswith("-spare")
+        for proc in job.agents[:2]:
+            proc.wait(timeout=60)
+            assert proc.returncode == 0
+    finally:
+        job.close()
+    job.check_healthy(tmp_path / "spare" / "replica-1-1" / "rank-1.log", at_loss)
     with RunReader(tmp_path / "runs" / "r") as run:
         findings = run.findings()
         actions = run.actions()
     assert list(findings["kind"]) == ["host_lost"]
     assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
     assert "replicas [1] restarted there, catching up from replica 0" in actions["detail"][0]
-    for pid in (first[0]["pid"], first[1]["pid"], moved["pid"]):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        with open(f"/proc/{pid}/stat") as f:
-            assert f.read().split()[2] == "Z", f"rank process {pid} outlived the run"
+    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], moved["pid"])
+
+
+def test_a_failed_rank_restarts_only_its_replica_on_the_same_host(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start()
+        os.kill(job.first[1]["pid"], signal.SIGKILL)  # rank 1 dies; its host is fine
+        finding = job.lines.next(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["rank"]) == ("process_exit", 1)
+        at_loss = steps(job.healthy)[-1]
+        again = job.caught_up(at_loss)
+        assert again["agent"] == job.first[1]["agent"]  # the same agent started it again
+        assert again["pid"] != job.first[1]["pid"]
+        for proc in job.agents:
+            proc.wait(timeout=60)
+            assert proc.returncode == 0
+    finally:
+        job.close()
+    job.check_healthy(tmp_path / "logs1" / "replica-1-1" / "rank-1.log", at_loss)
+    with RunReader(tmp_path / "runs" / "r") as run:
+        findings = run.findings()
+        actions = run.actions()
+    assert list(findings["kind"]) == ["process_exit"]
+    assert list(zip(actions["kind"], actions["target"], strict=True)) == [("restart", "replica:1")]
+    assert list(actions["status"]) == ["done"]
+    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], again["pid"])
