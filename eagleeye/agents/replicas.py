@@ -37,6 +37,7 @@ from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.spares import Spares, is_spare
 from eagleeye.store import RunStore
+from ft_runtime.errors import LaunchError
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica.supervisor import ReplicaSupervisor
@@ -110,7 +111,7 @@ class ReplicaCoordinator:
             self._poll()
         supervisor = self._start()
         end = self.clock() + limit_s
-        while not supervisor.finished:
+        while not supervisor.finished and self.phase is Phase.RUNNING:
             if self._stop is not None or self.clock() > end:
                 why = f"stopped by {self._stop}" if self._stop is not None else "time limit"
                 return self._end(Phase.FAILED, why)
@@ -118,6 +119,8 @@ class ReplicaCoordinator:
             for gone in self.members.lost():
                 self._host_lost(gone)
             self._step()
+        if self.phase is not Phase.RUNNING:  # ended already (a spare that could not start)
+            return self.phase
         return self._end(supervisor.phase, "")
 
     def _start(self) -> ReplicaSupervisor:
@@ -208,8 +211,7 @@ class ReplicaCoordinator:
 
     def _joined(self, agent: AgentState) -> None:
         if is_spare(agent):
-            self._spares.join(agent)
-            self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True)
+            self._spare_joined(agent)
             return
         held = self._by_node.get(agent.node_rank)
         if self.phase is Phase.RUNNING and held is not None and held.agent != agent.agent:
@@ -219,6 +221,19 @@ class ReplicaCoordinator:
             return
         self._by_node[agent.node_rank] = agent
         self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, node=agent.node_rank)
+
+    def _spare_joined(self, agent: AgentState) -> None:
+        """A spare admitted; a fenced host's agent joining again as one
+        (``rejoined_from``) only when it says its ranks ended."""
+        rejoined = agent.info.get("rejoined_from")
+        if rejoined is not None and agent.info.get("ranks_ended") is not True:
+            why = f"{rejoined} joins again as a spare before its ranks ended"
+            self.members.fence(agent.agent, why, key="refused")
+            self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
+            return
+        self._spares.join(agent)
+        again = {} if rejoined is None else {"rejoined_from": str(rejoined), "ranks_ended": True}
+        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True, **again)
 
     def _report(self, report: AgentReport) -> None:
         body = report.body
@@ -274,7 +289,15 @@ class ReplicaCoordinator:
         self.members.assign(spare.agent, node)
         self._by_node[node] = spare
         self.launcher.place(node, spare.agent)
-        moved = self.supervisor.evict(f"node{node}", f"{reason}: moved to the spare {spare.agent}")
+        try:
+            moved = self.supervisor.evict(
+                f"node{node}", f"{reason}: moved to the spare {spare.agent}"
+            )
+        except LaunchError as exc:  # the spare went away between its hello and now
+            why = f"node rank {node} could not restart on the spare {spare.agent}: {exc}"
+            self._outcome(finding_id, OutcomeStatus.FAILED, why)
+            self._end(Phase.FAILED, why)
+            return
         source = self.supervisor.quorum.current.source
         why = (
             f"node rank {node} moved to the spare {spare.agent} on {spare.host}; "
