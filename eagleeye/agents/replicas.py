@@ -88,7 +88,7 @@ class ReplicaCoordinator:
     _by_node: dict[int, AgentState] = field(default_factory=dict)
     _spares: Spares = field(init=False)
     _stop: str | None = None
-    _on_lost_hosts: set[int] = field(default_factory=set)  # ranks that ended with their host
+    _on_lost_hosts: set[int] = field(default_factory=set)  # ended with a host, no spare
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
@@ -278,11 +278,12 @@ class ReplicaCoordinator:
         self.on_update(finding)
         self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, node=node)
         reason = f"host {gone.host} (node rank {node}) was lost"
-        self._on_lost_hosts.update(self.launcher.host_lost(gone.agent))
+        ended = self.launcher.host_lost(gone.agent)  # exits the supervisor reads next
         spare = self._spares.take()
         again = self.members.new_name(held.host) if spare is not None else None
         self.members.fence(gone.agent, reason, rejoin=again)
-        if spare is None:
+        if spare is None:  # their exits drop their replicas; nothing restarts them
+            self._on_lost_hosts.update(ended)
             why = f"no spare host: the replicas of node rank {node} are lost; the others go on"
             self._outcome(finding_id, OutcomeStatus.DONE, why)
             return

@@ -102,11 +102,12 @@ class Job:
         self.agents.append(proc)
         return proc
 
-    def start(self) -> None:
+    def start(self, spare: bool = True) -> None:
         """Every agent joined, each rank started, replica 0 stepping."""
         self.lines.next(lambda i: "listening" in i)
-        self.agent(["--spare"], "spare")
-        self.lines.next(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
+        if spare:
+            self.agent(["--spare"], "spare")
+            self.lines.next(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
         self.agent(["--node-rank", "0"], "logs0")
         self.agent(["--node-rank", "1"], "logs1")
         while len(self.first) < 2:  # each rank's process started by its agent, in any order
@@ -211,3 +212,64 @@ def test_a_failed_rank_restarts_only_its_replica_on_the_same_host(tmp_path: Path
     assert list(zip(actions["kind"], actions["target"], strict=True)) == [("restart", "replica:1")]
     assert list(actions["status"]) == ["done"]
     job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], again["pid"])
+
+
+def test_sigterm_to_the_controller_ends_every_replica_and_records_the_stop(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start()
+        job.controller.send_signal(signal.SIGTERM)
+        end = job.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
+        assert end["phase"] == "failed"
+        assert end["detail"]["reason"] == "stopped by SIGTERM"
+        assert job.controller.wait(timeout=60) == 1
+        for proc in job.agents:
+            proc.wait(timeout=60)
+            assert proc.returncode == 0  # told to stop, its ranks ended
+    finally:
+        job.close()
+    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"])
+    with RunReader(tmp_path / "runs" / "r") as run:
+        events = run.events()
+    stops = [dict(e["detail"]) for _, e in events.iterrows() if e["subject"] == "job"]
+    assert {"reason": "stopped by SIGTERM", "stopped": True} in stops
+
+
+def test_with_no_spare_the_other_replica_goes_on_alone(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start(spare=False)
+        os.kill(job.agents[1].pid, signal.SIGKILL)  # node rank 1's host is lost
+        os.kill(job.first[1]["pid"], signal.SIGKILL)
+        finding = job.lines.next(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["node"]) == ("host_lost", "node1")
+        at_loss = steps(job.healthy)[-1]
+        dropped = job.lines.next(
+            lambda i: i.get("subject") == "quorum" and "removed" in i["detail"]
+        )
+        assert dropped["detail"]["members"] == [0]
+        wait_for(lambda: steps(job.healthy)[-1] > at_loss + 5, "replica 0 stopped stepping")
+        job.end_at = steps(job.healthy)[-1] + 10
+        job.finish.write_text(str(job.end_at))
+        end = job.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
+        assert end["phase"] == "succeeded", end
+        assert end["detail"]["lost"] == [1]
+        assert job.controller.wait(timeout=60) == 0
+        job.agents[0].wait(timeout=60)
+        assert job.agents[0].returncode == 0
+    finally:
+        job.close()
+    survived = steps(job.healthy)
+    assert survived == list(range(survived[0], survived[-1] + 1))
+    assert survived[-1] >= job.end_at
+    started = [i["detail"]["pid"] for i in job.lines.seen if running(1)(i)]
+    assert started == [job.first[1]["pid"]]  # rank 1 never started again
+    with RunReader(tmp_path / "runs" / "r") as run:
+        findings = run.findings()
+        actions = run.actions()
+    assert list(findings["kind"]) == ["host_lost"]
+    assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
+    assert actions["detail"][0].startswith("no spare host")
+    job.no_rank_left(job.first[0]["pid"])
