@@ -10,7 +10,9 @@ into exits of every rank it ran (``host_lost``: SIGKILL's status, at the moment 
 was found), so the supervisor drops its replica as it would a crashed one. Nothing waits:
 ``stop`` counts the ranks it asked to end as ended at once (their agent ends them in the
 order its messages came, before any later start), and ``pid`` is unknown (None) until the
-agent reported the launch. ``sample`` is None: the process state stays on its host.
+agent reported the launch. The process state stays on its host: ``sample`` says a live
+rank is running (``UNSEEN``), so a hang is judged by the quorum's stall limits alone,
+with the allowance of a straggler (a stopped process is no evidence across hosts).
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from ft_runtime.launcher import RankExit
 from ft_runtime.layout import JobLayout, RankSpec
 from ft_runtime.procstat import ProcSample
 
-__all__ = ["AgentLauncher"]
+__all__ = ["UNSEEN", "AgentLauncher"]
+
+UNSEEN = ProcSample("R", 0)
+"""The look at a live rank on another host: running, as far as the controller can tell."""
 
 
 class Sender(Protocol):
@@ -129,7 +134,10 @@ class AgentLauncher:
         return self._pids.get(rank)
 
     def sample(self, rank: int) -> ProcSample | None:
-        return None
+        """A rank's state stays on its host: a live one is taken as running (``UNSEEN``),
+        so a replica late in the exchange is judged by the stall limits alone (given
+        the straggler's allowance); an ended one, or one never started, is None."""
+        return UNSEEN if self.running(rank) else None
 
     # ---- what the agents report -------------------------------------------------------------
     def launched(self, agent: str, rank: int, pid: int, generation: int) -> bool:

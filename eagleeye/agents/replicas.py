@@ -164,6 +164,8 @@ class ReplicaCoordinator:
         assert self.remediator is not None
         for event in self.supervisor.poll():
             self._record([event])
+            if _fenced_as_hung(event):
+                self._hung(event)
             code = event.detail.get("exit_code")
             if event.phase is not Phase.EXITED or not event.subject.startswith("rank:"):
                 continue
@@ -175,6 +177,34 @@ class ReplicaCoordinator:
             self.store.add_outcome(outcome, None, False, outcome.time)
             self.on_update(outcome)
         self._record(self.supervisor.settle())
+
+    def _hung(self, event: LifecycleEvent) -> None:
+        """A replica the quorum dropped as hung (its ranks never entered the exchange the
+        others waited in past the stall limit): a ``hang`` finding, its fencing kill the
+        action; the killed ranks' exits that follow are answered as failures (a restart
+        of the replica), as under ``eagleeye run``."""
+        replica = int(event.subject.removeprefix("replica:"))
+        seen = event.detail.get("evidence") or {}
+        late = [int(r) for r in seen.get("late_ranks", [])]
+        waited, limit = float(seen.get("waited_s", 0.0)), float(seen.get("limit_s", 0.0))
+        evidence = {"fenced": 1.0, "waited_s": waited, "limit_s": limit}
+        evidence.update({f"late_rank_{rank}": 1.0 for rank in late})
+        finding = Finding(
+            "hang",
+            Subject(replica=replica, rank=late[0] if len(late) == 1 else None),
+            waited / limit if limit > 0 else 1.0,
+            Severity.CRITICAL,
+            event.time,
+            None,
+            evidence,
+            "quorum_stall",
+        )
+        finding_id = self.store.add_finding(finding)
+        self.on_update(finding)
+        reason = str(event.detail.get("reason", ""))
+        action = Action(ActionKind.ISOLATE, event.subject, reason, "")
+        outcome = Outcome(action, OutcomeStatus.DONE, "fenced: its ranks were killed", event.time)
+        self.store.add_outcome(outcome, finding_id, dry_run=False, decided_at=event.time)
 
     def _exit_finding(self, rank: int, code: int) -> Finding:
         spec = self.layout.rank(rank)
@@ -345,6 +375,14 @@ class ReplicaCoordinator:
         event = LifecycleEvent(subject, phase, self.clock(), attempt, detail)
         self.store.add_event(event)
         self.on_update(event)
+
+
+def _fenced_as_hung(event: LifecycleEvent) -> bool:
+    return (
+        event.phase is Phase.EXITED
+        and event.subject.startswith("replica:")
+        and str(event.detail.get("reason", "")).startswith("hung")
+    )
 
 
 __all__ = ["ReplicaCoordinator"]

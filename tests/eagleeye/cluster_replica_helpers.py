@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
+
+from eagleeye.store import RunReader
+
 SCRIPT = """
 import os, sys, time
 import torch
@@ -54,3 +58,13 @@ def steps(log: Path) -> list[int]:
     """The steps a rank's log says it committed, in order."""
     text = log.read_text() if log.exists() else ""
     return [int(n) for n in re.findall(r"^step (\d+)$", text, re.MULTILINE)]
+
+
+def answered(run: RunReader) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run's findings and actions, less the hangs the stall limit may find first when
+    a rank's host goes (its fencing, an ``isolate``): a lost host's replica is late in the
+    exchange before its host is found lost, and both end in the same recovery."""
+    findings, actions = run.findings(), run.actions()
+    findings = findings[findings["kind"] != "hang"].reset_index(drop=True)
+    actions = actions[actions["finding_kind"] != "hang"].reset_index(drop=True)
+    return findings, actions

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagleeye.agents.agentlauncher import AgentLauncher
+from eagleeye.agents.agentlauncher import UNSEEN, AgentLauncher
 from ft_runtime.errors import LaunchError
 from ft_runtime.layout import JobLayout
 
@@ -54,6 +54,7 @@ def test_a_start_goes_to_the_agent_of_its_node_rank_with_its_environment() -> No
     assert (body["node_rank"], body["generation"], body["replicas"]) == (1, 0, 2)
     assert body["log"] == "r/rank.log"  # names only: the agent puts it under its log folder
     assert all(launcher.running(r) for r in range(4))
+    assert launcher.sample(2) == UNSEEN  # a live rank elsewhere: taken as running
     assert launcher.pid(2) is None  # until the agent reports it
     assert launcher.launched("b", 2, 4242, 0)
     assert launcher.pid(2) == 4242
@@ -72,6 +73,7 @@ def test_a_lost_host_ends_every_rank_it_ran_and_nothing_more_is_sent_to_it() -> 
     ]
     assert launcher.exits() == []  # each exit once
     assert not launcher.running(2)
+    assert launcher.sample(2) is None
     assert not launcher.exited("b", 2, 0, 0)  # a late report of the lost host: counted already
     before = len(sent.messages)
     launcher.signal(2, signal.SIGKILL)
