@@ -110,3 +110,23 @@ def test_an_agent_not_connected_fails_the_start() -> None:
     with pytest.raises(LaunchError, match="not connected"):
         launcher.start(LAYOUT.rank(0), 0, [], {}, Path("r/rank.log"))
     assert not launcher.running(0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--recovery", "replica", "--snapshots"], "--recovery replica does not take --snapshots"),
+        (["--replicas", "2"], "--replicas needs --recovery replica"),
+        (["--recovery", "replica", "--replicas", "3"], "cannot be split into 3 equal replicas"),
+    ],
+)
+def test_the_controller_refuses_what_replica_recovery_cannot_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    from eagleeye.cli import main
+
+    (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
+    argv = ["controller", "--nnodes", "2", "--secret-file", str(tmp_path / "secret")]
+    assert main([*argv, "--runs-dir", str(tmp_path / "runs"), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # refused before a run folder is made
