@@ -95,6 +95,7 @@ class ReplicaComm:
         lr_scaling: scale the lr by sqrt(contributors / replicas) while some are missing.
         serve_nice: nice levels below this thread at which the catch-up server's threads
             run (``SnapshotServer``).
+        serve_host: the address the catch-up server binds, which its peers reach it at.
     """
 
     def __init__(
@@ -112,6 +113,7 @@ class ReplicaComm:
         lr_scaling: bool = True,
         token: str = "",
         serve_nice: int = SERVE_NICE,
+        serve_host: str = "127.0.0.1",
     ) -> None:
         self.store, self.store_address = store, store_address
         self.replica, self.replica_rank = replica, replica_rank
@@ -128,7 +130,7 @@ class ReplicaComm:
         if replica_size > 1:
             prefix = dist.PrefixStore(prefix_intra(replica, incarnation), self._client())
             self.intra = dist.gloo_group(prefix, replica_rank, replica_size, intra_timeout_s)
-        self.server = SnapshotServer(token=token, serve_nice=serve_nice)
+        self.server = SnapshotServer(serve_host, token=token, serve_nice=serve_nice)
         store.set(key_address(self.rank), encode(ServerAddress.parse(self.server.address)))
         self.membership = self._latest()  # epoch 0, or the epoch a job restart published
         self._cross: dist.Group | None = None

@@ -102,6 +102,7 @@ class HostAgent:
     _proc_samples: list[Sample] = field(default_factory=list)  # stops seen, to forward
     controller_wait_s: float = 300.0  # ranks all ended, no controller this long: the agent ends
     _attempt: int | None = None  # the attempt its ranks run
+    replica_env: Mapping[str, str] = field(default_factory=dict)  # this host's, for replicas
 
     @property
     def specs(self) -> list[RankSpec]:
@@ -207,6 +208,14 @@ class HostAgent:
             self._open_holder(body.get("snapshots"))
             self._launch(int(body["attempt"]), str(body["master_addr"]), int(body["master_port"]))
             status = "done"
+        elif kind == "start_rank":  # replica recovery: one rank, its environment given
+            status = self._start_rank(body)
+            body = {k: v for k, v in body.items() if k != "env"}
+        elif kind == "signal":
+            status = self._signal(int(body["rank"]), signal.Signals(int(body["sig"])))
+        elif kind == "stop_ranks":
+            self.stop_ranks([int(r) for r in body.get("ranks", [])], float(body["grace_s"]))
+            status = "done"
         elif kind == "kill":
             status = self._signal(int(body["rank"]), signal.SIGKILL)
         elif kind == "drain":
@@ -257,6 +266,52 @@ class HostAgent:
         self._attempt = attempt
         self.link.declare(node_rank=self.node_rank)  # a spare's, given by its launch
         self._declare()
+
+    def _start_rank(self, body: Mapping[str, Any]) -> str:
+        """One rank of a replica job (``eagleeye.agents.replicas``): the controller gives
+        its variables (torchrun's, its replica's, the quorum's address); the agent adds
+        its host's (``replica_env``: the quorum's secret and the catch-up token, derived
+        from the job's secret, and the address its catch-up server binds). A rank still
+        running under that number is ended first. Its output goes to
+        ``<log_dir>/replica-R-I/rank-N.log``."""
+        rank, generation = int(body["rank"]), int(body["generation"])
+        self.node_rank = int(body.get("node_rank", self.node_rank))  # a spare's, given
+        self.layout = JobLayout(
+            int(body["nnodes"]), int(body["nproc_per_node"]), int(body.get("replicas", 1))
+        )
+        if rank in self._ranks:
+            self.stop_ranks([rank], 0.0)
+        self._open_sources()
+        if self.telemetry is None:
+            self.telemetry = HostTelemetry(self.log_dir)
+        self.telemetry.expect([*self._ranks, rank])
+        given = Path(str(body.get("log", f"replica-{generation}/rank-{rank}.log")))
+        folder = self.log_dir / given.parent.name  # names only: nothing outside log_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        run_dir = self.log_dir.resolve()
+        env = {
+            **os.environ,
+            **{str(k): str(v) for k, v in dict(body.get("env", {})).items()},
+            **self.telemetry.env,
+            ENV_RUN_DIR: str(run_dir),
+            ENV_CHECKPOINT_DIR: os.environ.get(ENV_CHECKPOINT_DIR, str(run_dir / "checkpoints")),
+            **self.replica_env,
+            **self.env,
+        }
+        try:
+            with (folder / given.name).open("wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, *self.command],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            return f"failed: {exc}"
+        self._ranks[rank] = _Rank(self.layout.rank(rank), proc, generation)
+        self.link.report("launched", {"rank": rank, "pid": proc.pid, "attempt": generation})
+        return "done"
 
     def _open_holder(self, ring: object) -> None:
         """This host's snapshot holder in the controller's ring (once: it outlives the
@@ -352,7 +407,15 @@ class HostAgent:
     def stop_all(self, grace_s: float | None = None) -> None:
         """Ends every rank: stopped ones continued, SIGTERM, SIGKILL after the grace
         (``grace_s``, the agent's own by default)."""
-        live = [r for r in self._ranks.values() if r.proc.poll() is None]
+        self.stop_ranks(list(self._ranks), grace_s)
+        self._ranks.clear()
+        self._declare()
+
+    def stop_ranks(self, ranks: Sequence[int], grace_s: float | None = None) -> None:
+        """Ends these ranks as ``stop_all`` does; their exits are not reported (the
+        controller asked for them)."""
+        chosen = [self._ranks[r] for r in ranks if r in self._ranks]
+        live = [r for r in chosen if r.proc.poll() is None]
         for rank in live:
             for sig in (signal.SIGCONT, signal.SIGTERM):
                 try:
@@ -369,10 +432,8 @@ class HostAgent:
                 except ProcessLookupError:
                     pass
                 rank.proc.wait()
-        for rank in live:
+        for rank in chosen:
             rank.reported = True  # an exit the agent caused is no failure to report
-        self._ranks.clear()
-        self._declare()
 
 
 __all__ = ["HostAgent"]

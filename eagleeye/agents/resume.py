@@ -106,6 +106,11 @@ def load(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
             f"run {run_dir.name} ended ({how}); give another --run-id to start a new job"
         )
     known = meta.get("config") or {}
+    if known.get("recovery") == "replica":
+        raise EagleEyeError(
+            f"run {run_dir.name} is a replica job, whose controller cannot be restarted yet "
+            "(the quorum's store lived in it); give another --run-id"
+        )
     if known.get("recovery") != "job":
         raise EagleEyeError(
             f"run {run_dir.name} is not a job of `eagleeye controller`; give another --run-id"

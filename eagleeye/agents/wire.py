@@ -74,6 +74,17 @@ def holder_token(secret: bytes) -> str:
     return hmac.new(secret, b"eagleeye snapshot holders", hashlib.sha256).hexdigest()[:32]
 
 
+def replica_secret(secret: bytes) -> str:
+    """The quorum store's secret of a replica job across hosts, derived from its shared
+    secret on the controller and on every agent: it never crosses the network."""
+    return hmac.new(secret, b"eagleeye replica quorum", hashlib.sha256).hexdigest()
+
+
+def catchup_token(secret: bytes) -> str:
+    """The ranks' catch-up token of a replica job across hosts (derived as above)."""
+    return hmac.new(secret, b"eagleeye replica catch-up", hashlib.sha256).hexdigest()[:32]
+
+
 def seal(secret: bytes, message: Message) -> list[bytes]:
     payload = json.dumps(
         {
@@ -188,4 +199,14 @@ def session_key(session: str) -> int | None:
     return int(session, 16)
 
 
-__all__ = ["Message", "Refused", "Sequencer", "read_secret", "seal", "session_key", "unseal"]
+__all__ = [
+    "Message",
+    "Refused",
+    "Sequencer",
+    "catchup_token",
+    "read_secret",
+    "replica_secret",
+    "seal",
+    "session_key",
+    "unseal",
+]

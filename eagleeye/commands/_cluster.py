@@ -10,7 +10,7 @@ from dataclasses import fields, is_dataclass
 
 from eagleeye.commands._args import seconds
 
-CLUSTER_DOC = """`eagleeye controller` and `eagleeye agent`: one job across hosts (--recovery job).
+CLUSTER_DOC = """`eagleeye controller` and `eagleeye agent`: one job across hosts.
 
 The controller listens on an explicit address for the agents (one per host, one node
 rank each), authenticated by the job's shared secret from a file; it launches the job
@@ -28,10 +28,13 @@ again as a spare when its link comes back; an evicted host's agent ends, and the
 comes back only as a spare started with --readmit, once its hardware is checked). Both
 print one JSON line per event on stdout.
 SIGTERM or SIGINT to either stops the job on every host and records why; with
---grace-period the loops are asked for a checkpoint first. A controller that is killed
-never ends the ranks: the agents keep them training and wait for it; started again with
-the same command line (the same --runs-dir and --run-id), it goes on with the run in its
-store and adopts the running ranks.
+--grace-period the loops are asked for a checkpoint first. With --recovery replica
+--replicas N the job is N replicas training through the replica library: a failed rank
+or a lost host costs only its replica, restarted (a lost host's on a spare) and caught up
+from a healthy replica while the others train on (docs/multihost.md). A job's controller
+that is killed never ends the ranks: the agents keep them training and wait for it;
+started again with the same command line (the same --runs-dir and --run-id), it goes on
+with the run in its store and adopts the running ranks (not yet under --recovery replica).
 """
 """The help page of both commands."""
 

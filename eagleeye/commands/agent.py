@@ -118,10 +118,12 @@ def _agent(args: argparse.Namespace) -> int:
     from eagleeye.agents import AgentLink, read_secret
     from eagleeye.agents.host import HostAgent
     from eagleeye.agents.snapshots import holder_endpoint
-    from eagleeye.agents.wire import holder_token
+    from eagleeye.agents.wire import catchup_token, holder_token, replica_secret
     from eagleeye.errors import EagleEyeError
     from eagleeye.hostsources import HostSourcesConfig
     from eagleeye.launch import NCCL_DUMP_ENV, nvml_source
+    from ft_runtime.layout import ENV_CATCHUP_HOST, ENV_CATCHUP_TOKEN
+    from ft_runtime.replica.auth import ENV_REPLICA_SECRET
 
     if args.readmit and not args.spare:
         print(
@@ -161,6 +163,11 @@ def _agent(args: argparse.Namespace) -> int:
     target = ["-m", args.script] if args.module else [str(Path(args.script).resolve())]
     agent = HostAgent(link, node_rank, [*target, *script_args], Path(args.log_dir))
     agent.holder_at, agent.holder_token = holder_at, holder_token(secret)
+    agent.replica_env = {  # for the controller's --recovery replica; derived, never sent
+        ENV_REPLICA_SECRET: replica_secret(secret),
+        ENV_CATCHUP_TOKEN: catchup_token(secret),
+        ENV_CATCHUP_HOST: advertise,
+    }
     agent.sources = HostSourcesConfig(
         every_s=args.sources_period,
         nvml=nvml_source(args.gpu_metrics, args.dcgm_url),

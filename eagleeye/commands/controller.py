@@ -24,8 +24,12 @@ from eagleeye.commands.service_flags import (
 from eagleeye.errors import EagleEyeError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from eagleeye.agents import Membership
     from eagleeye.runalerts import RunAlerts
     from eagleeye.runmetrics import RunMetrics
+    from eagleeye.store import RunStore
     from eagleeye.tls import TlsFiles
     from ft_runtime.layout import JobLayout
     from remediation import Policy
@@ -48,7 +52,27 @@ def add_parser(sub: Any) -> None:
     add_common(c)
     c.add_argument("--nnodes", type=positive, required=True, help="hosts (one agent each)")
     c.add_argument("--nproc-per-node", type=positive, default=1, help="ranks per host")
-    c.add_argument("--max-restarts", type=non_negative, default=3, help="restart budget")
+    c.add_argument(
+        "--recovery",
+        choices=("job", "replica"),
+        default="job",
+        help="job (default): a failure restarts the job on every host; replica: the job is "
+        "--replicas data-parallel replicas (ranks through the replica library) and a failed "
+        "rank or a lost host costs only its replica, restarted (on a spare host for a lost "
+        "one) and caught up from a healthy replica while the others train on",
+    )
+    c.add_argument(
+        "--replicas",
+        type=positive,
+        default=1,
+        help="with --recovery replica: replicas the world is split into (default: 1)",
+    )
+    c.add_argument(
+        "--max-restarts",
+        type=non_negative,
+        default=3,
+        help="restart budget (with --recovery replica: of each replica)",
+    )
     c.add_argument(
         "--join-timeout", type=seconds, default=300.0, metavar="S", help="wait for agents"
     )
@@ -100,13 +124,24 @@ def _controller(args: argparse.Namespace) -> int:
     from eagleeye.store import new_run_id
     from eagleeye.tls import tls_files
     from ft_runtime.layout import JobLayout
-    from remediation import cluster_restart_policy, load_policy
+    from remediation import cluster_restart_policy, load_policy, replica_restart_policy
 
-    policy = load_policy(args.policy) if args.policy is not None else cluster_restart_policy()
+    replica = args.recovery == "replica"
+    if replica and (args.snapshots or args.webhook is not None):
+        raise EagleEyeError(
+            "--recovery replica does not take --snapshots or --webhook yet; "
+            "leave them out, or use --recovery job"
+        )
+    if args.replicas > 1 and not replica:
+        raise EagleEyeError("--replicas needs --recovery replica")
+    if args.policy is not None:
+        policy = load_policy(args.policy)
+    else:
+        policy = replica_restart_policy() if replica else cluster_restart_policy()
     tls = tls_files(args.tls_cert, args.tls_key)
     with ExitStack() as cleanup:
         run_id = args.run_id or new_run_id()
-        layout = JobLayout(args.nnodes, args.nproc_per_node)
+        layout = JobLayout(args.nnodes, args.nproc_per_node, args.replicas)
         metrics = None
         if args.metrics_port is not None:
             from eagleeye.runmetrics import RunMetrics
@@ -160,7 +195,8 @@ def _coordinate(
     config = {
         "nnodes": args.nnodes,
         "nproc_per_node": args.nproc_per_node,
-        "recovery": "job",
+        "recovery": args.recovery,
+        "replicas": args.replicas,
         "snapshots": args.snapshots,
         "remediate": args.remediate,
         "max_restarts": args.max_restarts,
@@ -178,6 +214,8 @@ def _coordinate(
     store = RunStore(run_dir)
     store.set_meta("run_id", run_id)
     store.set_meta("config", config)
+    if args.recovery == "replica":
+        return _replicas(args, run_id, layout, policy, members, store, run_dir, metrics)
     places = AgentPlaces(layout)
     ports = random.Random()
     coordinator = JobCoordinator(
@@ -215,6 +253,58 @@ def _coordinate(
             "remediate": args.remediate,
             "policy": policy.name,
             "resumed": None if state is None else {"attempt": coordinator.attempt},
+        }
+    )
+    try:
+        phase = coordinator.run(join_timeout_s=args.join_timeout)
+        store.set_meta("result", {"succeeded": phase is Phase.SUCCEEDED})
+    finally:
+        members.poll(timeout_s=0.5)  # the agents' last outcomes
+        store.close()
+        members.close()
+    return 0 if phase is Phase.SUCCEEDED else 1
+
+
+def _replicas(
+    args: argparse.Namespace,
+    run_id: str,
+    layout: JobLayout,
+    policy: Policy,
+    members: Membership,
+    store: RunStore,
+    run_dir: Path,
+    metrics: RunMetrics | None,
+) -> int:
+    """``--recovery replica``: the quorum's store on the listen address, its secret
+    derived from the job's (``eagleeye.agents.replicas``)."""
+    from eagleeye.agents.replicas import ReplicaCoordinator
+    from eagleeye.agents.wire import replica_secret
+    from ft_runtime.types import Phase
+
+    coordinator = ReplicaCoordinator(
+        members,
+        layout,
+        store,
+        replica_secret(members.secret),
+        store_host=args.listen[0],
+        run_id=run_id,
+        log_dir=run_dir / "replicas",
+        max_restarts=args.max_restarts,
+        policy=policy,
+        dry_run=False if args.remediate else None,
+        on_update=show if metrics is None else _also_export(metrics),
+        grace_s=args.grace_period,
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: coordinator.request_stop(signal.Signals(s).name))
+    show(
+        {
+            "listening": members.address,
+            "run_dir": str(run_dir),
+            "metrics": None if metrics is None else metrics.url,
+            "recovery": "replica",
+            "remediate": args.remediate,
+            "policy": policy.name,
         }
     )
     try:

@@ -35,6 +35,7 @@ from ft_runtime.catchup import SERVE_NICE
 from ft_runtime.ftar import ExchangeResult, ReplicaComm
 from ft_runtime.layout import (
     ENV_ATTEMPT,
+    ENV_CATCHUP_HOST,
     ENV_CATCHUP_TOKEN,
     ENV_NUM_REPLICAS,
     ENV_REPLICA,
@@ -341,4 +342,5 @@ def _comm_from_env(state_fn: Callable[[], Mapping[str, Any]], lr_scaling: bool) 
         lr_scaling=lr_scaling,
         token=env.get(ENV_CATCHUP_TOKEN, ""),
         serve_nice=int(env.get(ENV_SERVE_NICE, SERVE_NICE)),
+        serve_host=env.get(ENV_CATCHUP_HOST, "127.0.0.1"),
     )

@@ -1,0 +1,292 @@
+"""Replicas across hosts through the real commands on loopback: `eagleeye controller
+--recovery replica --replicas 2`, agents for node ranks 0 and 1 (one replica each) and a
+spare. Node rank 1's host is lost (its agent and its rank killed): a `host_lost` finding,
+only replica 1 restarts, on the spare, and catches up from replica 0, whose rank keeps its
+pid and keeps stepping; the job succeeds and no rank outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagleeye.store import RunReader
+from ft_runtime.ports import free_port
+from tests.eagleeye.cluster_replica_helpers import SCRIPT, answered, steps
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
+EAGLEEYE = [sys.executable, "-m", "eagleeye"]
+
+
+class Lines:
+    """The controller's JSON lines, read on a thread so that its pipe never fills."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self._lines.put(json.loads(line))
+        self._lines.put(None)
+
+    def next(self, want: Callable[[dict[str, Any]], bool], limit: float = 150.0) -> dict[str, Any]:
+        deadline = time.monotonic() + limit
+        while True:
+            item = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            assert item is not None, "the controller ended early"
+            self.seen.append(item)
+            if want(item):
+                return item
+
+
+def running(rank: int) -> Callable[[dict[str, Any]], bool]:
+    """A rank's process started by an agent (its pid and agent)."""
+    return lambda i: (
+        i.get("subject") == f"rank:{rank}" and i.get("phase") == "running" and "pid" in i["detail"]
+    )
+
+
+def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+class Job:
+    """The controller and its agents (node ranks 0 and 1, and a spare) on loopback."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
+        self.tmp = tmp_path
+        self.script = tmp_path / "train.py"
+        self.script.write_text(SCRIPT)
+        self.finish = tmp_path / "finish"
+        self.listen = f"127.0.0.1:{free_port()}"
+        self.common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.3"]
+        self.controller = subprocess.Popen(
+            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", "--remediate"]
+            + [*self.common, "--recovery", "replica", "--replicas", "2"]
+            + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.lines = Lines(self.controller)
+        self.agents: list[subprocess.Popen[str]] = []
+        self.first: dict[int, dict[str, Any]] = {}
+        self.healthy = tmp_path / "logs0" / "replica-0-0" / "rank-0.log"
+
+    def agent(self, role: list[str], name: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [*EAGLEEYE, "agent", "--controller", self.listen, *role, *self.common]
+            + ["--no-host-metrics", "--advertise", "127.0.0.1"]
+            + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        self.agents.append(proc)
+        return proc
+
+    def start(self, spare: bool = True) -> None:
+        """Every agent joined, each rank started, replica 0 stepping."""
+        self.lines.next(lambda i: "listening" in i)
+        if spare:
+            self.agent(["--spare"], "spare")
+            self.lines.next(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
+        self.agent(["--node-rank", "0"], "logs0")
+        self.agent(["--node-rank", "1"], "logs1")
+        while len(self.first) < 2:  # each rank's process started by its agent, in any order
+            item = self.lines.next(lambda i: running(0)(i) or running(1)(i))
+            self.first[int(item["subject"].removeprefix("rank:"))] = item["detail"]
+        wait_for(lambda: len(steps(self.healthy)) >= 10, "replica 0 never stepped")
+
+    def caught_up(self, at_loss: int) -> dict[str, Any]:
+        """Replica 1 restarted and admitted while replica 0 trained on; then every replica
+        is told to stop 20 steps on, and the job succeeds. Returns the restarted rank's
+        process (its agent and pid)."""
+        moved = self.lines.next(running(1))["detail"]
+        joined = self.lines.next(
+            lambda i: i.get("subject") == "replica:1" and "joined_epoch" in i["detail"]
+        )
+        assert joined["phase"] == "running"
+        assert steps(self.healthy)[-1] > at_loss  # replica 0 trained on while 1 caught up
+        self.end_at = steps(self.healthy)[-1] + 20
+        self.finish.write_text(str(self.end_at))
+        end = self.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
+        assert end["phase"] == "succeeded", end
+        assert self.controller.wait(timeout=60) == 0
+        return dict(moved)
+
+    def close(self) -> None:
+        for proc in [self.controller, *self.agents]:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+    def check_healthy(self, rejoined_log: Path, at_loss: int) -> None:
+        """Replica 0's rank: one process that committed every step; replica 1's new one
+        started after the loss and ended at the same step."""
+        survived = steps(self.healthy)
+        assert survived == list(range(survived[0], survived[-1] + 1))  # never restarted
+        assert survived[-1] >= self.end_at
+        rejoined = steps(rejoined_log)
+        assert rejoined
+        assert rejoined[0] > at_loss
+        assert rejoined[-1] == survived[-1]
+        assert "caught up" in rejoined_log.read_text()
+        started = [i["detail"]["pid"] for i in self.lines.seen if running(0)(i)]
+        assert started == [self.first[0]["pid"]]  # rank 0 never started again
+
+    def no_rank_left(self, *pids: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                assert f.read().split()[2] == "Z", f"rank process {pid} outlived the run"
+
+
+def test_a_lost_host_restarts_only_its_replica_on_the_spare(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start()
+        os.kill(job.agents[2].pid, signal.SIGKILL)  # node rank 1's host is lost
+        os.kill(job.first[1]["pid"], signal.SIGKILL)
+        finding = job.lines.next(lambda i: i.get("kind") == "host_lost")
+        assert finding["subject"]["node"] == "node1"
+        at_loss = steps(job.healthy)[-1]
+        moved = job.caught_up(at_loss)
+        assert moved["agent"].endswith("-spare")
+        for proc in job.agents[:2]:
+            proc.wait(timeout=60)
+            assert proc.returncode == 0
+    finally:
+        job.close()
+    job.check_healthy(tmp_path / "spare" / "replica-1-1" / "rank-1.log", at_loss)
+    with RunReader(tmp_path / "runs" / "r") as run:
+        findings, actions = answered(run)
+    assert list(findings["kind"]) == ["host_lost"]
+    assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
+    assert "replicas [1] restarted there, catching up from replica 0" in actions["detail"][0]
+    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], moved["pid"])
+
+
+def test_a_failed_rank_restarts_only_its_replica_on_the_same_host(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start()
+        os.kill(job.first[1]["pid"], signal.SIGKILL)  # rank 1 dies; its host is fine
+        finding = job.lines.next(lambda i: i.get("kind") == "process_exit")
+        assert finding["subject"]["rank"] == 1
+        at_loss = steps(job.healthy)[-1]
+        again = job.caught_up(at_loss)
+        assert again["agent"] == job.first[1]["agent"]  # the same agent started it again
+        assert again["pid"] != job.first[1]["pid"]
+        for proc in job.agents:
+            proc.wait(timeout=60)
+            assert proc.returncode == 0
+    finally:
+        job.close()
+    job.check_healthy(tmp_path / "logs1" / "replica-1-1" / "rank-1.log", at_loss)
+    with RunReader(tmp_path / "runs" / "r") as run:
+        findings, actions = answered(run)
+    assert list(findings["kind"]) == ["process_exit"]
+    assert list(zip(actions["kind"], actions["target"], strict=True)) == [("restart", "replica:1")]
+    assert list(actions["status"]) == ["done"]
+    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], again["pid"])
+
+
+def test_sigterm_to_the_controller_ends_every_replica_and_records_the_stop(
+    tmp_path: Path,
+) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start()
+        job.controller.send_signal(signal.SIGTERM)
+        end = job.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
+        assert end["phase"] == "failed"
+        assert end["detail"]["reason"] == "stopped by SIGTERM"
+        assert job.controller.wait(timeout=60) == 1
+        for proc in job.agents:
+            proc.wait(timeout=60)
+            assert proc.returncode == 0  # told to stop, its ranks ended
+    finally:
+        job.close()
+    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"])
+    with RunReader(tmp_path / "runs" / "r") as run:
+        events = run.events()
+    stops = [dict(e["detail"]) for _, e in events.iterrows() if e["subject"] == "job"]
+    assert {"reason": "stopped by SIGTERM", "stopped": True} in stops
+
+
+def test_with_no_spare_the_other_replica_goes_on_alone(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start(spare=False)
+        os.kill(job.agents[1].pid, signal.SIGKILL)  # node rank 1's host is lost
+        os.kill(job.first[1]["pid"], signal.SIGKILL)
+        finding = job.lines.next(lambda i: i.get("kind") == "host_lost")
+        assert finding["subject"]["node"] == "node1"
+        at_loss = steps(job.healthy)[-1]
+        wait_for(lambda: steps(job.healthy)[-1] > at_loss + 5, "replica 0 stopped stepping")
+        job.end_at = steps(job.healthy)[-1] + 10
+        job.finish.write_text(str(job.end_at))
+        end = job.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
+        assert end["phase"] == "succeeded", end
+        assert end["detail"]["lost"] == [1]
+        assert job.controller.wait(timeout=60) == 0
+        job.agents[0].wait(timeout=60)
+        assert job.agents[0].returncode == 0
+    finally:
+        job.close()
+    survived = steps(job.healthy)
+    assert survived == list(range(survived[0], survived[-1] + 1))
+    assert survived[-1] >= job.end_at
+    started = [i["detail"]["pid"] for i in job.lines.seen if running(1)(i)]
+    assert started == [job.first[1]["pid"]]  # rank 1 never started again
+    with RunReader(tmp_path / "runs" / "r") as run:
+        findings, actions = answered(run)
+    assert list(findings["kind"]) == ["host_lost"]
+    assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
+    assert actions["detail"][0].startswith("no spare host")
+    job.no_rank_left(job.first[0]["pid"])
+
+
+def test_a_stopped_rank_is_found_hung_and_only_its_replica_restarts(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    try:
+        job.start()
+        os.kill(job.first[1]["pid"], signal.SIGSTOP)  # rank 1 stands still; its host is fine
+        hang = job.lines.next(lambda i: i.get("type") == "Finding")
+        assert (hang["kind"], hang["subject"]["replica"]) == ("hang", 1)
+        failed = job.lines.next(lambda i: i.get("type") == "Finding")
+        assert (failed["kind"], failed["subject"]["rank"]) == ("process_exit", 1)
+        at_loss = steps(job.healthy)[-1]
+        again = job.caught_up(at_loss)
+        assert again["agent"] == job.first[1]["agent"]
+    finally:
+        job.close()
+    job.check_healthy(tmp_path / "logs1" / "replica-1-1" / "rank-1.log", at_loss)
+    with RunReader(tmp_path / "runs" / "r") as run:
+        actions = run.actions()
+    assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [
+        ("isolate", "hang"),
+        ("restart", "process_exit"),
+    ]
+    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], again["pid"])
