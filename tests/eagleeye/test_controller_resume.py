@@ -118,9 +118,12 @@ def test_the_journal_refuses_an_ended_run_or_a_changed_job(tmp_path: Path) -> No
     store_with(tmp_path / "b", config=CONFIG, cluster_state=running, result={"succeeded": True})
     with pytest.raises(EagleEyeError, match="ended \\(succeeded\\)"):
         journal.load(tmp_path / "b", CONFIG)
-    store_with(tmp_path / "c", config={**CONFIG, "recovery": "replica"})
+    store_with(tmp_path / "c", config={**CONFIG, "recovery": "none"})
     with pytest.raises(EagleEyeError, match="not a job of `eagleeye controller`"):
         journal.load(tmp_path / "c", CONFIG)
+    store_with(tmp_path / "e", config={**CONFIG, "recovery": "replica"})
+    with pytest.raises(EagleEyeError, match="replica job, whose controller cannot be restarted"):
+        journal.load(tmp_path / "e", {**CONFIG, "recovery": "replica"})
     store_with(tmp_path / "d", config=CONFIG)  # killed before its launch
     assert journal.load(tmp_path / "d", CONFIG) is None
 
