@@ -10,9 +10,12 @@ into exits of every rank it ran (``host_lost``: SIGKILL's status, at the moment 
 was found), so the supervisor drops its replica as it would a crashed one. Nothing waits:
 ``stop`` counts the ranks it asked to end as ended at once (their agent ends them in the
 order its messages came, before any later start), and ``pid`` is unknown (None) until the
-agent reported the launch. The process state stays on its host: ``sample`` says a live
-rank is running (``UNSEEN``), so a hang is judged by the quorum's stall limits alone,
-with the allowance of a straggler (a stopped process is no evidence across hosts).
+agent reported the launch. The process state is its host's: its agent reports a rank it
+found stopped (``eagleeye.agents.stopped``: state ``T`` at two looks in a row) and
+``stopped`` records it, so ``sample`` says such a rank is stopped (``STOPPED_LOOK``: the
+supervisor then holds it hung as soon as the others wait for it, as on one machine) and
+any other live rank running (``UNSEEN``: judged by the quorum's stall limits, with the
+allowance of a straggler).
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from ft_runtime.launcher import RankExit
 from ft_runtime.layout import JobLayout, RankSpec
 from ft_runtime.procstat import ProcSample
 
-__all__ = ["UNSEEN", "AgentLauncher"]
+__all__ = ["STOPPED_LOOK", "UNSEEN", "AgentLauncher"]
 
 UNSEEN = ProcSample("R", 0)
 """The look at a live rank on another host: running, as far as the controller can tell."""
+STOPPED_LOOK = ProcSample("T", 0)
+"""The look at a rank its agent reported stopped (SIGSTOP) and not running again since."""
 
 
 class Sender(Protocol):
@@ -62,6 +67,7 @@ class AgentLauncher:
         self._ended: set[int] = set()  # ranks whose current process ended (or was ended)
         self._lost: set[str] = set()
         self._exits: list[RankExit] = []
+        self._stopped: set[int] = set()  # ranks whose agent reported their process stopped
 
     def place(self, node_rank: int, agent: str) -> None:
         """``agent`` holds ``node_rank`` from now on (a spare taking a lost host's)."""
@@ -102,6 +108,7 @@ class AgentLauncher:
         self._generation[spec.rank] = generation
         self._pids.pop(spec.rank, None)
         self._ended.discard(spec.rank)
+        self._stopped.discard(spec.rank)
         return 0
 
     def exits(self) -> list[RankExit]:
@@ -134,10 +141,22 @@ class AgentLauncher:
         return self._pids.get(rank)
 
     def sample(self, rank: int) -> ProcSample | None:
-        """A rank's state stays on its host: a live one is taken as running (``UNSEEN``),
-        so a replica late in the exchange is judged by the stall limits alone (given
-        the straggler's allowance); an ended one, or one never started, is None."""
-        return UNSEEN if self.running(rank) else None
+        """A live rank its agent reported stopped: ``STOPPED_LOOK``; any other live one is
+        taken as running (``UNSEEN``); an ended one, or one never started, is None."""
+        if not self.running(rank):
+            return None
+        return STOPPED_LOOK if rank in self._stopped else UNSEEN
+
+    def stopped(self, agent: str, rank: int, generation: int, stopped: bool) -> bool:
+        """``agent`` found ``rank``'s process stopped (or running again); False when that
+        is not the rank's current process."""
+        if self._where.get(rank) != agent or self._generation.get(rank) != generation:
+            return False
+        if stopped:
+            self._stopped.add(rank)
+        else:
+            self._stopped.discard(rank)
+        return True
 
     # ---- what the agents report -------------------------------------------------------------
     def launched(self, agent: str, rank: int, pid: int, generation: int) -> bool:

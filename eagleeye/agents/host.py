@@ -383,19 +383,18 @@ class HostAgent:
             self._holder = None
 
     def _watch(self) -> None:
-        live: dict[int, int] = {}
-        attempt = 0
+        live: dict[int, tuple[int, int]] = {}
         for rank in self._ranks.values():
             code = rank.proc.poll()
             if code is None:
-                live[rank.spec.rank], attempt = rank.proc.pid, rank.attempt
+                live[rank.spec.rank] = (rank.proc.pid, rank.attempt)
             elif not rank.reported:
                 rank.reported = True
                 body = {"rank": rank.spec.rank, "code": code, "attempt": rank.attempt}
                 self._declare()
                 self.link.report("exit", body)
         node = f"node{self.node_rank}"
-        self._proc_samples += self._looks.look(live, attempt, node, time.time())
+        self._proc_samples += self._looks.look(live, node, time.time())
 
     def _signal(self, rank: int, sig: signal.Signals) -> str:
         held = self._ranks.get(rank)

@@ -30,12 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collector.types import Subject
+from collector.types import Sample, Subject
 from detectors.types import Finding, Severity
 from eagleeye.agents.agentlauncher import AgentLauncher
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.spares import Spares, is_spare
+from eagleeye.agents.stopped import STOPPED
 from eagleeye.store import RunStore
 from ft_runtime.errors import LaunchError
 from ft_runtime.layout import JobLayout
@@ -186,13 +187,16 @@ class ReplicaCoordinator:
         replica = int(event.subject.removeprefix("replica:"))
         seen = event.detail.get("evidence") or {}
         late = [int(r) for r in seen.get("late_ranks", [])]
+        stopped = [int(r) for r in seen.get("stopped_ranks", [])]
         waited, limit = float(seen.get("waited_s", 0.0)), float(seen.get("limit_s", 0.0))
         evidence = {"fenced": 1.0, "waited_s": waited, "limit_s": limit}
         evidence.update({f"late_rank_{rank}": 1.0 for rank in late})
+        evidence.update({f"stopped_rank_{rank}": 1.0 for rank in stopped})
+        score = waited / limit if limit > 0 else 1.0
         finding = Finding(
             "hang",
             Subject(replica=replica, rank=late[0] if len(late) == 1 else None),
-            waited / limit if limit > 0 else 1.0,
+            max(score, 1.0) if stopped else score,  # a stopped process is a hang outright
             Severity.CRITICAL,
             event.time,
             None,
@@ -276,6 +280,8 @@ class ReplicaCoordinator:
         elif report.kind == "exit":
             rank, code, attempt = int(body["rank"]), int(body["code"]), int(body["attempt"])
             self.launcher.exited(report.agent, rank, code, attempt)
+        elif report.kind == "samples":
+            self._stops(report)
         elif report.kind == "leaving":
             cause = str(body.get("cause", "a signal"))
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
@@ -283,6 +289,21 @@ class ReplicaCoordinator:
                 self._stop = f"{cause} to the agent {report.agent}"
         elif report.kind == "outcome":
             self.on_update(report)
+
+    def _stops(self, report: AgentReport) -> None:
+        """A host's word on its ranks' processes (stopped, or running again): stored, and
+        given to the launcher, where the supervisor's looks read it."""
+        try:
+            samples = [Sample.from_json(row) for row in report.body.get("samples", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("dropped the samples of %s: %s", report.agent, exc)
+            return
+        looks = [s for s in samples if s.name == STOPPED and s.labels.get("rank", "").isdigit()]
+        for look in looks:
+            rank, generation = int(look.labels["rank"]), look.labels.get("attempt", "")
+            if generation.isdigit():
+                self.launcher.stopped(report.agent, rank, int(generation), look.value > 0)
+        self.store.add_samples(looks)
 
     def _host_lost(self, gone: AgentLost) -> None:
         """A host lost: fenced, its ranks ended, its node rank given to a spare on which

@@ -37,23 +37,19 @@ class StopLooks:
 
     def __init__(self) -> None:
         self._seen_t: set[int] = set()  # ranks in state T at the previous look
-        self._stopped: dict[int, float] = {}  # rank → when its stop was last reported
+        self._stopped: dict[int, tuple[float, int]] = {}  # rank → last told, its attempt
 
-    def look(self, pids: Mapping[int, int], attempt: int, node: str, now: float) -> list[Sample]:
-        """``pids``: the live ranks' processes (rank → pid) of ``attempt`` on ``node``."""
+    def look(self, ranks: Mapping[int, tuple[int, int]], node: str, now: float) -> list[Sample]:
+        """``ranks``: the live ranks' processes on ``node``: rank → (pid, its attempt)."""
         out: list[Sample] = []
-        for rank in [r for r in self._stopped if r not in pids]:  # ended while stopped
-            del self._stopped[rank]
-            out.append(self._sample(rank, 0.0, attempt, node, now))
-        in_t = set()
-        for rank, pid in pids.items():
-            if procstat.stopped(procstat.sample(pid)):
-                in_t.add(rank)
-        for rank in sorted(pids):
+        for rank in [r for r in self._stopped if r not in ranks]:  # ended while stopped
+            out.append(self._sample(rank, 0.0, self._stopped.pop(rank)[1], node, now))
+        in_t = {r for r, (pid, _) in ranks.items() if procstat.stopped(procstat.sample(pid))}
+        for rank, (_, attempt) in sorted(ranks.items()):
             told = self._stopped.get(rank)
             if rank in in_t and rank in self._seen_t:
-                if told is None or now - told >= REPEAT_S:
-                    self._stopped[rank] = now
+                if told is None or now - told[0] >= REPEAT_S:
+                    self._stopped[rank] = (now, attempt)
                     out.append(self._sample(rank, 1.0, attempt, node, now))
             elif rank not in in_t and told is not None:
                 del self._stopped[rank]

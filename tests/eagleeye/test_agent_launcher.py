@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eagleeye.agents.agentlauncher import UNSEEN, AgentLauncher
+from eagleeye.agents.agentlauncher import STOPPED_LOOK, UNSEEN, AgentLauncher
 from ft_runtime.errors import LaunchError
 from ft_runtime.layout import JobLayout
 
@@ -130,3 +130,20 @@ def test_the_controller_refuses_what_replica_recovery_cannot_do(
     assert main([*argv, "--runs-dir", str(tmp_path / "runs"), *flags]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # refused before a run folder is made
+
+
+def test_a_rank_its_agent_found_stopped_is_seen_stopped_until_it_runs_or_restarts() -> None:
+    launcher, _ = started()
+    assert not launcher.stopped("a", 2, 0, True)  # rank 2 runs on b, not a
+    assert not launcher.stopped("b", 2, 1, True)  # not its current process
+    assert launcher.sample(2) == UNSEEN
+    assert launcher.stopped("b", 2, 0, True)
+    assert launcher.sample(2) == STOPPED_LOOK
+    assert launcher.sample(3) == UNSEEN
+    assert launcher.stopped("b", 2, 0, False)  # running again
+    assert launcher.sample(2) == UNSEEN
+    launcher.stopped("b", 2, 0, True)
+    launcher.stop([2], 1.0)
+    assert launcher.sample(2) is None  # ended: no look at all
+    launcher.start(LAYOUT.rank(2), 1, ["python", "x.py"], {}, Path("r/rank.log"))
+    assert launcher.sample(2) == UNSEEN  # its new process was never seen stopped

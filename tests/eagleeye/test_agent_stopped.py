@@ -32,23 +32,23 @@ def test_a_stopped_process_is_told_after_two_looks_repeated_and_cleared() -> Non
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     looks = StopLooks()
     try:
-        assert looks.look({3: child.pid}, 0, "node1", 0.0) == []
+        assert looks.look({3: (child.pid, 0)}, "node1", 0.0) == []
         child.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 10
         while not procstat.stopped(procstat.sample(child.pid)):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert looks.look({3: child.pid}, 0, "node1", 1.0) == []  # one look is not enough
-        told = looks.look({3: child.pid}, 0, "node1", 1.05)
+        assert looks.look({3: (child.pid, 0)}, "node1", 1.0) == []  # one look is not enough
+        told = looks.look({3: (child.pid, 0)}, "node1", 1.05)
         assert [(s.name, s.value, dict(s.labels)) for s in told] == [
             (STOPPED, 1.0, {"rank": "3", "node": "node1", "attempt": "0"})
         ]
-        assert looks.look({3: child.pid}, 0, "node1", 1.5) == []  # not before a second
-        assert [s.value for s in looks.look({3: child.pid}, 0, "node1", 2.1)] == [1.0]
+        assert looks.look({3: (child.pid, 0)}, "node1", 1.5) == []  # not before a second
+        assert [s.value for s in looks.look({3: (child.pid, 0)}, "node1", 2.1)] == [1.0]
         child.send_signal(signal.SIGCONT)
         time.sleep(0.2)
-        assert [s.value for s in looks.look({3: child.pid}, 0, "node1", 2.3)] == [0.0]
-        assert looks.look({3: child.pid}, 0, "node1", 2.4) == []
+        assert [s.value for s in looks.look({3: (child.pid, 0)}, "node1", 2.3)] == [0.0]
+        assert looks.look({3: (child.pid, 0)}, "node1", 2.4) == []
     finally:
         child.send_signal(signal.SIGCONT)
         child.kill()
@@ -61,12 +61,12 @@ def test_a_rank_that_ends_while_stopped_is_cleared() -> None:
     try:
         child.send_signal(signal.SIGSTOP)
         time.sleep(0.2)
-        looks.look({0: child.pid}, 2, "node0", 0.0)
-        assert [s.value for s in looks.look({0: child.pid}, 2, "node0", 0.1)] == [1.0]
+        looks.look({0: (child.pid, 2)}, "node0", 0.0)
+        assert [s.value for s in looks.look({0: (child.pid, 2)}, "node0", 0.1)] == [1.0]
     finally:
         child.kill()
         child.wait()
-    assert [(s.value, s.labels["attempt"]) for s in looks.look({}, 2, "node0", 0.2)] == [(0.0, "2")]
+    assert [(s.value, s.labels["attempt"]) for s in looks.look({}, "node0", 0.2)] == [(0.0, "2")]
 
 
 def test_a_stopped_rank_the_job_waits_for_is_one_hang_naming_it() -> None:

@@ -275,6 +275,7 @@ def test_a_stopped_rank_is_found_hung_and_only_its_replica_restarts(tmp_path: Pa
         os.kill(job.first[1]["pid"], signal.SIGSTOP)  # rank 1 stands still; its host is fine
         hang = job.lines.next(lambda i: i.get("type") == "Finding")
         assert (hang["kind"], hang["subject"]["replica"]) == ("hang", 1)
+        assert hang["evidence"]["stopped_rank_1"] == 1.0  # its agent saw it stopped
         failed = job.lines.next(lambda i: i.get("type") == "Finding")
         assert (failed["kind"], failed["subject"]["rank"]) == ("process_exit", 1)
         at_loss = steps(job.healthy)[-1]
