@@ -119,7 +119,10 @@ class ReplicaCoordinator:
             self._poll()
             for gone in self.members.lost():
                 self._host_lost(gone)
-            self._step()
+            try:
+                self._step()
+            except LaunchError as exc:  # a restart onto a host that is gone, with no spare
+                return self._end(Phase.FAILED, f"the job cannot go on: {exc}")
         if self.phase is not Phase.RUNNING:  # ended already (a spare that could not start)
             return self.phase
         return self._end(supervisor.phase, "")

@@ -291,3 +291,26 @@ def test_a_stopped_rank_is_found_hung_and_only_its_replica_restarts(tmp_path: Pa
         ("restart", "process_exit"),
     ]
     job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], again["pid"])
+
+
+def test_a_wipe_out_after_a_lost_host_with_no_spare_ends_the_job_cleanly(
+    tmp_path: Path,
+) -> None:
+    # replica 1's host is lost (no spare), then replica 0's rank dies: no healthy replica
+    # is left and nowhere to place node rank 1's ranks; the job fails, saying why, and
+    # the controller ends without a traceback, leaving no rank
+    job = Job(tmp_path)
+    try:
+        job.start(spare=False)
+        os.kill(job.agents[1].pid, signal.SIGKILL)
+        os.kill(job.first[1]["pid"], signal.SIGKILL)
+        job.lines.next(lambda i: i.get("kind") == "host_lost")
+        os.kill(job.first[0]["pid"], signal.SIGKILL)
+        end = job.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") == "failed")
+        assert end["detail"]["reason"], end
+        assert job.controller.wait(timeout=60) == 1
+        assert job.agents[0].wait(timeout=60) == 0
+    finally:
+        job.close()
+    started = [i["detail"]["pid"] for i in job.lines.seen if running(0)(i)]
+    job.no_rank_left(*started)
