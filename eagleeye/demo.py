@@ -62,6 +62,7 @@ class DemoConfig:
     checkpoint_every: int = 20
     recovery: str = "replica"
     policy: str | None = None
+    local_agents: bool = False  # the ranks run through an agent per virtual node
 
     def __post_init__(self) -> None:
         if self.steps < MIN_STEPS:
@@ -155,6 +156,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
         run_id=run_id,
         policy=config.policy_file(),
         snapshots=config.snapshots(),
+        local_agents=config.local_agents,
     )
     result = run_job(job, on_update=LiveLog(console))
     if result.report.stopped is not None:
@@ -172,6 +174,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoReport:
                 runs_dir=config.runs_dir,
                 run_id=f"{run_id}-reference",
                 snapshots=config.snapshots(),
+                local_agents=config.local_agents,
             )
             reference = summarize(str(run_job(clean).run_dir))
     report = DemoReport(

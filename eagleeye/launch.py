@@ -20,7 +20,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collector.transport import TelemetryReceiver
 from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_config
@@ -43,6 +43,7 @@ from eagleeye.store import RunStore, StoreMembershipLog, create_run_dir, new_run
 from eagleeye.tls import TlsFiles, tls_files
 from ft_runtime.base import Supervisor
 from ft_runtime.faults import ENV_INJECT, FaultSpec, load_scenario, parse_specs
+from ft_runtime.launcher import Launcher
 from ft_runtime.layout import ENV_CATCHUP_TOKEN, ENV_RESUME_FROM, ENV_SERVE_NICE, JobLayout
 from ft_runtime.replica import config as replica_config
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
@@ -50,6 +51,9 @@ from ft_runtime.types import LifecycleEvent, Phase
 from remediation.config import load_policy
 from remediation.policy import Policy, replica_restart_policy, synchronous_restart_policy
 from remediation.remediator import Remediator
+
+if TYPE_CHECKING:
+    from eagleeye.agents.local import LocalAgents
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +112,7 @@ class JobConfig:
     grace_period_s: float = 0.0  # on SIGTERM/SIGINT: checkpoint, then this long to exit
     stream_ranks: Collection[int] | None = ()  # ranks whose output is printed (None: all)
     resume_dir: str | None = None  # go on with this run (eagleeye run --resume)
+    local_agents: bool = False  # the ranks started by an `eagleeye agent` per node, here
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERIES:
@@ -212,6 +217,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         grace_period_s=getattr(args, "grace_period", 0.0),
         stream_ranks=getattr(args, "stream", None),
         snapshots=getattr(args, "snapshots", False),
+        local_agents=getattr(args, "local_agents", False),
     )
 
 
@@ -246,12 +252,16 @@ def policy_for(config: JobConfig) -> Policy:
 
 
 def supervisor_for(
-    config: JobConfig, launch: LaunchSpec, store: RunStore | None = None
+    config: JobConfig,
+    launch: LaunchSpec,
+    store: RunStore | None = None,
+    launcher: Launcher | None = None,
 ) -> Supervisor:
     """The synchronous baseline, or replicas as the unit of failure. With a run store, the
-    quorum coordinator records its memberships there and can restart from them."""
+    quorum coordinator records its memberships there and can restart from them. The ranks
+    run through ``launcher`` (default: child processes of this one)."""
     if config.recovery != "replica":
-        return JobSupervisor(launch, max_restarts=config.max_restarts)
+        return JobSupervisor(launch, max_restarts=config.max_restarts, launcher=launcher)
     # The quorum hosts a torch TCPStore: torch is imported only when replicas need it.
     from ft_runtime.quorum import QuorumService
     from ft_runtime.replica import ReplicaSupervisor
@@ -275,6 +285,7 @@ def supervisor_for(
         command_timeout_s=config.command_timeout_s,
         joiner_nice=config.joiner_nice,
         straggler_factor=config.straggler_factor,
+        launcher=launcher,
     )
 
 
@@ -380,7 +391,11 @@ def _run_in(
         env,
         resume_args=tuple(config.resume_args),
     )
-    supervisor = supervisor_for(config, launch, store)
+    # every (virtual) node runs on this host: where the summary places each finding
+    hostname = sources.hostname if sources is not None else socket.gethostname()
+    show = on_update or (lambda item: None)
+    agents = _local_agents(config, run_dir, command, hostname, store, show, lambda: supervisor)
+    supervisor = supervisor_for(config, launch, store, agents)
     store.set_meta("run_id", run_id)
     store.set_meta(
         "config",
@@ -401,15 +416,13 @@ def _run_in(
             "hang": asdict(limits),
             "resume_args": list(config.resume_args),
             "grace_period_s": config.grace_period_s,
+            "local_agents": config.local_agents,
         },
     )
-    # every (virtual) node runs on this host: where the summary places each finding
-    hostname = sources.hostname if sources is not None else socket.gethostname()
     store.set_meta("hosts", {spec.node: hostname for spec in config.layout.ranks()})
     detectors = live_detectors(limits, fused)
     # --remediate enables actions; without it the policy decides (files default to dry-run).
     remediator = Remediator(policy, supervisor, dry_run=False if config.remediate else None)
-    show = on_update or (lambda item: None)
     if metrics is not None:
         metrics.remediator = remediator
         metrics.watch(detectors)
@@ -446,6 +459,7 @@ def _run_in(
             holders if holders is not None else nullcontext(),
             sources if sources is not None else nullcontext(),
             _polling(metrics, sources),
+            agents if agents is not None else nullcontext(),
         ):
             report = controller.run()
         unfired = tuple(controller.injector.unfired()) if controller.injector else ()
@@ -466,6 +480,31 @@ def _run_in(
         receiver.close()
         store.close()
     return JobResult(run_dir, report)
+
+
+def _local_agents(
+    config: JobConfig,
+    run_dir: Path,
+    command: Sequence[str],
+    hostname: str,
+    store: RunStore,
+    show: Callable[[object], None],
+    supervisor: Callable[[], Supervisor],
+) -> LocalAgents | None:
+    """With ``local_agents``: an agent per node on this machine, the supervisor's launcher
+    (started by the caller); each agent's join and each rank's launch recorded with its
+    agent and host."""
+    if not config.local_agents:
+        return None
+    from eagleeye.agents.local import LocalAgents
+
+    def record(subject: str, phase: Phase, detail: dict[str, object]) -> None:
+        attempt = max(supervisor().attempt, 0)
+        event = LifecycleEvent(subject, phase, time.time(), attempt, detail)
+        store.add_event(event)
+        show(event)
+
+    return LocalAgents(run_dir, config.layout, command, hostname, record)
 
 
 def refuse_replica_without_api(config: JobConfig) -> None:

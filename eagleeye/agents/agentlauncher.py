@@ -55,9 +55,14 @@ class AgentLauncher:
     """
 
     def __init__(
-        self, members: Sender, layout: JobLayout, clock: Callable[[], float] = time.time
+        self,
+        members: Sender,
+        layout: JobLayout,
+        clock: Callable[[], float] = time.time,
+        send_argv: bool = False,
     ) -> None:
         self.members = members
+        self.send_argv = send_argv  # local agents (eagleeye run --local-agents) run it
         self.layout = layout
         self.clock = clock
         self.agents: dict[int, str] = {}  # node rank -> the agent holding it
@@ -85,7 +90,8 @@ class AgentLauncher:
     ) -> int:
         """Asks the agent of the rank's node rank to start it; returns 0 (its pid comes
         with the agent's report). ``argv`` is not sent: every agent runs the command it
-        was started with. ``nice`` is not applied across hosts."""
+        was started with (unless ``send_argv``: an agent started with ``--local`` runs
+        it). ``nice`` is not applied across hosts."""
         agent = self.agents.get(spec.node_rank)
         if agent is None or agent in self._lost:
             raise LaunchError(
@@ -102,6 +108,8 @@ class AgentLauncher:
             "nproc_per_node": self.layout.nproc_per_node,
             "replicas": self.layout.replicas,
         }
+        if self.send_argv:
+            body["argv"] = list(argv)
         if not self.members.send(agent, "start_rank", body):
             raise LaunchError(f"the agent {agent} of node rank {spec.node_rank} is not connected")
         self._where[spec.rank] = agent

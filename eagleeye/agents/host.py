@@ -48,6 +48,7 @@ from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import HostSources, HostSourcesConfig
 from eagleeye.stopping import REQUEST, request_checkpoint
+from ft_runtime._children import die_with_parent
 from ft_runtime.errors import CheckpointError
 from ft_runtime.layout import JobLayout, RankSpec
 
@@ -103,6 +104,9 @@ class HostAgent:
     controller_wait_s: float = 300.0  # ranks all ended, no controller this long: the agent ends
     _attempt: int | None = None  # the attempt its ranks run
     replica_env: Mapping[str, str] = field(default_factory=dict)  # this host's, for replicas
+    # started by `eagleeye run --local-agents` on the controller's machine: a rank's given
+    # environment and command line win over the agent's own, and its ranks die with it
+    local: bool = False
 
     @property
     def specs(self) -> list[RankSpec]:
@@ -282,30 +286,37 @@ class HostAgent:
         if rank in self._ranks:
             self.stop_ranks([rank], 0.0)
         self._open_sources()
-        if self.telemetry is None:
+        if self.telemetry is None and not self.local:  # a local rank's goes to the run
             self.telemetry = HostTelemetry(self.log_dir)
-        self.telemetry.expect([*self._ranks, rank])
+        if self.telemetry is not None:
+            self.telemetry.expect([*self._ranks, rank])
         given = Path(str(body.get("log", f"replica-{generation}/rank-{rank}.log")))
         folder = self.log_dir / given.parent.name  # names only: nothing outside log_dir
         folder.mkdir(parents=True, exist_ok=True)
         run_dir = self.log_dir.resolve()
+        given_env = {str(k): str(v) for k, v in dict(body.get("env", {})).items()}
         env = {
             **os.environ,
-            **{str(k): str(v) for k, v in dict(body.get("env", {})).items()},
-            **self.telemetry.env,
+            **({} if self.local else given_env),
+            **(self.telemetry.env if self.telemetry is not None else {}),
             ENV_RUN_DIR: str(run_dir),
             ENV_CHECKPOINT_DIR: os.environ.get(ENV_CHECKPOINT_DIR, str(run_dir / "checkpoints")),
             **self.replica_env,
             **self.env,
+            **(given_env if self.local else {}),  # the run's telemetry, run folder, secrets
         }
+        argv = [sys.executable, *self.command]
+        if self.local and isinstance(body.get("argv"), list):  # a restart's resume flags
+            argv = [str(a) for a in body["argv"]]
         try:
             with (folder / given.name).open("wb") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, *self.command],
+                    argv,
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=die_with_parent(signal.SIGKILL) if self.local else None,
                 )
         except OSError as exc:
             return f"failed: {exc}"

@@ -108,6 +108,13 @@ def add_parser(sub: Any) -> None:
         "them); once every rank ended and no controller came for S seconds, the agent ends "
         "with status 3 (default: 300)",
     )
+    a.add_argument(
+        "--local",
+        action="store_true",
+        help=argparse.SUPPRESS,  # set by `eagleeye run --local-agents` for its own agents:
+        # each rank's environment and command line as the controller gives them win over
+        # this agent's (its telemetry goes to the run directly); its ranks die with the agent
+    )
     a.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module")
     a.add_argument("script", metavar="SCRIPT")
     a.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...")
@@ -185,6 +192,7 @@ def _agent(args: argparse.Namespace) -> int:
         agent.env = {k: v for k, v in wanted.items() if k not in os.environ}
 
     agent.grace_period_s = args.grace_period
+    agent.local = args.local
     agent.controller_wait_s = args.controller_wait
     agent.on_rejoin = lambda line: print(f"eagleeye agent: {line}", file=sys.stderr, flush=True)
 

@@ -46,6 +46,12 @@ def add_parser(sub: Any) -> None:
         metavar="FILE",
         help="remediation policy (TOML); default: the built-in file of the recovery mode",
     )
+    p.add_argument(
+        "--local-agents",
+        action="store_true",
+        help="opt-in: run the ranks through one `eagleeye agent` per virtual node on this "
+        "machine (the cluster path); the summary names the host of every finding",
+    )
     p.set_defaults(func=_demo)
 
 
@@ -63,6 +69,7 @@ def _demo(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 policy=args.policy,
                 recovery=args.recovery,
+                local_agents=args.local_agents,
             )
         )
     except DemoStopped as stop:

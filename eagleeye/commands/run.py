@@ -124,6 +124,13 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "persisted in the run folder; a restart restores from memory, then a peer node, "
         "then storage",
     )
+    g.add_argument(
+        "--local-agents",
+        action="store_true",
+        help="opt-in: start one `eagleeye agent` per node on this machine and run the ranks "
+        "through them, as `eagleeye controller` does across hosts (the same agent code); "
+        "the agents and their ranks die with this command",
+    )
     add_remediate(g)
     add_metrics(g)
     g = p.add_argument_group("host sources (read on a period, labelled with the hostname)")

@@ -1,0 +1,152 @@
+"""`eagleeye demo --local-agents` and `eagleeye run --local-agents`: the ranks started by
+an `eagleeye agent` per virtual node on this machine (the cluster path), the fault still
+detected and remediated, every finding on its host, and nothing left behind, not even
+when `eagleeye run` is SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagleeye.agents.local import SECRET_FILE
+from eagleeye.store import RunReader
+from eagleeye.summary import summarize
+from tests.workload_args import tiny_workload
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+def test_the_demo_runs_through_local_agents(tmp_path: Path) -> None:
+    demo = subprocess.Popen(
+        [
+            sys.executable, "-m", "eagleeye", "demo", "--local-agents",
+            "--steps", "90", "--kill-step", "10", "--no-reference",
+            "--runs-dir", str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={"COLUMNS": "160", **os.environ},
+    )  # fmt: skip
+    parents: dict[int, int] = {}  # every rank process seen -> its parent
+    while demo.poll() is None:
+        for pid, cmdline in _processes(tmp_path).items():
+            if _is_rank(cmdline) and pid not in parents:
+                parents[pid] = _parent(pid)
+        time.sleep(0.1)
+    output = " ".join(demo.communicate()[0].split())
+    assert demo.returncode == 0, output[-3000:]
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    reader = RunReader(run)
+    events = reader.events()
+    # one agent per virtual node, each a child of the demo
+    agents = events[events["subject"].str.startswith("agent:") & (events["phase"] == "running")]
+    agent_pids = {int(d["pid"]) for d in agents["detail"]}
+    assert len(agent_pids) == 2
+    # every rank the run launched was started by an agent, none by the demo itself
+    launched = events[events["subject"].str.startswith("rank:") & (events["phase"] == "running")]
+    rank_pids = {int(d["pid"]) for d in launched["detail"]}
+    assert len(rank_pids) == 6  # 4 ranks, then the killed rank's replica restarted
+    assert {d["agent"] for d in launched["detail"]} == {
+        f"{socket.gethostname()}-{n}" for n in (0, 1)
+    }
+    seen = rank_pids & set(parents)
+    assert seen, "no rank process of the run was seen while it ran"
+    assert {parents[pid] for pid in seen} <= agent_pids
+    assert demo.pid not in {parents[pid] for pid in seen}
+    # the kill was detected and remediated; the job succeeded
+    assert reader.faults().iloc[0]["spec"] == "kill:rank=3@step=10"
+    finding = reader.findings().iloc[0]
+    assert (finding["kind"], finding["rank"]) == ("process_exit", 3)
+    action = reader.actions().iloc[0]
+    assert (action["kind"], action["target"], action["status"]) == ("restart", "replica:1", "done")
+    assert reader.meta()["result"]["succeeded"] is True
+    assert reader.meta()["config"]["local_agents"] is True
+    # the summary names the host of every finding
+    summary = summarize(str(run))
+    ids = list(summary.findings["id"])
+    assert ids
+    assert {summary.host_of(i) for i in ids} == {socket.gethostname()}
+    assert f"│ process_exit │ rank 3 │ {socket.gethostname()} │" in output
+    # nothing left: no agent, no rank, no secret
+    _assert_nothing_left(tmp_path)
+    assert not (run / SECRET_FILE).exists()
+
+
+def test_a_sigkilled_run_leaves_no_agent_and_no_rank(tmp_path: Path) -> None:
+    run = subprocess.Popen(
+        [
+            sys.executable, "-m", "eagleeye", "run", "--local-agents",
+            "--nnodes", "2", "--nproc-per-node", "1", "--runs-dir", str(tmp_path),
+            "-m", "eagleeye.workload.train", "--", *tiny_workload(2000, 50),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        ranks: dict[int, int] = {}
+        while len(ranks) < 2 and time.monotonic() < deadline and run.poll() is None:
+            procs = _processes(tmp_path)
+            ranks = {p: _parent(p) for p, c in procs.items() if _is_rank(c)}
+            time.sleep(0.1)
+        assert len(ranks) == 2, "the run's two ranks never started"
+        agents = {p for p, c in _processes(tmp_path).items() if c.split()[1:4] == AGENT}
+        assert len(agents) == 2
+        assert set(ranks.values()) <= agents  # each rank is its agent's child
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    _assert_nothing_left(tmp_path)
+
+
+AGENT = ["-m", "eagleeye", "agent"]
+
+
+def _is_rank(cmdline: str) -> bool:
+    """A rank's command line: the interpreter, then the zero-code boot."""
+    return cmdline.split()[1:3] == ["-m", "eagleeye.boot"]
+
+
+def _assert_nothing_left(tmp_path: Path) -> None:
+    """No process that names the test's folder (agents, ranks) remains
+    (waited for a while: a killed process's children get their signal asynchronously)."""
+    deadline = time.monotonic() + 20
+    while _processes(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes(tmp_path) == {}
+
+
+def _processes(tmp_path: Path) -> dict[int, str]:
+    """Live processes (not zombies) whose command line or environment names ``tmp_path``."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (entry / "environ").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        named = str(tmp_path) in cmdline or str(tmp_path) in environ  # a rank: its run folder
+        if named and state not in ("Z", "X"):
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
