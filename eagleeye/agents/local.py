@@ -103,6 +103,7 @@ class LocalAgents:
         """Starts the agents and waits until each joined."""
         secret = secrets.token_hex(32).encode()
         path = self.run_dir / SECRET_FILE
+        path.unlink(missing_ok=True)  # a killed run's (resumed with --resume)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(secret)
@@ -121,7 +122,7 @@ class LocalAgents:
                 "--gpu-metrics", "off", "--no-host-metrics",
                 *self.command,
             ]  # fmt: skip
-            with (folder / f"agent-{node}.log").open("wb") as out:
+            with (folder / f"agent-{node}.log").open("ab") as out:  # a resumed run's too
                 process = subprocess.Popen(
                     argv,
                     stdout=out,

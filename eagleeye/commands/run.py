@@ -262,7 +262,9 @@ def _run(args: argparse.Namespace) -> int:
                 "--snapshots cannot change a resumed run: --resume goes on with the settings "
                 "in RUN_DIR's store; drop --snapshots"
             )
-        config = resumed_job_config(args.resume, stream_ranks=args.stream)
+        config = resumed_job_config(
+            args.resume, stream_ranks=args.stream, local_agents=args.local_agents
+        )
     elif args.script is None:
         raise EagleEyeError("give the SCRIPT to run (or --resume RUN_DIR)")
     else:

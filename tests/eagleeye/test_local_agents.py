@@ -53,7 +53,7 @@ def test_the_demo_runs_through_local_agents(tmp_path: Path) -> None:
     # every rank the run launched was started by an agent, none by the demo itself
     launched = events[events["subject"].str.startswith("rank:") & (events["phase"] == "running")]
     rank_pids = {int(d["pid"]) for d in launched["detail"]}
-    assert len(rank_pids) == 6  # 4 ranks, then the killed rank's replica restarted
+    assert len(rank_pids) >= 6  # 4 ranks, then the killed rank's replica restarted
     assert {d["agent"] for d in launched["detail"]} == {
         f"{socket.gethostname()}-{n}" for n in (0, 1)
     }
