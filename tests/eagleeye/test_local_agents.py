@@ -6,6 +6,7 @@ when `eagleeye run` is SIGKILLed."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -78,6 +79,36 @@ def test_the_demo_runs_through_local_agents(tmp_path: Path) -> None:
     # nothing left: no agent, no rank, no secret
     _assert_nothing_left(tmp_path)
     assert not (run / SECRET_FILE).exists()
+
+
+def test_a_job_restart_through_local_agents(tmp_path: Path) -> None:
+    """The synchronous baseline: a killed rank restarts every rank, through the agents."""
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "eagleeye", "run", "--local-agents", "--remediate",
+            "--inject", "kill:rank=1@step=8", "--nnodes", "2", "--nproc-per-node", "1",
+            "--runs-dir", str(tmp_path), "-m", "eagleeye.workload.train", "--",
+            *tiny_workload(20, 5),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    reader = RunReader(run)
+    finding = reader.findings().iloc[0]
+    assert (finding["kind"], finding["rank"]) == ("process_exit", 1)
+    action = reader.actions().iloc[0]
+    assert (action["kind"], action["target"], action["status"]) == ("restart", "job", "done")
+    events = reader.events()
+    launched = events[events["subject"].str.startswith("rank:") & (events["phase"] == "running")]
+    assert sorted(launched["attempt"]) == [0, 0, 1, 1]  # both attempts through the agents
+    host = socket.gethostname()
+    assert {d["agent"] for d in launched["detail"]} == {f"{host}-0", f"{host}-1"}
+    assert re.search(rf"process_exit on rank 1 at step \d+, host {re.escape(host)}", output)
+    _assert_nothing_left(tmp_path)
 
 
 def test_a_sigkilled_run_leaves_no_agent_and_no_rank(tmp_path: Path) -> None:
