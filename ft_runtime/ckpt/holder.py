@@ -18,7 +18,6 @@ import hmac
 import logging
 import os
 import signal
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,7 +63,10 @@ class Holder:
         self.cfg = cfg
         self.table = Table(cfg, on_state)
         self.worker = Worker(cfg, self.table)
-        self._stop = threading.Event()
+        # a plain flag, not a threading.Event: ``stop`` runs in a signal handler, which may
+        # interrupt its own earlier call (SIGTERM twice: the parent's death and a stop)
+        # and must take no lock
+        self._stopping = False
         self._requests: set[str] = set()
         self.request_seq = 0
 
@@ -88,7 +90,7 @@ class Holder:
         if ready is not None:
             ready()
         try:
-            while not self._stop.is_set():
+            while not self._stopping:
                 if sock.poll(100):
                     self._serve_one(sock)
         finally:
@@ -97,7 +99,8 @@ class Holder:
             self.table.close()
 
     def stop(self) -> None:
-        self._stop.set()
+        """Ends ``serve_forever`` within one poll (100 ms); safe in a signal handler."""
+        self._stopping = True
 
     def _serve_one(self, sock: zmq.Socket[Any]) -> None:
         """Answers one request. A malformed one (frames, JSON, fields, nesting) gets an

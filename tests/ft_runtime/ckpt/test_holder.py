@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from datetime import timedelta
 from pathlib import Path
 
@@ -218,3 +219,15 @@ def test_checkpoint_action_requests_a_save_once_per_key(
     wait_for(lambda: CkptState.PERSISTENT in ev.states(7), what="forced persistence")
     other = Action(ActionKind.EVICT, "node:node0", "x", "evict/1")
     assert rt.execute(other).status == OutcomeStatus.SKIPPED
+
+
+def test_a_holder_sent_sigterm_again_and_again_still_ends(holders: RingFactory) -> None:
+    # its parent's death and a stop can both send SIGTERM; the handler then interrupts
+    # itself, and one that took a lock (a threading.Event) deadlocked the holder for good
+    _, (holder,) = holders(1)
+    assert holder.proc is not None
+    for _ in range(2000):
+        if holder.proc.poll() is not None:
+            break
+        holder.proc.send_signal(signal.SIGTERM)
+    assert holder.proc.wait(timeout=20) == 0
