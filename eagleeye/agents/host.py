@@ -264,6 +264,7 @@ class HostAgent:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=die_with_parent(signal.SIGKILL),  # no rank outlives its agent
                 )
             self._ranks[spec.rank] = _Rank(spec, proc, attempt)
             self.link.report("launched", {"rank": spec.rank, "pid": proc.pid, "attempt": attempt})
@@ -316,7 +317,7 @@ class HostAgent:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=die_with_parent(signal.SIGKILL) if self.local else None,
+                    preexec_fn=die_with_parent(signal.SIGKILL),  # no rank outlives its agent
                 )
         except OSError as exc:
             return f"failed: {exc}"

@@ -216,3 +216,31 @@ def test_an_agents_kernel_log_xid_evicts_its_host(tmp_path: Path) -> None:
     assert list(zip(xids["node"], xids["value"], strict=True)) == [("node1", 79.0)]
     assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [("evict", "xid")]
     cluster.no_rank_left()
+
+
+def test_a_killed_agent_leaves_no_rank_not_even_a_stopped_one(tmp_path: Path) -> None:
+    # an agent that dies (OOM-killed, SIGKILLed) supervises nothing any more: its ranks
+    # end with it, a stopped one too, instead of holding the host's GPUs unsupervised
+    cluster = Cluster(tmp_path, "120")
+    try:
+        cluster.launched({0, 1}, 0)
+        rank1 = cluster.by_rank[(0, 1)]
+        os.kill(rank1, signal.SIGSTOP)
+        cluster.agents[1].kill()
+        cluster.agents[1].wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while _alive(rank1):
+            assert time.monotonic() < deadline, "the killed agent's rank lives on"
+            time.sleep(0.05)
+        assert _alive(cluster.by_rank[(0, 0)])  # the other host's rank is not its agent's
+    finally:
+        cluster.close()
+    cluster.no_rank_left()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
