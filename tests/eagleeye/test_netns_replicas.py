@@ -25,6 +25,7 @@ from tests.eagleeye.test_netns_spare import Lines
 from tests.netns import NetHosts, need_netns
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
+EAGLEEYE = [sys.executable, "-m", "eagleeye"]
 
 
 def running(rank: int) -> Callable[[dict[str, Any]], bool]:
@@ -41,50 +42,66 @@ def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None
         time.sleep(0.2)
 
 
-def test_a_lost_host_costs_only_its_replica_which_catches_up_on_the_spare(
-    tmp_path: Path,
-) -> None:
-    need_netns()
-    (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    finish = tmp_path / "finish"
-    eagleeye = [sys.executable, "-m", "eagleeye"]
-    seen: list[dict[str, Any]] = []
-    with NetHosts(4) as hosts:
-        listen = f"{hosts.addresses[0]}:5705"
-        controller = hosts.popen(
+class ReplicaJob:
+    """`eagleeye controller --recovery replica --replicas 2` on host 0, a spare on host 3,
+    then the agents of node ranks 0 and 1 on hosts 1 and 2 (one replica each), each
+    rank's process started (``first``: rank → its start's detail)."""
+
+    def __init__(self, tmp_path: Path, hosts: NetHosts, port: int, run_id: str) -> None:
+        (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
+        script = tmp_path / "train.py"
+        script.write_text(SCRIPT)
+        self.tmp, self.hosts, self.script = tmp_path, hosts, script
+        self.finish = tmp_path / "finish"
+        self.seen: list[dict[str, Any]] = []
+        self.listen = f"{hosts.addresses[0]}:{port}"
+        self.controller = hosts.popen(
             0,
-            [*eagleeye, "controller", "--listen", listen, "--nnodes", "2", "--remediate"]
+            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", "--remediate"]
             + ["--recovery", "replica", "--replicas", "2", "--heartbeat", "0.5"]
             + ["--secret-file", str(tmp_path / "secret"), "--runs-dir", str(tmp_path / "runs")]
-            + ["--run-id", "replicas"],
+            + ["--run-id", run_id],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        lines = Lines(controller)
+        self.lines = Lines(self.controller)
+        self.next_line(lambda i: "listening" in i)
+        self.spare = self._agent(3, ["--spare"])
+        self.next_line(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
+        self.a, self.b = self._agent(1, ["--node-rank", "0"]), self._agent(2, ["--node-rank", "1"])
+        self.first: dict[int, dict[str, Any]] = {}
+        while len(self.first) < 2:  # each rank's process started by its agent, in any order
+            item = self.next_line(lambda i: running(0)(i) or running(1)(i))
+            self.first[int(item["subject"].removeprefix("rank:"))] = item["detail"]
 
-        def next_line(want: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-            return lines.next(lambda i: seen.append(i) is None and want(i))
+    def next_line(self, want: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """The controller's next line ``want`` takes (every line read is kept in ``seen``)."""
 
-        next_line(lambda i: "listening" in i)
+        def kept(item: dict[str, Any]) -> bool:
+            self.seen.append(item)
+            return want(item)
 
-        def agent(host: int, role: list[str]) -> subprocess.Popen[str]:
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": hosts.ifname(host), "OMP_NUM_THREADS": "1"}
-            argv = [*eagleeye, "agent", "--controller", listen, *role, "--no-host-metrics"]
-            argv += ["--advertise", hosts.addresses[host], "--heartbeat", "0.5"]
-            argv += ["--secret-file", str(tmp_path / "secret")]
-            argv += ["--log-dir", str(tmp_path / f"logs-{host}"), str(script), str(finish)]
-            return hosts.popen(host, argv, env=env, stderr=subprocess.DEVNULL, text=True)
+        return self.lines.next(kept)
 
-        spare = agent(3, ["--spare"])
-        next_line(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
-        a, b = agent(1, ["--node-rank", "0"]), agent(2, ["--node-rank", "1"])
-        first: dict[int, dict[str, Any]] = {}
-        while len(first) < 2:  # each rank's process started by its agent, in any order
-            item = next_line(lambda i: running(0)(i) or running(1)(i))
-            first[int(item["subject"].removeprefix("rank:"))] = item["detail"]
+    def _agent(self, host: int, role: list[str]) -> subprocess.Popen[str]:
+        hosts = self.hosts
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": hosts.ifname(host), "OMP_NUM_THREADS": "1"}
+        argv = [*EAGLEEYE, "agent", "--controller", self.listen, *role, "--no-host-metrics"]
+        argv += ["--advertise", hosts.addresses[host], "--heartbeat", "0.5"]
+        argv += ["--secret-file", str(self.tmp / "secret")]
+        argv += ["--log-dir", str(self.tmp / f"logs-{host}"), str(self.script), str(self.finish)]
+        return hosts.popen(host, argv, env=env, stderr=subprocess.DEVNULL, text=True)
+
+
+def test_a_lost_host_costs_only_its_replica_which_catches_up_on_the_spare(
+    tmp_path: Path,
+) -> None:
+    need_netns()
+    with NetHosts(4) as hosts:
+        job = ReplicaJob(tmp_path, hosts, 5705, "replicas")
+        controller, next_line, first, finish = job.controller, job.next_line, job.first, job.finish
+        a, b, spare, seen = job.a, job.b, job.spare, job.seen
         assert first[0]["pid"] in hosts.pids(1)
         assert first[1]["pid"] in hosts.pids(2)
         healthy = tmp_path / "logs-1" / "replica-0-0" / "rank-0.log"
@@ -141,46 +158,10 @@ def test_a_cut_link_fences_the_host_and_only_its_replica_moves_to_the_spare(
     when the link comes back, B's agent ends its old rank and joins again as a spare,
     and replica 0's rank has kept its pid and every step."""
     need_netns()
-    (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    finish = tmp_path / "finish"
-    eagleeye = [sys.executable, "-m", "eagleeye"]
-    seen: list[dict[str, Any]] = []
     with NetHosts(4) as hosts:
-        listen = f"{hosts.addresses[0]}:5706"
-        controller = hosts.popen(
-            0,
-            [*eagleeye, "controller", "--listen", listen, "--nnodes", "2", "--remediate"]
-            + ["--recovery", "replica", "--replicas", "2", "--heartbeat", "0.5"]
-            + ["--secret-file", str(tmp_path / "secret"), "--runs-dir", str(tmp_path / "runs")]
-            + ["--run-id", "cut"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        lines = Lines(controller)
-
-        def next_line(want: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-            return lines.next(lambda i: seen.append(i) is None and want(i))
-
-        next_line(lambda i: "listening" in i)
-
-        def agent(host: int, role: list[str]) -> subprocess.Popen[str]:
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": hosts.ifname(host), "OMP_NUM_THREADS": "1"}
-            argv = [*eagleeye, "agent", "--controller", listen, *role, "--no-host-metrics"]
-            argv += ["--advertise", hosts.addresses[host], "--heartbeat", "0.5"]
-            argv += ["--secret-file", str(tmp_path / "secret")]
-            argv += ["--log-dir", str(tmp_path / f"logs-{host}"), str(script), str(finish)]
-            return hosts.popen(host, argv, env=env, stderr=subprocess.DEVNULL, text=True)
-
-        spare = agent(3, ["--spare"])
-        next_line(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
-        a, b = agent(1, ["--node-rank", "0"]), agent(2, ["--node-rank", "1"])
-        first: dict[int, dict[str, Any]] = {}
-        while len(first) < 2:
-            item = next_line(lambda i: running(0)(i) or running(1)(i))
-            first[int(item["subject"].removeprefix("rank:"))] = item["detail"]
+        job = ReplicaJob(tmp_path, hosts, 5706, "cut")
+        controller, next_line, first, finish = job.controller, job.next_line, job.first, job.finish
+        a, b, spare, seen = job.a, job.b, job.spare, job.seen
         healthy = tmp_path / "logs-1" / "replica-0-0" / "rank-0.log"
         cut = tmp_path / "logs-2" / "replica-1-0" / "rank-1.log"
         wait_for(lambda: len(steps(cut)) >= 5, "replica 1 never stepped on host B")
