@@ -449,16 +449,7 @@ class JobCoordinator:
             self._spares.drop(gone.agent)
             self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, spare=True)
             return
-        finding = Finding(
-            "host_lost",
-            Subject(node=f"node{gone.node_rank}"),
-            1.0,
-            Severity.CRITICAL,
-            gone.at,
-            None,
-            {"silent_s": gone.at - gone.last_seen, "pings": float(gone.pings)},
-            "agent_heartbeat",
-        )
+        finding = gone.finding()
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
         self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, node=gone.node_rank)

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
+from collector.types import Subject
+from detectors.types import Finding, Severity
 from eagleeye.agents.summary import MAGIC, summary_mac
 from eagleeye.agents.wire import MAX_MESSAGE_BYTES, Message, Refused, Sequencer, seal, unseal
 
@@ -75,6 +77,14 @@ class AgentLost:
     last_seen: float
     at: float
     pings: int
+
+    def finding(self) -> Finding:
+        """The critical ``host_lost`` finding on its node, with the silence as evidence."""
+        evidence = {"silent_s": self.at - self.last_seen, "pings": float(self.pings)}
+        node = Subject(node=f"node{self.node_rank}")
+        return Finding(
+            "host_lost", node, 1.0, Severity.CRITICAL, self.at, None, evidence, "agent_heartbeat"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -318,16 +318,7 @@ class ReplicaCoordinator:
             return
         assert self.supervisor is not None
         node = gone.node_rank
-        finding = Finding(
-            "host_lost",
-            Subject(node=f"node{node}"),
-            1.0,
-            Severity.CRITICAL,
-            gone.at,
-            None,
-            {"silent_s": gone.at - gone.last_seen, "pings": float(gone.pings)},
-            "agent_heartbeat",
-        )
+        finding = gone.finding()
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
         self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, node=node)
