@@ -24,10 +24,11 @@ from typing import Any
 
 from collector.aggregate import StepAggregator
 from collector.transport import TelemetryReceiver
-from collector.types import JOB, Frame, Sample, Subject
+from collector.types import JOB, Frame, Sample
 from detectors.base import Detector
 from detectors.progress import PROC_FEATURES, ProgressStall
-from detectors.types import Finding, Severity
+from detectors.types import Finding
+from eagleeye.detection import fenced_hang
 from eagleeye.errors import StoreError
 from eagleeye.failures import CrashLoop, RankFailure, rank_error
 from eagleeye.hostsources import host_frames
@@ -39,7 +40,7 @@ from eagleeye.stacks import HangStacks, StackCapture
 from eagleeye.stopping import EVENT_LISTENING, request_checkpoint, request_step
 from eagleeye.store import RunStore
 from ft_runtime.base import Supervisor
-from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
+from ft_runtime.types import LifecycleEvent, Phase
 from remediation.remediator import Decision, Remediator
 
 log = logging.getLogger(__name__)
@@ -475,32 +476,11 @@ class Controller:
         """A replica the quorum dropped as hung: its cause (the hang, on the late ranks, with
         the wait, the limit and the ranks found stopped as evidence) is the finding, the
         fencing kill its action; the killed ranks' exits that follow are its consequence."""
-        replica = int(event.subject.removeprefix("replica:"))
-        seen = event.detail.get("evidence") or {}
-        late = [int(r) for r in seen.get("late_ranks", [])]
-        stopped = [int(r) for r in seen.get("stopped_ranks", [])]
-        waited, limit = float(seen.get("waited_s", 0.0)), float(seen.get("limit_s", 0.0))
-        evidence = {"fenced": 1.0, "waited_s": waited, "limit_s": limit}
-        evidence.update({f"late_rank_{rank}": 1.0 for rank in late})
-        evidence.update({f"stopped_rank_{rank}": 1.0 for rank in stopped})
-        steps = [self._last_step[r] for r in late if r in self._last_step]
-        score = waited / limit if limit > 0 else 1.0
-        finding = Finding(
-            "hang",
-            Subject(replica=replica, rank=late[0] if len(late) == 1 else None),
-            max(score, 1.0) if stopped else score,  # a stopped process is a hang outright
-            Severity.CRITICAL,
-            event.time,
-            min(steps) if steps else None,
-            evidence,
-            "quorum_stall",
-        )
+        finding, outcome = fenced_hang(event, self._last_step)
         finding_id = self.store.add_finding(finding)
         self.report.findings.append(finding)
         self._committed()
         self.on_update(finding)
-        action = Action(ActionKind.ISOLATE, event.subject, str(event.detail.get("reason", "")), "")
-        outcome = Outcome(action, OutcomeStatus.DONE, "fenced: its ranks were killed", event.time)
         self.store.add_outcome(outcome, finding_id, dry_run=False, decided_at=event.time)
 
     def _failed(self, event: LifecycleEvent) -> None:

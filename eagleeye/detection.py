@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 
 from collector.frames import subject_of
-from collector.types import Frame, Sample
+from collector.types import Frame, Sample, Subject
 from collector.vocabulary import canonical_values
 from detectors.base import Detector
 from detectors.changepoint import ThroughputChange
@@ -36,6 +36,7 @@ from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
 from detectors.rules import MemoryFatal, NonFiniteLoss, ProcessExit, ThermalThrottle, XidError
 from detectors.standout import StandsOut
 from detectors.types import Finding, Severity
+from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus
 
 # Reports the progress detector reads and the fused ones must not take for a step: a look
 # at /proc, a rank waiting in a collective or pausing.
@@ -260,3 +261,32 @@ def host_detectors() -> list[Detector]:
     uncorrectable memory errors, a thermal throttle held two polls, a rank an NCCL dump
     shows behind. Each finding names the rank using the GPU (or the node)."""
     return [XidError(), MemoryFatal(), ThermalThrottle(), FlightRecordHang()]
+
+
+def fenced_hang(event: LifecycleEvent, last_step: Mapping[int, int]) -> tuple[Finding, Outcome]:
+    """A replica the quorum dropped as hung (``event``, from the replica supervisor): its
+    cause, the ``hang`` on the late ranks with the wait, the limit and the ranks found
+    stopped as evidence (at the earliest of the late ranks' ``last_step``), and its
+    fencing kill, the action done."""
+    replica = int(event.subject.removeprefix("replica:"))
+    seen = event.detail.get("evidence") or {}
+    late = [int(r) for r in seen.get("late_ranks", [])]
+    stopped = [int(r) for r in seen.get("stopped_ranks", [])]
+    waited, limit = float(seen.get("waited_s", 0.0)), float(seen.get("limit_s", 0.0))
+    evidence = {"fenced": 1.0, "waited_s": waited, "limit_s": limit}
+    evidence.update({f"late_rank_{rank}": 1.0 for rank in late})
+    evidence.update({f"stopped_rank_{rank}": 1.0 for rank in stopped})
+    steps = [last_step[r] for r in late if r in last_step]
+    score = waited / limit if limit > 0 else 1.0
+    finding = Finding(
+        "hang",
+        Subject(replica=replica, rank=late[0] if len(late) == 1 else None),
+        max(score, 1.0) if stopped else score,  # a stopped process is a hang outright
+        Severity.CRITICAL,
+        event.time,
+        min(steps) if steps else None,
+        evidence,
+        "quorum_stall",
+    )
+    action = Action(ActionKind.ISOLATE, event.subject, str(event.detail.get("reason", "")), "")
+    return finding, Outcome(action, OutcomeStatus.DONE, "fenced: its ranks were killed", event.time)

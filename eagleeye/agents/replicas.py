@@ -37,6 +37,7 @@ from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.spares import Spares, is_spare
 from eagleeye.agents.stopped import STOPPED
+from eagleeye.detection import fenced_hang
 from eagleeye.store import RunStore
 from ft_runtime.errors import LaunchError
 from ft_runtime.layout import JobLayout
@@ -187,30 +188,9 @@ class ReplicaCoordinator:
         others waited in past the stall limit): a ``hang`` finding, its fencing kill the
         action; the killed ranks' exits that follow are answered as failures (a restart
         of the replica), as under ``eagleeye run``."""
-        replica = int(event.subject.removeprefix("replica:"))
-        seen = event.detail.get("evidence") or {}
-        late = [int(r) for r in seen.get("late_ranks", [])]
-        stopped = [int(r) for r in seen.get("stopped_ranks", [])]
-        waited, limit = float(seen.get("waited_s", 0.0)), float(seen.get("limit_s", 0.0))
-        evidence = {"fenced": 1.0, "waited_s": waited, "limit_s": limit}
-        evidence.update({f"late_rank_{rank}": 1.0 for rank in late})
-        evidence.update({f"stopped_rank_{rank}": 1.0 for rank in stopped})
-        score = waited / limit if limit > 0 else 1.0
-        finding = Finding(
-            "hang",
-            Subject(replica=replica, rank=late[0] if len(late) == 1 else None),
-            max(score, 1.0) if stopped else score,  # a stopped process is a hang outright
-            Severity.CRITICAL,
-            event.time,
-            None,
-            evidence,
-            "quorum_stall",
-        )
+        finding, outcome = fenced_hang(event, {})  # no step series on the controller
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
-        reason = str(event.detail.get("reason", ""))
-        action = Action(ActionKind.ISOLATE, event.subject, reason, "")
-        outcome = Outcome(action, OutcomeStatus.DONE, "fenced: its ranks were killed", event.time)
         self.store.add_outcome(outcome, finding_id, dry_run=False, decided_at=event.time)
 
     def _exit_finding(self, rank: int, code: int) -> Finding:
