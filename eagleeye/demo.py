@@ -62,7 +62,7 @@ class DemoConfig:
     checkpoint_every: int = 20
     recovery: str = "replica"
     policy: str | None = None
-    local_agents: bool = False  # the ranks run through an agent per virtual node
+    local_agents: bool = True  # the ranks run through an agent per virtual node
 
     def __post_init__(self) -> None:
         if self.steps < MIN_STEPS:

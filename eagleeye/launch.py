@@ -112,7 +112,7 @@ class JobConfig:
     grace_period_s: float = 0.0  # on SIGTERM/SIGINT: checkpoint, then this long to exit
     stream_ranks: Collection[int] | None = ()  # ranks whose output is printed (None: all)
     resume_dir: str | None = None  # go on with this run (eagleeye run --resume)
-    local_agents: bool = False  # the ranks started by an `eagleeye agent` per node, here
+    local_agents: bool = True  # the ranks started by an `eagleeye agent` per node, here
 
     def __post_init__(self) -> None:
         if self.recovery not in RECOVERIES:
@@ -217,7 +217,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         grace_period_s=getattr(args, "grace_period", 0.0),
         stream_ranks=getattr(args, "stream", None),
         snapshots=getattr(args, "snapshots", False),
-        local_agents=getattr(args, "local_agents", False),
+        local_agents=getattr(args, "local_agents", True),
     )
 
 

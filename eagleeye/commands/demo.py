@@ -48,9 +48,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--local-agents",
-        action="store_true",
-        help="opt-in: run the ranks through one `eagleeye agent` per virtual node on this "
-        "machine (the cluster path); the summary names the host of every finding",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the ranks through one `eagleeye agent` per virtual node on this machine "
+        "(the cluster path; the default); --no-local-agents: the ranks are the run's own "
+        "children",
     )
     p.set_defaults(func=_demo)
 

@@ -126,10 +126,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--local-agents",
-        action="store_true",
-        help="opt-in: start one `eagleeye agent` per node on this machine and run the ranks "
-        "through them, as `eagleeye controller` does across hosts (the same agent code); "
-        "the agents and their ranks die with this command",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start one `eagleeye agent` per node on this machine and run the ranks "
+        "through them, as `eagleeye controller` does across hosts (the same agent code; "
+        "the default); the agents and their ranks die with this command; "
+        "--no-local-agents: the ranks are this command's own children",
     )
     add_remediate(g)
     add_metrics(g)
