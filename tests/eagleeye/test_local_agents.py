@@ -1,7 +1,7 @@
-"""`eagleeye demo --local-agents` and `eagleeye run --local-agents`: the ranks started by
-an `eagleeye agent` per virtual node on this machine (the cluster path), the fault still
-detected and remediated, every finding on its host, and nothing left behind, not even
-when `eagleeye run` is SIGKILLed."""
+"""`eagleeye demo` and `eagleeye run` by default: the ranks started by an `eagleeye agent`
+per virtual node on this machine (the cluster path), the fault still detected and
+remediated, every finding on its host, and nothing left behind, not even when
+`eagleeye run` is SIGKILLed; `--no-local-agents` starts no agent."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420
 def test_the_demo_runs_through_local_agents(tmp_path: Path) -> None:
     demo = subprocess.Popen(
         [
-            sys.executable, "-m", "eagleeye", "demo", "--local-agents",
+            sys.executable, "-m", "eagleeye", "demo",
             "--steps", "90", "--kill-step", "10", "--no-reference",
             "--runs-dir", str(tmp_path),
         ],
@@ -85,7 +85,7 @@ def test_a_job_restart_through_local_agents(tmp_path: Path) -> None:
     """The synchronous baseline: a killed rank restarts every rank, through the agents."""
     result = subprocess.run(
         [
-            sys.executable, "-m", "eagleeye", "run", "--local-agents", "--remediate",
+            sys.executable, "-m", "eagleeye", "run", "--remediate",
             "--inject", "kill:rank=1@step=8", "--nnodes", "2", "--nproc-per-node", "1",
             "--runs-dir", str(tmp_path), "-m", "eagleeye.workload.train", "--",
             *tiny_workload(20, 5),
@@ -114,7 +114,7 @@ def test_a_job_restart_through_local_agents(tmp_path: Path) -> None:
 def test_a_sigkilled_run_leaves_no_agent_and_no_rank(tmp_path: Path) -> None:
     run = subprocess.Popen(
         [
-            sys.executable, "-m", "eagleeye", "run", "--local-agents",
+            sys.executable, "-m", "eagleeye", "run",
             "--nnodes", "2", "--nproc-per-node", "1", "--runs-dir", str(tmp_path),
             "-m", "eagleeye.workload.train", "--", *tiny_workload(2000, 50),
         ],
@@ -139,6 +139,38 @@ def test_a_sigkilled_run_leaves_no_agent_and_no_rank(tmp_path: Path) -> None:
             run.kill()
             run.wait()
     _assert_nothing_left(tmp_path)
+
+
+def test_no_local_agents_runs_the_ranks_as_its_own_children(tmp_path: Path) -> None:
+    run = subprocess.Popen(
+        [
+            sys.executable, "-m", "eagleeye", "run", "--no-local-agents",
+            "--nnodes", "2", "--nproc-per-node", "1", "--runs-dir", str(tmp_path),
+            "-m", "eagleeye.workload.train", "--", *tiny_workload(2000, 50),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        ranks: dict[int, int] = {}
+        while len(ranks) < 2 and time.monotonic() < deadline and run.poll() is None:
+            ranks = {p: _parent(p) for p, c in _processes(tmp_path).items() if _is_rank(c)}
+            time.sleep(0.1)
+        assert len(ranks) == 2, "the run's two ranks never started"
+        assert set(ranks.values()) == {run.pid}
+        assert not [c for c in _processes(tmp_path).values() if c.split()[1:4] == AGENT]
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(60) != 0  # stopped before its end
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    _assert_nothing_left(tmp_path)
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    with RunReader(folder) as reader:
+        assert reader.meta()["config"]["local_agents"] is False
+        assert not reader.events()["subject"].str.startswith("agent:").any()
 
 
 AGENT = ["-m", "eagleeye", "agent"]
