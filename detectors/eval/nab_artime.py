@@ -44,10 +44,11 @@ Differences from the published code, each a choice made here: a category whose e
 weights are both 0 (it has learned the lowest and the highest level) matches the energy
 term fully (the published code divides 0 by 0); the Haar detail coefficients are taken as
 later minus earlier value; ``low``/``high`` are given by the caller: NAB hands every
-detector the file's minimum and maximum (``range="file"``, what ARTime's and HTM's
-published scores use: a look at the whole file's range in advance), and
-``range="probation"`` uses the probation's range only, widened by half its span, levels
-outside it clipped (the project's own detectors see no more than that).
+detector the file's minimum and maximum (``range="file"``, what ARTime's published score
+uses, and HTM's to set its encoder's resolution: a look at the whole file's range in
+advance); ``file_range`` also gives ranges that look no further than the rows already
+seen (the probation's, the running one, or the probation's stretched by the running one),
+as the project's own detectors do.
 """
 
 from __future__ import annotations
@@ -154,8 +155,11 @@ def _unit(rows: np.ndarray) -> np.ndarray:
     return np.asarray(np.divide(rows, top, out=rows.copy(), where=top != 0), dtype=float)
 
 
-def _levels(x: np.ndarray, step: int, low: float, high: float, cfg: ArtimeConfig) -> np.ndarray:
-    """The downsampled, levelled, median-snapped value of every block."""
+def _levels(
+    x: np.ndarray, step: int, low: np.ndarray, high: np.ndarray, cfg: ArtimeConfig
+) -> np.ndarray:
+    """The downsampled, levelled, median-snapped value of every block (``low`` and
+    ``high``: the scaling range at every row; a block is scaled by its last row's)."""
     blocks = x[: (len(x) // step) * step].reshape(-1, step)
     means, tops, bottoms = blocks.mean(axis=1), blocks.max(axis=1), blocks.min(axis=1)
     m = len(means)
@@ -166,9 +170,9 @@ def _levels(x: np.ndarray, step: int, low: float, high: float, cfg: ArtimeConfig
         average[k] = avg
     ds = np.where(np.abs(tops - average) < np.abs(bottoms - average), bottoms, tops)
     ds = np.where(np.abs(ds - means) < cfg.spike_min * means, means, ds)
-    ds = ds - low
-    if high != low:
-        ds = ds / (high - low)
+    ends = np.arange(len(means)) * step + step - 1
+    lo, span = low[ends], high[ends] - low[ends]
+    ds = np.divide(ds - lo, span, out=ds - lo, where=span != 0)
     level = np.clip(np.rint(ds * cfg.levels), 0, cfg.levels).astype(int)
     out = level / cfg.levels
     bins = np.zeros(cfg.levels + 1, dtype=int)
@@ -232,11 +236,15 @@ def _initial_rho(feats: np.ndarray, trend: int, cfg: ArtimeConfig) -> float:
 
 
 def artime_scores(
-    values: np.ndarray, low: float, high: float, cfg: ArtimeConfig | None = None
+    values: np.ndarray,
+    low: float | np.ndarray,
+    high: float | np.ndarray,
+    cfg: ArtimeConfig | None = None,
 ) -> np.ndarray:
     """ARTime's anomaly score of every point: 0, or a confidence in (0, 1] at a detection.
 
-    ``low`` and ``high`` scale the series (levels outside them are clipped).
+    ``low`` and ``high`` scale the series: one range, or one per row (a block is scaled by
+    the range at its last row); levels outside the range are clipped.
 
     Raises:
         DetectorError: non-finite values or a series too short for a probation.
@@ -256,7 +264,9 @@ def artime_scores(
             f"ARTime needs a probation of at least {2 * cfg.window} blocks; "
             f"the series has {n} points (give it at least {int(2 * cfg.window / 0.15) + 1})"
         )
-    feats = _features(_levels(x, step, low, high, cfg), cfg.window)
+    lows = np.broadcast_to(np.asarray(low, dtype=float), x.shape)
+    highs = np.broadcast_to(np.asarray(high, dtype=float), x.shape)
+    feats = _features(_levels(x, step, lows, highs, cfg), cfg.window)
     mask = int(cfg.window * cfg.mask_factor)
     art = _Art(feats.shape[1])
     rho = _initial_rho(feats[cfg.window - 1 : trend], trend, cfg)
@@ -341,27 +351,47 @@ GRID: dict[str, tuple[float, ...]] = {
 }
 #: The published constants (and every detection kept) as a setting of ``GRID``.
 PUBLISHED: Setting = (0.8, 0.075, 0.19, 0.0)
-RANGES = ("file", "probation")
-#: The probation's range is widened by this fraction of its span on each side.
-PROBATION_MARGIN = 0.5
+#: How a file is scaled (``file_range``) and the margins tried with each (the last axis
+#: of a family's settings).
+MARGINS: dict[str, tuple[float, ...]] = {
+    "file": (0.0,),
+    "running": (0.0,),
+    "probation": (0.5,),
+    "expanding": (0.5, 1.0, 2.0),
+}
+RANGES = tuple(MARGINS)
 
 
-def file_range(values: np.ndarray, how: str) -> tuple[float, float]:
-    """The scaling range of a file: its own min and max (NAB's inputMin/inputMax) or its
-    probation's, widened by ``PROBATION_MARGIN`` of the span on each side."""
+def file_range(
+    values: np.ndarray, how: str, margin: float = 0.0
+) -> tuple[float, float] | tuple[np.ndarray, np.ndarray]:
+    """The scaling range of a file.
+
+    ``file``: its own min and max (NAB's inputMin and inputMax: the whole file's range,
+    known in advance); ``probation``: the probation's range widened by ``margin`` times its
+    span on each side; ``running``: at every row, the min and max of the rows up to it;
+    ``expanding``: the widened probation range, stretched at every row to the min and max
+    of the rows up to it. Only ``file`` looks past the probation.
+    """
     x = np.asarray(values, dtype=float)
     if how == "file":
         return float(x.min()), float(x.max())
-    if how == "probation":
+    if how == "running":
+        return np.minimum.accumulate(x), np.maximum.accumulate(x)
+    if how in ("probation", "expanding"):
         head = x[: max(probation_length(len(x)), 1)]
         lo, hi = float(head.min()), float(head.max())
-        return lo - PROBATION_MARGIN * (hi - lo), hi + PROBATION_MARGIN * (hi - lo)
+        lo, hi = lo - margin * (hi - lo), hi + margin * (hi - lo)
+        if how == "probation":
+            return lo, hi
+        return np.minimum(lo, np.minimum.accumulate(x)), np.maximum(hi, np.maximum.accumulate(x))
     raise DetectorError(f"range must be one of {', '.join(RANGES)}, got {how!r}")
 
 
 class ArtimeFamily:
-    """ARTime over ``GRID``: a setting is (initial_rho, chomp, lb_rise, threshold); the
-    scores of each (initial_rho, chomp, lb_rise) are computed once per file."""
+    """ARTime over ``GRID`` and the range's margins: a setting is (initial_rho, chomp,
+    lb_rise, threshold, margin); the scores of each (initial_rho, chomp, lb_rise, margin)
+    are computed once per file."""
 
     name = "artime"
 
@@ -372,25 +402,27 @@ class ArtimeFamily:
             raise DetectorError(f"range must be one of {', '.join(RANGES)}, got {range_!r}")
         self.grid = grid or GRID
         self.range = range_
+        #: The published constants with the first margin of this range.
+        self.published: Setting = (*PUBLISHED, MARGINS[range_][0])
         self._scores: dict[tuple[str, Setting], np.ndarray] = {}
 
     def settings(self) -> Iterable[Setting]:
-        return list(itertools.product(*self.grid.values()))
+        return list(itertools.product(*self.grid.values(), MARGINS[self.range]))
 
     def scores(self, f: NabFile, constants: Setting) -> np.ndarray:
-        """ARTime's scores of one file with (initial_rho, chomp, lb_rise)."""
+        """ARTime's scores of one file with (initial_rho, chomp, lb_rise, margin)."""
         key = (f.name, constants)
         if key not in self._scores:
-            initial_rho, chomp, lb_rise = constants
+            initial_rho, chomp, lb_rise, margin = constants
             cfg = replace(ArtimeConfig(), initial_rho=initial_rho, chomp=chomp, lb_rise=lb_rise)
-            low, high = file_range(f.values, self.range)
+            low, high = file_range(f.values, self.range, margin)
             self._scores[key] = artime_scores(f.values, low, high, cfg)
         return self._scores[key]
 
     def flags(self, files: Sequence[NabFile], setting: Setting) -> list[np.ndarray]:
-        constants, threshold = setting[:3], setting[3]
+        initial_rho, chomp, lb_rise, threshold, margin = setting
         out = []
         for f in files:
-            s = self.scores(f, constants)
+            s = self.scores(f, (initial_rho, chomp, lb_rise, margin))
             out.append((s > 0) & (s >= threshold))
         return out

@@ -11,6 +11,7 @@ from detectors.errors import DetectorError
 from detectors.eval.nab import probation_length
 from detectors.eval.nab_artime import (
     GRID,
+    MARGINS,
     PUBLISHED,
     ArtimeFamily,
     artime_scores,
@@ -75,7 +76,7 @@ def test_scores_are_zero_or_a_confidence_and_the_same_on_every_run() -> None:
 def test_the_probation_range_clips_what_the_file_range_sees() -> None:
     x = _noise(3000)
     x[2000:] += 50.0  # far outside the probation's range
-    lo, hi = file_range(x, "probation")
+    lo, hi = file_range(x, "probation", 0.5)
     head = x[: probation_length(len(x))]
     span = head.max() - head.min()
     assert lo == pytest.approx(head.min() - 0.5 * span)
@@ -103,15 +104,50 @@ def test_family_settings_and_thresholds() -> None:
     family = ArtimeFamily()
     settings = list(family.settings())
     assert len(settings) == math.prod(len(v) for v in GRID.values())
-    assert all(len(s) == 4 for s in settings)
-    assert PUBLISHED in settings
+    assert all(len(s) == 5 for s in settings)
+    assert family.published == (*PUBLISHED, 0.0)
+    assert family.published in settings
+    expanding = ArtimeFamily(range_="expanding")
+    assert len(list(expanding.settings())) == len(settings) * len(MARGINS["expanding"])
     x = _noise(3000, seed=4)
     x[1500:1600] += 1.5
     files = [NabFile("realTest/a.csv", np.arange(len(x)).astype(str), x, ((1490, 1620),))]
-    low, high = (family.flags(files, (*PUBLISHED[:3], t))[0] for t in (0.0, 0.9))
+    low, high = (family.flags(files, (*PUBLISHED[:3], t, 0.0))[0] for t in (0.0, 0.9))
     assert low.dtype == bool
     assert len(low) == len(x)
     assert np.array_equal(low, _scores(x) > 0)
     # A higher threshold keeps a subset of the detections.
     assert not (high & ~low).any()
     assert low.sum() > high.sum()
+
+
+@pytest.mark.parametrize("how", ["probation", "running", "expanding"])
+def test_the_streaming_ranges_leave_past_scores_untouched_by_later_values(how: str) -> None:
+    x = _noise(3000, seed=4)
+    x[1500:1600] += 1.5
+    later = x.copy()
+    later[2000:] *= 10.0  # a new maximum far above everything before row 2000
+    before = artime_scores(x, *file_range(x, how, 1.0))
+    after = artime_scores(later, *file_range(later, how, 1.0))
+    assert before[:2000].any()
+    assert np.array_equal(before[:2000], after[:2000])
+
+
+def test_the_file_range_looks_ahead() -> None:
+    x = _noise(3000, seed=4)
+    x[1500:1600] += 1.5
+    later = x.copy()
+    later[2000:] *= 10.0
+    # The whole file's range (NAB's inputMin/inputMax) rescales every earlier level.
+    assert not np.array_equal(_scores(x)[:2000], _scores(later)[:2000])
+
+
+def test_the_expanding_range_is_the_widened_probation_range_stretched_by_the_running_one() -> None:
+    x = _noise(3000)
+    x[2000] = 50.0
+    low, high = file_range(x, "expanding", 1.0)
+    head = x[: probation_length(len(x))]
+    span = head.max() - head.min()
+    assert high[1999] == pytest.approx(head.max() + span)
+    assert high[2000] == 50.0
+    assert low[-1] == pytest.approx(head.min() - span)
