@@ -40,10 +40,11 @@ How it works, per file, streaming, without labels:
   a new cluster. An anomaly's score is a confidence in (0, 1] from how far its match sits
   under the two vigilances and from its energy term; every other point scores 0.
 
-Differences from the published code, each a choice made here: a category whose energy
-weights are both 0 (it has learned the lowest and the highest level) matches the energy
-term fully (the published code divides 0 by 0); the Haar detail coefficients are taken as
-later minus earlier value; ``low``/``high`` are given by the caller: NAB hands every
+Choices made here: a category whose energy weights are both 0 (it has learned the lowest
+and the highest level) matches the energy term fully, where the published code divides 0
+by 0 (no such category arises on NAB's corpus); the Haar details are later minus earlier
+value, as the Julia wavelet library's filters give them (the other sign lowers the NAB
+screen by about a point). ``low``/``high`` are given by the caller: NAB hands every
 detector the file's minimum and maximum (``range="file"``, what ARTime's published score
 uses, and HTM's to set its encoder's resolution: a look at the whole file's range in
 advance); ``file_range`` also gives ranges that look no further than the rows already
@@ -139,7 +140,7 @@ class _Art:
 
 def _haar(block: np.ndarray) -> np.ndarray:
     """Full Haar transform of rows of length 2**k: [approximation, coarsest detail, ...,
-    finest details] (details as later minus earlier)."""
+    finest details] (details as later minus earlier value)."""
     out: list[np.ndarray] = []
     a = block
     while a.shape[1] > 1:
