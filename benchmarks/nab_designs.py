@@ -24,10 +24,19 @@ category's own labels: not a held-out figure). ``--missed`` prints the AWS Cloud
 windows the record detector misses, their values beside the file's history and how high
 each score ranks them. ``--family extreme_record`` judges the record detector's grid
 with a new-extreme trigger (detectors/eval/nab_extreme.py) off or at a margin.
+``--family artime`` judges ARTime (detectors/eval/nab_artime.py: adaptive resonance theory
+over downsampled, wavelet-coded stretches, scaled by each file's minimum and maximum as
+NAB hands them to every detector) over a grid of its own constants and a score threshold;
+``artime_probation``, ``artime_running`` and ``artime_expanding`` the same scaled by ranges
+that look no further than the rows seen (the probation's widened by half its span, levels
+beyond it clipped; the running min and max; the widened probation range stretched by the
+running one, its widening a constant chosen by the protocol). Each also prints the
+published constants' score per category on the whole corpus (a screen).
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
-     likelihood_fusion|extreme_record] [--zero-fp-bound] [--missed]
+     likelihood_fusion|extreme_record|artime|artime_probation|artime_running|
+     artime_expanding] [--zero-fp-bound] [--missed]
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import pandas as pd
 from detectors._season import season_length
 from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
+from detectors.eval.nab_artime import ArtimeFamily
 from detectors.eval.nab_corpus import load_corpus
 from detectors.eval.nab_discord import (
     DISCORD_SUSTAINED_GRID,
@@ -262,6 +272,10 @@ def family_loco(root: Path, name: str) -> None:
         "rank_mean": RankMeanFamily(),
         "likelihood_fusion": LikelihoodRecordFamily(),
         "extreme_record": ExtremeRecordFamily(),
+        "artime": ArtimeFamily(),
+        "artime_probation": ArtimeFamily(range_="probation"),
+        "artime_running": ArtimeFamily(range_="running"),
+        "artime_expanding": ArtimeFamily(range_="expanding"),
     }
     family = families[name]
     start = time.perf_counter()
@@ -288,6 +302,15 @@ def family_loco(root: Path, name: str) -> None:
 
         best = max(table, key=on_itself)
         print(f"ceiling (chosen on its own labels) {cat:<24}{on_itself(best):8.2f}")
+    if isinstance(family, ArtimeFamily):
+        # The published constants on the whole corpus, per category (a screen).
+        for p in PROFILES:
+            per = [table[family.published][p.name][i] for i in range(len(files))]
+            cells = "  ".join(
+                f"{cat} {nab_loco._score([per[i] for i in np.flatnonzero(cats == cat)], p):.2f}"
+                for cat in CATEGORIES
+            )
+            print(f"published constants {p.name}: {cells}  all {nab_loco._score(per, p):.2f}")
     print(f"{time.perf_counter() - start:.0f} s")
 
 
@@ -369,6 +392,10 @@ def main() -> None:
             "rank_mean",
             "likelihood_fusion",
             "extreme_record",
+            "artime",
+            "artime_probation",
+            "artime_running",
+            "artime_expanding",
         ),
         default=None,
     )
