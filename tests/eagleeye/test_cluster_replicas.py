@@ -67,9 +67,10 @@ def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None
 
 
 class Job:
-    """The controller and its agents (node ranks 0 and 1, and a spare) on loopback."""
+    """The controller and its agents (node ranks 0 and 1, and a spare) on loopback; each
+    agent's stderr in ``{name}.err``. ``controller``: its flags beyond the job's."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, controller: tuple[str, ...] = ("--remediate",)) -> None:
         (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
         self.tmp = tmp_path
         self.script = tmp_path / "train.py"
@@ -78,7 +79,7 @@ class Job:
         self.listen = f"127.0.0.1:{free_port()}"
         self.common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.3"]
         self.controller = subprocess.Popen(
-            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", "--remediate"]
+            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *controller]
             + [*self.common, "--recovery", "replica", "--replicas", "2"]
             + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"],
             stdout=subprocess.PIPE,
@@ -91,25 +92,27 @@ class Job:
         self.healthy = tmp_path / "logs0" / "replica-0-0" / "rank-0.log"
 
     def agent(self, role: list[str], name: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [*EAGLEEYE, "agent", "--controller", self.listen, *role, *self.common]
-            + ["--no-host-metrics", "--advertise", "127.0.0.1"]
-            + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
+        with (self.tmp / f"{name}.err").open("w") as err:
+            proc = subprocess.Popen(
+                [*EAGLEEYE, "agent", "--controller", self.listen, *role, *self.common]
+                + ["--no-host-metrics", "--advertise", "127.0.0.1"]
+                + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
+                stderr=err,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
         self.agents.append(proc)
         return proc
 
-    def start(self, spare: bool = True) -> None:
-        """Every agent joined, each rank started, replica 0 stepping."""
+    def start(self, spare: bool = True, host_b: tuple[str, ...] = ()) -> None:
+        """Every agent joined, each rank started, replica 0 stepping. ``host_b``: the
+        flags of node rank 1's agent beyond its node rank."""
         self.lines.next(lambda i: "listening" in i)
         if spare:
             self.agent(["--spare"], "spare")
             self.lines.next(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
         self.agent(["--node-rank", "0"], "logs0")
-        self.agent(["--node-rank", "1"], "logs1")
+        self.agent(["--node-rank", "1", *host_b], "logs1")
         while len(self.first) < 2:  # each rank's process started by its agent, in any order
             item = self.lines.next(lambda i: running(0)(i) or running(1)(i))
             self.first[int(item["subject"].removeprefix("rank:"))] = item["detail"]
@@ -119,18 +122,28 @@ class Job:
         """Replica 1 restarted and admitted while replica 0 trained on; then every replica
         is told to stop 20 steps on, and the job succeeds. Returns the restarted rank's
         process (its agent and pid)."""
+        moved = self.rejoined(at_loss)
+        self.finished()
+        return moved
+
+    def rejoined(self, at_loss: int) -> dict[str, Any]:
+        """Replica 1 restarted and admitted while replica 0 trained on. Returns the
+        restarted rank's process (its agent and pid)."""
         moved = self.lines.next(running(1))["detail"]
         joined = self.lines.next(
             lambda i: i.get("subject") == "replica:1" and "joined_epoch" in i["detail"]
         )
         assert joined["phase"] == "running"
         assert steps(self.healthy)[-1] > at_loss  # replica 0 trained on while 1 caught up
+        return dict(moved)
+
+    def finished(self) -> None:
+        """Every replica told to stop 20 steps on: the job succeeds."""
         self.end_at = steps(self.healthy)[-1] + 20
         self.finish.write_text(str(self.end_at))
         end = self.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
         assert end["phase"] == "succeeded", end
         assert self.controller.wait(timeout=60) == 0
-        return dict(moved)
 
     def close(self) -> None:
         for proc in [self.controller, *self.agents]:
