@@ -165,6 +165,20 @@ class Job:
         started = [i["detail"]["pid"] for i in self.lines.seen if running(0)(i)]
         assert started == [self.first[0]["pid"]]  # rank 0 never started again
 
+    def moved_to_spare(self, at_loss: int, moved: dict[str, Any], kinds: list[str]) -> str:
+        """After the job: replica 1 ran on from the spare (``check_healthy``), the store's
+        findings are ``kinds`` (hangs aside) and their one action an ``evict``, done, its
+        replica caught up from replica 0; no rank is left. Returns the action's detail."""
+        self.check_healthy(self.tmp / "spare" / "replica-1-1" / "rank-1.log", at_loss)
+        with RunReader(self.tmp / "runs" / "r") as run:
+            findings, actions = answered(run)
+        assert list(findings["kind"]) == kinds
+        assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
+        detail = str(actions["detail"][0])
+        assert "replicas [1] restarted there, catching up from replica 0" in detail
+        self.no_rank_left(self.first[0]["pid"], self.first[1]["pid"], moved["pid"])
+        return detail
+
     def no_rank_left(self, *pids: int) -> None:
         for pid in pids:
             try:
@@ -191,13 +205,7 @@ def test_a_lost_host_restarts_only_its_replica_on_the_spare(tmp_path: Path) -> N
             assert proc.returncode == 0
     finally:
         job.close()
-    job.check_healthy(tmp_path / "spare" / "replica-1-1" / "rank-1.log", at_loss)
-    with RunReader(tmp_path / "runs" / "r") as run:
-        findings, actions = answered(run)
-    assert list(findings["kind"]) == ["host_lost"]
-    assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
-    assert "replicas [1] restarted there, catching up from replica 0" in actions["detail"][0]
-    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], moved["pid"])
+    job.moved_to_spare(at_loss, moved, ["host_lost"])
 
 
 def test_a_failed_rank_restarts_only_its_replica_on_the_same_host(tmp_path: Path) -> None:
