@@ -9,10 +9,13 @@ evicts host B: only replica 1 restarts, on the spare, and catches up from replic
 rank keeps its pid; the job succeeds; host B's agent ends, saying how to readmit the host,
 and a spare on host B is refused unless started with ``--readmit``. Without
 ``--remediate`` the eviction is decided and recorded only: nothing is evicted and both
-replicas train on to the end. No process of the job is left after any test."""
+replicas train on to the end. With no spare, host B is evicted all the same and replica 0
+trains on alone to the end. No process of the job is left after any test."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,23 @@ XID = "DCGM_FI_DEV_XID_ERRORS"
 def dcgm_flags(url: str) -> tuple[str, ...]:
     """Host B's agent reads its GPU from the test's dcgm-exporter."""
     return (*HOST_B, "--dcgm-url", url, "--gpu-metrics", "off", "--sources-period", "0.2")
+
+
+@contextmanager
+def faulty_b(
+    tmp_path: Path, controller: tuple[str, ...] = ("--remediate",), spare: bool = True
+) -> Iterator[Job]:
+    """The job started, host B's agent reading the test's dcgm-exporter; then host B's
+    GPU reports XID 79 (fallen off the bus). Every process is ended after."""
+    dcgm = FakeDcgmExporter("host-b", gpus=1)
+    with serving(dcgm) as url:
+        job = Job(tmp_path, controller)
+        try:
+            job.start(spare=spare, host_b=dcgm_flags(url))
+            dcgm.set(0, XID, 79)
+            yield job
+        finally:
+            job.close()
 
 
 def evicted_b(job: Job) -> None:
@@ -72,21 +92,14 @@ def ended_as_told(job: Job) -> None:
 def test_a_fatal_xid_evicts_its_host_and_only_its_replica_moves_to_the_spare(
     tmp_path: Path,
 ) -> None:
-    dcgm = FakeDcgmExporter("host-b", gpus=1)
-    with serving(dcgm) as url:
-        job = Job(tmp_path)
-        try:
-            job.start(host_b=dcgm_flags(url))
-            dcgm.set(0, XID, 79)  # host B's GPU fell off the bus
-            evicted_b(job)
-            at_loss = steps(job.healthy)[-1]
-            moved = job.rejoined(at_loss)
-            assert moved["agent"].endswith("-spare")
-            readmission(job)
-            job.finished()
-            ended_as_told(job)
-        finally:
-            job.close()
+    with faulty_b(tmp_path) as job:
+        evicted_b(job)
+        at_loss = steps(job.healthy)[-1]
+        moved = job.rejoined(at_loss)
+        assert moved["agent"].endswith("-spare")
+        readmission(job)
+        job.finished()
+        ended_as_told(job)
     done = job.moved_to_spare(at_loss, moved, ["xid"])
     assert f"node rank 1 moved to the spare {moved['agent']}" in done
     with RunReader(tmp_path / "runs" / "r") as run:
@@ -124,19 +137,12 @@ def test_an_alert_naming_host_b_evicts_it_and_only_its_replica_moves(tmp_path: P
 def test_without_remediate_the_eviction_is_only_decided_and_both_replicas_train_on(
     tmp_path: Path,
 ) -> None:
-    dcgm = FakeDcgmExporter("host-b", gpus=1)
-    with serving(dcgm) as url:
-        job = Job(tmp_path, ())
-        try:
-            job.start(host_b=dcgm_flags(url))
-            dcgm.set(0, XID, 79)
-            decision = job.lines.next(lambda i: i.get("type") == "Decision")
-            assert decision["finding"]["kind"] == "xid"
-            assert (decision["dry_run"], decision["outcome"]["status"]) == (True, "skipped")
-            job.finished()
-            assert [proc.wait(timeout=60) for proc in job.agents] == [0, 0, 0]
-        finally:
-            job.close()
+    with faulty_b(tmp_path, controller=()) as job:
+        decision = job.lines.next(lambda i: i.get("type") == "Decision")
+        assert decision["finding"]["kind"] == "xid"
+        assert (decision["dry_run"], decision["outcome"]["status"]) == (True, "skipped")
+        job.finished()
+        assert [proc.wait(timeout=60) for proc in job.agents] == [0, 0, 0]
     assert "evicted" not in (tmp_path / "logs1.err").read_text()
     survived = steps(job.healthy)
     assert survived == list(range(survived[0], survived[-1] + 1))
@@ -152,3 +158,15 @@ def test_without_remediate_the_eviction_is_only_decided_and_both_replicas_train_
     ]
     assert "evicted" not in set(events["phase"])
     job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"])
+
+
+def test_with_no_spare_the_evicted_hosts_replica_ends_and_the_other_goes_on(
+    tmp_path: Path,
+) -> None:
+    with faulty_b(tmp_path, spare=False) as job:
+        finding = job.lines.next(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["rank"]) == ("xid", 1)
+        job.went_on_alone(steps(job.healthy)[-1])
+        assert [proc.wait(timeout=60) for proc in job.agents] == [0, 0]
+    assert "evicted by the controller (host host-b" in (tmp_path / "logs1.err").read_text()
+    job.alone(["xid"])

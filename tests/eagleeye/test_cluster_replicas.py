@@ -165,6 +165,33 @@ class Job:
         started = [i["detail"]["pid"] for i in self.lines.seen if running(0)(i)]
         assert started == [self.first[0]["pid"]]  # rank 0 never started again
 
+    def went_on_alone(self, at_loss: int) -> None:
+        """With no spare, replica 0 trained on after node rank 1's host went; told to stop
+        10 steps on, the job succeeds without replica 1."""
+        wait_for(lambda: steps(self.healthy)[-1] > at_loss + 5, "replica 0 stopped stepping")
+        self.end_at = steps(self.healthy)[-1] + 10
+        self.finish.write_text(str(self.end_at))
+        end = self.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
+        assert end["phase"] == "succeeded", end
+        assert end["detail"]["lost"] == [1]
+        assert self.controller.wait(timeout=60) == 0
+
+    def alone(self, kinds: list[str]) -> None:
+        """After ``went_on_alone``: replica 0's rank committed every step to the end,
+        rank 1 never started again, the store's findings are ``kinds`` (hangs aside) and
+        their one action an ``evict``, done, with no spare; no rank is left."""
+        survived = steps(self.healthy)
+        assert survived == list(range(survived[0], survived[-1] + 1))
+        assert survived[-1] >= self.end_at
+        started = [i["detail"]["pid"] for i in self.lines.seen if running(1)(i)]
+        assert started == [self.first[1]["pid"]]  # rank 1 never started again
+        with RunReader(self.tmp / "runs" / "r") as run:
+            findings, actions = answered(run)
+        assert list(findings["kind"]) == kinds
+        assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
+        assert actions["detail"][0].startswith("no spare host")
+        self.no_rank_left(self.first[0]["pid"], self.first[1]["pid"])
+
     def moved_to_spare(self, at_loss: int, moved: dict[str, Any], kinds: list[str]) -> str:
         """After the job: replica 1 ran on from the spare (``check_healthy``), the store's
         findings are ``kinds`` (hangs aside) and their one action an ``evict``, done, its
@@ -264,29 +291,12 @@ def test_with_no_spare_the_other_replica_goes_on_alone(tmp_path: Path) -> None:
         os.kill(job.first[1]["pid"], signal.SIGKILL)
         finding = job.lines.next(lambda i: i.get("kind") == "host_lost")
         assert finding["subject"]["node"] == "node1"
-        at_loss = steps(job.healthy)[-1]
-        wait_for(lambda: steps(job.healthy)[-1] > at_loss + 5, "replica 0 stopped stepping")
-        job.end_at = steps(job.healthy)[-1] + 10
-        job.finish.write_text(str(job.end_at))
-        end = job.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
-        assert end["phase"] == "succeeded", end
-        assert end["detail"]["lost"] == [1]
-        assert job.controller.wait(timeout=60) == 0
+        job.went_on_alone(steps(job.healthy)[-1])
         job.agents[0].wait(timeout=60)
         assert job.agents[0].returncode == 0
     finally:
         job.close()
-    survived = steps(job.healthy)
-    assert survived == list(range(survived[0], survived[-1] + 1))
-    assert survived[-1] >= job.end_at
-    started = [i["detail"]["pid"] for i in job.lines.seen if running(1)(i)]
-    assert started == [job.first[1]["pid"]]  # rank 1 never started again
-    with RunReader(tmp_path / "runs" / "r") as run:
-        findings, actions = answered(run)
-    assert list(findings["kind"]) == ["host_lost"]
-    assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
-    assert actions["detail"][0].startswith("no spare host")
-    job.no_rank_left(job.first[0]["pid"])
+    job.alone(["host_lost"])
 
 
 def test_a_stopped_rank_is_found_hung_and_only_its_replica_restarts(tmp_path: Path) -> None:
