@@ -92,7 +92,8 @@ class JobCoordinator:
     inbox: findings from outside (Alertmanager's webhook), taken at every poll.
     on_samples: the hosts' samples, as they arrive (the exporter).
     on_job_frame: the job's frame of each step (the exporter's steps).
-    on_joined: every agent admitted (where the webhook places a host's alerts).
+    on_joined: every agent admitted for a node rank, or a spare given one (where the
+        webhook places a host's alerts).
     """
 
     members: Membership
@@ -504,6 +505,7 @@ class JobCoordinator:
         if not budget:
             self._end(Phase.FAILED, f"{reason} and the restart budget is spent")
             return f"the spare {spare.agent} is left unused: the restart budget is spent; stopped"
+        self.on_joined(spare)  # the replaced host's alerts are no longer node rank node's
         if self._ring is not None:  # the spare's holder takes the node's place in the ring
             self._ring = self._holders_ring()
         self._next_attempt(

@@ -86,7 +86,8 @@ class ReplicaCoordinator:
     on_update: called with every event, finding and outcome (the console).
     inbox: findings from outside (Alertmanager's webhook), taken at every poll.
     on_samples: the hosts' samples, as they arrive (the exporter).
-    on_joined: every agent admitted for a node rank (where the webhook places alerts).
+    on_joined: every agent admitted for a node rank, or a spare given one (where the
+        webhook places alerts).
     """
 
     members: Membership
@@ -384,6 +385,7 @@ class ReplicaCoordinator:
                 f"no spare host: the replicas of node rank {node} are lost; the others go on",
             )
         self.launcher.place(node, spare.agent)
+        self.on_joined(spare)  # the replaced host's alerts are no longer node rank node's
         try:
             moved = self.supervisor.evict(
                 f"node{node}", f"{reason}: moved to the spare {spare.agent}"

@@ -123,15 +123,20 @@ def test_an_alert_naming_host_b_evicts_it_and_only_its_replica_moves(tmp_path: P
         at_loss = steps(job.healthy)[-1]
         moved = job.rejoined(at_loss)
         assert moved["agent"].endswith("-spare")
+        # host B is out of the job: a later alert naming it is recorded, not placed on
+        # node rank 1 (now the spare's), and nothing acts on it
+        assert post(alerts, TOKEN, [xid_alert("host-b")]) == 200
+        again = job.lines.next(lambda i: i.get("type") == "Finding")
+        assert (again["subject"]["rank"], again["subject"]["node"]) == (None, "host-b")
         job.finished()
         assert [proc.wait(timeout=60) for proc in job.agents] == [0, 0, 0]
         assert "evicted by the controller (host host-b" in (tmp_path / "logs1.err").read_text()
     finally:
         job.close()
-    job.moved_to_spare(at_loss, moved, ["xid", "xid"])  # host-z's recorded, not acted on
+    job.moved_to_spare(at_loss, moved, ["xid"] * 3)  # host-z's and the late one: recorded
     with RunReader(tmp_path / "runs" / "r") as run:
         nodes = run.query("SELECT node FROM findings WHERE kind = 'xid' ORDER BY id")
-    assert list(nodes["node"]) == ["host-z", "node1"]
+    assert list(nodes["node"]) == ["host-z", "node1", "host-b"]
 
 
 def test_without_remediate_the_eviction_is_only_decided_and_both_replicas_train_on(
