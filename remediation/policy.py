@@ -179,17 +179,31 @@ def synchronous_restart_policy() -> Policy:
     )
 
 
+#: A GPU beyond use evicts its host (the policies of jobs across hosts).
+_HOST_EVICTIONS = (
+    Rule("xid", ActionKind.EVICT, "node", Severity.CRITICAL),
+    Rule("ecc", ActionKind.EVICT, "node", Severity.CRITICAL),
+)
+
+
 def cluster_restart_policy() -> Policy:
     """The built-in policy of a job across hosts (``eagleeye controller``): a dead or hung
     rank restarts the job on every host; a GPU beyond use (a critical XID, an uncorrectable
     memory error) evicts its host; a non-finite loss is reported."""
     return Policy(
-        rules=(
-            *synchronous_restart_policy().rules,
-            Rule("xid", ActionKind.EVICT, "node", Severity.CRITICAL),
-            Rule("ecc", ActionKind.EVICT, "node", Severity.CRITICAL),
-        ),
+        rules=(*synchronous_restart_policy().rules, *_HOST_EVICTIONS),
         name="built-in cluster (job restart, host eviction)",
+    )
+
+
+def cluster_replica_policy() -> Policy:
+    """The built-in policy of replicas across hosts (``eagleeye controller --recovery
+    replica``): a dead or hung rank costs only its replica; a GPU beyond use (a critical
+    XID, an uncorrectable memory error) evicts its host, whose replicas restart on a spare
+    host while the others train on; a non-finite loss is reported."""
+    return Policy(
+        rules=(*replica_restart_policy().rules, *_HOST_EVICTIONS),
+        name="built-in cluster replica (replica restart, host eviction)",
     )
 
 

@@ -17,6 +17,7 @@ MODULES = [
     "eagleeye.goodput",
     "eagleeye.rerun",
     "eagleeye.rank_output",
+    "eagleeye.agents.places",
     "eagleeye.cli",
     "ft_runtime.faults",
     "collector.nvml",

@@ -49,14 +49,23 @@ from collector.types import Frame, Sample, Subject
 from detectors.base import Detector
 from detectors.types import Finding, Severity
 from eagleeye.agents.adoption import adopt
+from eagleeye.agents.eviction import (
+    HostRules,
+    eviction_cause,
+    held_node,
+    off_the_job,
+    readmit_refusal,
+    report_samples,
+    spare_detail,
+    spare_refusal,
+)
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.snapshots import ring_of
 from eagleeye.agents.spares import NO_HOLDER_REFUSAL, Spares, is_spare
 from eagleeye.agents.stopped import StoppedRankHang
-from eagleeye.detection import host_detectors, reduced_detectors
+from eagleeye.detection import reduced_detectors
 from eagleeye.errors import EagleEyeError
-from eagleeye.hostsources import host_frames
 from eagleeye.ingest import ingest_samples
 from eagleeye.stopping import EVENT_LISTENING, request_step
 from eagleeye.store import RunStore
@@ -83,7 +92,8 @@ class JobCoordinator:
     inbox: findings from outside (Alertmanager's webhook), taken at every poll.
     on_samples: the hosts' samples, as they arrive (the exporter).
     on_job_frame: the job's frame of each step (the exporter's steps).
-    on_joined: every agent admitted (where the webhook places a host's alerts).
+    on_joined: every agent admitted for a node rank, or a spare given one (where the
+        webhook places a host's alerts).
     """
 
     members: Membership
@@ -99,7 +109,7 @@ class JobCoordinator:
     _succeeded: set[int] = field(default_factory=set)
     _failed_attempts: set[int] = field(default_factory=set)
     _stop: str | None = None
-    _host_rules: list[Detector] = field(default_factory=host_detectors)
+    _host_rules: HostRules = field(default_factory=HostRules)
     _detectors: list[Detector] = field(default_factory=reduced_detectors)
     intake: SummaryIntake | None = None  # the host summaries (made with the coordinator)
     grace_s: float = 0.0  # a stop's grace period: a checkpoint first, then this long to end
@@ -207,12 +217,9 @@ class JobCoordinator:
     def _from_outside(self, finding: Finding) -> None:
         """A finding from outside (an alert): answered when it is placed in the job; one
         on a host the job does not run on is recorded, and nothing acts on it."""
-        subject = finding.subject
-        nodes = {spec.node for spec in self.layout.ranks()}
-        if subject.node is not None and subject.node not in nodes and subject.rank is None:
+        if off_the_job(finding, self.layout):
             self.store.add_finding(finding)
             self.on_update(finding)
-            log.warning("%s on %s: no agent of the job there; recorded", finding.kind, subject.node)
             return
         self._answer(finding)
 
@@ -311,18 +318,14 @@ class JobCoordinator:
     def _host_samples(self, report: AgentReport) -> None:
         """A host's samples: stored, and read by the host rules (an XID, an ECC error, a
         thermal throttle is a finding on the rank using the GPU, or on the node)."""
-        try:
-            samples = [Sample.from_json(row) for row in report.body.get("samples", [])]
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("dropped the samples of %s: %s", report.agent, exc)
+        samples = report_samples(report)
+        if samples is None:
             return
         self.store.add_samples(samples)
         self.on_samples(samples)
         self._stops.observe(samples, self.attempt, self.clock())
-        for frame in host_frames(samples):
-            for detector in self._host_rules:
-                for finding in detector.process(frame):
-                    self._answer(finding)
+        for finding in self._host_rules.findings(samples):
+            self._answer(finding)
 
     # ---- the runtime of a job across hosts (what the remediator executes) ----------------
     def execute(self, action: Action) -> Outcome:
@@ -373,14 +376,13 @@ class JobCoordinator:
         """A host whose GPU is beyond use (a fatal XID, an uncorrectable memory error):
         evicted. With no spare host to take its ranks, the job stops (a restart on the
         same GPU would fail again; a scheduler's requeue finds healthy hosts)."""
-        node = action.target.removeprefix("node:")
-        held = next(((n, a) for n, a in self._by_node.items() if f"node{n}" == node), None)
-        if not action.target.startswith("node:") or held is None:
+        held = held_node(action.target, self._by_node)
+        if held is None:
             why = f"no agent of the job on {action.target}: nothing to evict"
             return Outcome(action, OutcomeStatus.SKIPPED, why, now)
         rank, agent = held
         self._event(f"agent:{agent.agent}", Phase.EVICTED, host=agent.host, cause=action.reason)
-        cause = f"host {agent.host} ({node}) evicted: {action.reason}"
+        cause = eviction_cause(agent, rank, action.reason)
         done = self._replace(agent.agent, rank, cause)
         if done is not None:
             self._evicted.setdefault(agent.host, cause)  # out until an operator readmits it
@@ -391,10 +393,8 @@ class JobCoordinator:
     def _rank_events(self, report: AgentReport) -> list[Sample]:
         """The ranks' events an agent forwards as they are (checkpoints, faults, loops
         that listen for a checkpoint request): stored."""
-        try:
-            samples = [Sample.from_json(row) for row in report.body.get("samples", [])]
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("dropped the events of %s: %s", report.agent, exc)
+        samples = report_samples(report)
+        if samples is None:
             return []
         ingest_samples(self.store, samples)
         for sample in samples:
@@ -465,15 +465,8 @@ class JobCoordinator:
         admitted only when it says its ranks ended. A spare on a host evicted from this
         job (suspected hardware) is refused unless its hello says ``readmit`` (the
         operator's ``eagleeye agent --spare --readmit``)."""
-        rejoined = agent.info.get("rejoined_from")
-        if rejoined is not None and agent.info.get("ranks_ended") is not True:
-            why = f"{rejoined} joins again as a spare before its ranks ended"
-            self.members.fence(agent.agent, why, key="refused")
-            self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
-            return
-        evicted = self._evicted.get(agent.host)
-        if evicted is not None and agent.info.get("readmit") is not True:
-            why = readmit_refusal(agent.host, evicted)
+        why = spare_refusal(agent, self._evicted)
+        if why is not None:
             self.members.fence(agent.agent, why, key="refused")
             self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
             return
@@ -488,10 +481,8 @@ class JobCoordinator:
             )
             return
         self._spares.join(agent)
-        again = {} if rejoined is None else {"rejoined_from": str(rejoined), "ranks_ended": True}
-        if evicted is not None:
-            again["readmitted"] = evicted  # the operator's choice, recorded with the cause
-        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True, **again)
+        detail = spare_detail(agent, self._evicted)
+        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True, **detail)
 
     def _replace(self, agent: str, node: int, reason: str, rejoin: bool = False) -> str | None:
         """The host of ``node`` lost or evicted: fenced for good; the first spare alive
@@ -504,23 +495,17 @@ class JobCoordinator:
         An evicted host's stop says so (``evicted``): its agent stays out. Returns what
         was done (None: the host was out of the job already, a second finding on it)."""
         held = self._by_node.get(node)
-        if agent in self.members.fenced:
+        if agent in self.members.fenced or held is None or held.agent != agent:
             return None
-        spare = self._spares.take() if held is not None and held.agent == agent else None
-        goes_on = spare is not None and self.attempt < self.max_restarts
-        again = None
-        if rejoin and goes_on and held is not None:
-            again = self.members.new_name(held.host)
-        self.members.fence(agent, reason, rejoin=again, evicted=not rejoin)
+        budget = self.attempt < self.max_restarts
+        spare = self._spares.take_over(self._by_node, node, reason, lost=rejoin, goes_on=budget)
         if spare is None:
             self._end(Phase.FAILED, reason)
             return "no spare host: stopped"
-        if self.attempt >= self.max_restarts:
-            self._spares.put_back(spare)
+        if not budget:
             self._end(Phase.FAILED, f"{reason} and the restart budget is spent")
             return f"the spare {spare.agent} is left unused: the restart budget is spent; stopped"
-        self.members.assign(spare.agent, node)
-        self._by_node[node] = spare
+        self.on_joined(spare)  # the replaced host's alerts are no longer node rank node's
         if self._ring is not None:  # the spare's holder takes the node's place in the ring
             self._ring = self._holders_ring()
         self._next_attempt(
@@ -552,15 +537,6 @@ class JobCoordinator:
         event = LifecycleEvent(subject, phase, self.clock(), self.attempt, detail)
         self.store.add_event(event)
         self.on_update(event)
-
-
-def readmit_refusal(host: str, why: str) -> str:
-    """What a spare on a host evicted from the job is told when it did not ask to be
-    readmitted."""
-    return (
-        f"host {host} was evicted from this job ({why}); once its hardware is checked, "
-        "readmit it as a spare with eagleeye agent --spare --readmit"
-    )
 
 
 def _seconds(value: object) -> float:

@@ -17,8 +17,17 @@ an eviction: the host is fenced (its ranks ended when its link comes back, its a
 joining again as a spare), its ranks count as exited, the first spare host takes its node
 rank and only the replicas that ran there restart on it, catching up from a healthy
 replica; the other replicas never stop. With no spare the job goes on with the replicas
-left. The job ends when the supervisor says so (the healthy replicas finished, or too
-few left and no budget); every agent is then told to stop.
+left. The samples the agents forward from their hosts' sources are stored and read by the
+host rules, and the findings from outside (Alertmanager's webhook, ``inbox``) placed on
+the job's ranks or nodes are answered too (one on a host the job does not run on is
+recorded only): the built-in policy's answer to a GPU beyond use (a fatal XID, an
+uncorrectable memory error) is an ``evict`` of its node, which the coordinator executes
+as a lost host's (a spare takes its node rank and only its replicas restart there; with
+no spare they end and the others go on), except that the evicted host (suspected
+hardware) stays out: its agent ends, and a spare on that host is refused unless it says
+``readmit`` (``eagleeye.agents.eviction``). Every other action goes to the supervisor.
+The job ends when the supervisor says so (the healthy replicas finished, or too few left
+and no budget); every agent is then told to stop.
 """
 
 from __future__ import annotations
@@ -33,6 +42,15 @@ from pathlib import Path
 from collector.types import Sample, Subject
 from detectors.types import Finding, Severity
 from eagleeye.agents.agentlauncher import AgentLauncher
+from eagleeye.agents.eviction import (
+    HostRules,
+    eviction_cause,
+    held_node,
+    off_the_job,
+    report_samples,
+    spare_detail,
+    spare_refusal,
+)
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.spares import Spares, is_spare
@@ -45,7 +63,7 @@ from ft_runtime.quorum import QuorumService
 from ft_runtime.replica.supervisor import ReplicaSupervisor
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
-from remediation.policy import Policy, replica_restart_policy
+from remediation.policy import Policy, cluster_replica_policy
 from remediation.remediator import Remediator
 
 log = logging.getLogger(__name__)
@@ -63,9 +81,13 @@ class ReplicaCoordinator:
     max_restarts: restart budget of each replica.
     max_job_restarts: whole-job restarts, the last resort.
     min_replicas: fewer healthy replicas and the whole job restarts.
-    policy: answers the findings on ranks (process exits).
+    policy: answers the findings (process exits, hangs, the host rules', the alerts').
     dry_run: decide and record only (None: the policy's).
     on_update: called with every event, finding and outcome (the console).
+    inbox: findings from outside (Alertmanager's webhook), taken at every poll.
+    on_samples: the hosts' samples, as they arrive (the exporter).
+    on_joined: every agent admitted for a node rank, or a spare given one (where the
+        webhook places alerts).
     """
 
     members: Membership
@@ -78,24 +100,30 @@ class ReplicaCoordinator:
     max_restarts: int = 3
     max_job_restarts: int = 1
     min_replicas: int = 1
-    policy: Policy = field(default_factory=replica_restart_policy)
+    policy: Policy = field(default_factory=cluster_replica_policy)
     dry_run: bool | None = None
     on_update: Callable[[object], None] = lambda item: None
     clock: Callable[[], float] = time.time
     grace_s: float = 0.0
+    inbox: Callable[[], list[Finding]] | None = None
+    on_samples: Callable[[list[Sample]], None] = lambda samples: None
+    on_joined: Callable[[AgentState], None] = lambda agent: None
     phase: Phase = Phase.PRE_CHECK
     launcher: AgentLauncher = field(init=False)
     supervisor: ReplicaSupervisor | None = None
-    remediator: Remediator | None = None
+    remediator: Remediator = field(init=False)
     _by_node: dict[int, AgentState] = field(default_factory=dict)
     _spares: Spares = field(init=False)
     _stop: str | None = None
     _on_lost_hosts: set[int] = field(default_factory=set)  # ended with a host, no spare
+    _host_rules: HostRules = field(default_factory=HostRules)
+    _evicted: dict[str, str] = field(default_factory=dict)  # host -> why it was evicted
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
         self.launcher = AgentLauncher(self.members, self.layout, self.clock)
         self.members.intake = SummaryIntake(self.layout, clock=self.clock)
+        self.remediator = Remediator(self.policy, self, self.dry_run, clock=self.clock)
 
     def request_stop(self, cause: str) -> None:
         """Ends the job from outside (a signal); recorded."""
@@ -157,7 +185,6 @@ class ReplicaCoordinator:
             launcher=self.launcher,
         )
         self.supervisor = supervisor
-        self.remediator = Remediator(self.policy, supervisor, self.dry_run, clock=self.clock)
         self.phase = Phase.RUNNING
         supervisor.start()
         self._record(supervisor.poll())
@@ -166,7 +193,6 @@ class ReplicaCoordinator:
     def _step(self) -> None:
         """One look of the supervisor: exits, hangs, joins; a rank's failure is answered."""
         assert self.supervisor is not None
-        assert self.remediator is not None
         for event in self.supervisor.poll():
             self._record([event])
             if _fenced_as_hung(event):
@@ -207,7 +233,6 @@ class ReplicaCoordinator:
         )
 
     def _answer(self, finding: Finding) -> None:
-        assert self.remediator is not None
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
         for decision in self.remediator.handle(finding):
@@ -225,6 +250,12 @@ class ReplicaCoordinator:
         intake = self.members.intake
         if intake is not None:  # the ranks' summaries: drained (judged in job recovery)
             intake.frames(hosts=self.layout.nnodes)
+        for finding in self.inbox() if self.inbox is not None else ():
+            if off_the_job(finding, self.layout):
+                self.store.add_finding(finding)
+                self.on_update(finding)
+            else:
+                self._answer(finding)
 
     def _joined(self, agent: AgentState) -> None:
         if is_spare(agent):
@@ -237,20 +268,21 @@ class ReplicaCoordinator:
             self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
             return
         self._by_node[agent.node_rank] = agent
+        self.on_joined(agent)
         self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, node=agent.node_rank)
 
     def _spare_joined(self, agent: AgentState) -> None:
         """A spare admitted; a fenced host's agent joining again as one
-        (``rejoined_from``) only when it says its ranks ended."""
-        rejoined = agent.info.get("rejoined_from")
-        if rejoined is not None and agent.info.get("ranks_ended") is not True:
-            why = f"{rejoined} joins again as a spare before its ranks ended"
+        (``rejoined_from``) only when it says its ranks ended; one on an evicted host
+        only when it says ``readmit`` (``eviction.spare_refusal``)."""
+        why = spare_refusal(agent, self._evicted)
+        if why is not None:
             self.members.fence(agent.agent, why, key="refused")
             self._event(f"agent:{agent.agent}", Phase.EXITED, host=agent.host, reason=why)
             return
         self._spares.join(agent)
-        again = {} if rejoined is None else {"rejoined_from": str(rejoined), "ranks_ended": True}
-        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True, **again)
+        detail = spare_detail(agent, self._evicted)
+        self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True, **detail)
 
     def _report(self, report: AgentReport) -> None:
         body = report.body
@@ -264,7 +296,7 @@ class ReplicaCoordinator:
             rank, code, attempt = int(body["rank"]), int(body["code"]), int(body["attempt"])
             self.launcher.exited(report.agent, rank, code, attempt)
         elif report.kind == "samples":
-            self._stops(report)
+            self._host_samples(report)
         elif report.kind == "leaving":
             cause = str(body.get("cause", "a signal"))
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
@@ -273,20 +305,49 @@ class ReplicaCoordinator:
         elif report.kind == "outcome":
             self.on_update(report)
 
-    def _stops(self, report: AgentReport) -> None:
-        """A host's word on its ranks' processes (stopped, or running again): stored, and
-        given to the launcher, where the supervisor's looks read it."""
-        try:
-            samples = [Sample.from_json(row) for row in report.body.get("samples", [])]
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("dropped the samples of %s: %s", report.agent, exc)
+    def _host_samples(self, report: AgentReport) -> None:
+        """A host's samples: stored; its word on its ranks' processes (stopped, or running
+        again) given to the launcher, where the supervisor's looks read it; read by the
+        host rules (an XID, an ECC error, a thermal throttle is a finding on the rank
+        using the GPU, or on the node), whose findings are answered."""
+        samples = report_samples(report)
+        if samples is None:
             return
+        self.store.add_samples(samples)
+        self.on_samples(samples)
         looks = [s for s in samples if s.name == STOPPED and s.labels.get("rank", "").isdigit()]
         for look in looks:
             rank, generation = int(look.labels["rank"]), look.labels.get("attempt", "")
             if generation.isdigit():
                 self.launcher.stopped(report.agent, rank, int(generation), look.value > 0)
-        self.store.add_samples(looks)
+        for finding in self._host_rules.findings(samples):
+            self._answer(finding)
+
+    # ---- the runtime the remediator executes through ------------------------------------
+    def execute(self, action: Action) -> Outcome:
+        """Runtime protocol: an eviction of a node's host (``node:nodeN``) is the
+        coordinator's (a spare host takes its node rank); every other action is the
+        supervisor's. Nothing acts before the job started or once it ended."""
+        now = self.clock()
+        if self.supervisor is None or self.phase is not Phase.RUNNING:
+            why = f"the job is not running ({self.phase.value})"
+            return Outcome(action, OutcomeStatus.SKIPPED, why, now)
+        if action.kind is not ActionKind.EVICT:
+            return self.supervisor.execute(action)
+        held = held_node(action.target, self._by_node)
+        if held is None:
+            why = f"no agent of the job on {action.target}: nothing to evict"
+            return Outcome(action, OutcomeStatus.SKIPPED, why, now)
+        node, agent = held
+        if agent.agent in self.members.fenced:
+            return Outcome(action, OutcomeStatus.SKIPPED, "the host is out of the job already", now)
+        self._event(f"agent:{agent.agent}", Phase.EVICTED, host=agent.host, cause=action.reason)
+        cause = eviction_cause(agent, node, action.reason)
+        self._evicted.setdefault(agent.host, cause)  # out until an operator readmits it
+        status, why = self._take_over(node, cause, lost=False)
+        if status is OutcomeStatus.FAILED:
+            self._end(Phase.FAILED, why)
+        return Outcome(action, status, why, self.clock())
 
     def _host_lost(self, gone: AgentLost) -> None:
         """A host lost: fenced, its ranks ended, its node rank given to a spare on which
@@ -296,40 +357,47 @@ class ReplicaCoordinator:
             self._spares.drop(gone.agent)
             self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, spare=True)
             return
-        assert self.supervisor is not None
         node = gone.node_rank
         finding = gone.finding()
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
         self._event(f"agent:{gone.agent}", Phase.EVICTED, host=gone.host, node=node)
         reason = f"host {gone.host} (node rank {node}) was lost"
-        ended = self.launcher.host_lost(gone.agent)  # exits the supervisor reads next
-        spare = self._spares.take()
-        again = self.members.new_name(held.host) if spare is not None else None
-        self.members.fence(gone.agent, reason, rejoin=again)
+        status, why = self._take_over(node, reason, lost=True)
+        self._outcome(finding_id, status, why)
+        if status is OutcomeStatus.FAILED:
+            self._end(Phase.FAILED, why)
+
+    def _take_over(self, node: int, reason: str, lost: bool) -> tuple[OutcomeStatus, str]:
+        """The host of node rank ``node`` out of the job (lost, or evicted), fenced: its
+        ranks count as ended, its node rank is given to a spare on which only its replicas
+        restart (they catch up from a healthy one). With no spare its replicas end and the
+        others go on. Returns the outcome's status and what was done (FAILED: the spare
+        went away too, and the job cannot go on: the caller ends it)."""
+        assert self.supervisor is not None
+        agent = self._by_node[node].agent
+        ended = self.launcher.host_lost(agent)  # exits the supervisor reads next
+        spare = self._spares.take_over(self._by_node, node, reason, lost)
         if spare is None:  # their exits drop their replicas; nothing restarts them
             self._on_lost_hosts.update(ended)
-            why = f"no spare host: the replicas of node rank {node} are lost; the others go on"
-            self._outcome(finding_id, OutcomeStatus.DONE, why)
-            return
-        self.members.assign(spare.agent, node)
-        self._by_node[node] = spare
+            return (
+                OutcomeStatus.DONE,
+                f"no spare host: the replicas of node rank {node} are lost; the others go on",
+            )
         self.launcher.place(node, spare.agent)
+        self.on_joined(spare)  # the replaced host's alerts are no longer node rank node's
         try:
             moved = self.supervisor.evict(
                 f"node{node}", f"{reason}: moved to the spare {spare.agent}"
             )
         except LaunchError as exc:  # the spare went away between its hello and now
             why = f"node rank {node} could not restart on the spare {spare.agent}: {exc}"
-            self._outcome(finding_id, OutcomeStatus.FAILED, why)
-            self._end(Phase.FAILED, why)
-            return
+            return OutcomeStatus.FAILED, why
         source = self.supervisor.quorum.current.source
-        why = (
+        return OutcomeStatus.DONE, (
             f"node rank {node} moved to the spare {spare.agent} on {spare.host}; "
             f"replicas {moved} restarted there, catching up from replica {source}"
         )
-        self._outcome(finding_id, OutcomeStatus.DONE, why)
 
     def _end(self, phase: Phase, reason: str) -> Phase:
         """Ends the job: the supervisor's ranks and quorum (its store closed), then every

@@ -58,6 +58,32 @@ class Spares:
                 return state
         return None
 
+    def take_over(
+        self,
+        by_node: dict[int, AgentState],
+        node: int,
+        reason: str,
+        lost: bool,
+        goes_on: bool = True,
+    ) -> AgentState | None:
+        """The host of node rank ``node`` (in ``by_node``) out of the job for good, fenced
+        for ``reason``: lost (when the job goes on with a spare, its stop names a new agent
+        under which it joins again as a spare once its ranks ended) or evicted (suspected
+        hardware: it stays out). The first spare alive is taken; unless the job cannot go
+        on (``goes_on`` false: it is put back, first in line) it holds ``node`` from now
+        on, in ``by_node`` and in the membership. Returns the spare taken; None if none."""
+        held = by_node[node]
+        spare = self.take()
+        usable = spare is not None and goes_on
+        again = self.members.new_name(held.host) if lost and usable else None
+        self.members.fence(held.agent, reason, rejoin=again, evicted=not lost)
+        if spare is not None and usable:
+            self.members.assign(spare.agent, node)
+            by_node[node] = spare
+        elif spare is not None:
+            self.put_back(spare)
+        return spare
+
     def put_back(self, agent: AgentState) -> None:
         """A spare taken but not used (the restart budget was spent): first in line again."""
         self._waiting = {agent.agent: agent, **self._waiting}

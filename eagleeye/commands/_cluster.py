@@ -29,9 +29,10 @@ comes back only as a spare started with --readmit, once its hardware is checked)
 print one JSON line per event on stdout.
 SIGTERM or SIGINT to either stops the job on every host and records why; with
 --grace-period the loops are asked for a checkpoint first. With --recovery replica
---replicas N the job is N replicas training through the replica library: a failed rank
-or a lost host costs only its replica, restarted (a lost host's on a spare) and caught up
-from a healthy replica while the others train on (docs/multihost.md). A job's controller
+--replicas N the job is N replicas training through the replica library: a failed rank,
+a lost host or an evicted one costs only its replicas, restarted (a lost or evicted
+host's on a spare) and caught up from a healthy replica while the others train on
+(docs/multihost.md). A job's controller
 that is killed never ends the ranks: the agents keep them training and wait for it;
 started again with the same command line (the same --runs-dir and --run-id), it goes on
 with the run in its store and adopts the running ranks (not yet under --recovery replica).

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from eagleeye.agents import Membership
+    from eagleeye.agents.coordinator import JobCoordinator
+    from eagleeye.agents.places import AgentPlaces
+    from eagleeye.agents.replicas import ReplicaCoordinator
     from eagleeye.runalerts import RunAlerts
     from eagleeye.runmetrics import RunMetrics
     from eagleeye.store import RunStore
@@ -58,8 +61,9 @@ def add_parser(sub: Any) -> None:
         default="job",
         help="job (default): a failure restarts the job on every host; replica: the job is "
         "--replicas data-parallel replicas (ranks through the replica library) and a failed "
-        "rank or a lost host costs only its replica, restarted (on a spare host for a lost "
-        "one) and caught up from a healthy replica while the others train on",
+        "rank, a lost host or an evicted one costs only its replicas, restarted (on a spare "
+        "host for a lost or evicted one) and caught up from a healthy replica while the "
+        "others train on",
     )
     c.add_argument(
         "--replicas",
@@ -103,9 +107,10 @@ def add_parser(sub: Any) -> None:
     add_remediate(g)
     add_policy(
         g,
-        "the built-in cluster policy: a failed or hung rank restarts the job on every host, "
-        "a critical XID or an uncorrectable memory error evicts its host (with no spare "
-        "host, the job stops)",
+        "the built-in cluster policy: a failed or hung rank restarts the job on every host "
+        "(with --recovery replica: its replica), a critical XID or an uncorrectable memory "
+        "error evicts its host (with no spare host, the job stops; with --recovery replica "
+        "its replicas end and the others go on)",
     )
     add_metrics(g)
     add_webhook(
@@ -124,20 +129,19 @@ def _controller(args: argparse.Namespace) -> int:
     from eagleeye.store import new_run_id
     from eagleeye.tls import tls_files
     from ft_runtime.layout import JobLayout
-    from remediation import cluster_restart_policy, load_policy, replica_restart_policy
+    from remediation import cluster_replica_policy, cluster_restart_policy, load_policy
 
     replica = args.recovery == "replica"
-    if replica and (args.snapshots or args.webhook is not None):
+    if replica and args.snapshots:
         raise EagleEyeError(
-            "--recovery replica does not take --snapshots or --webhook yet; "
-            "leave them out, or use --recovery job"
+            "--recovery replica does not take --snapshots yet; leave it out, or use --recovery job"
         )
     if args.replicas > 1 and not replica:
         raise EagleEyeError("--replicas needs --recovery replica")
     if args.policy is not None:
         policy = load_policy(args.policy)
     else:
-        policy = replica_restart_policy() if replica else cluster_restart_policy()
+        policy = cluster_replica_policy() if replica else cluster_restart_policy()
     tls = tls_files(args.tls_cert, args.tls_key)
     with ExitStack() as cleanup:
         run_id = args.run_id or new_run_id()
@@ -215,7 +219,7 @@ def _coordinate(
     store.set_meta("run_id", run_id)
     store.set_meta("config", config)
     if args.recovery == "replica":
-        return _replicas(args, run_id, layout, policy, members, store, run_dir, metrics)
+        return _replicas(args, run_id, layout, policy, members, store, run_dir, metrics, alerts)
     places = AgentPlaces(layout)
     ports = random.Random()
     coordinator = JobCoordinator(
@@ -237,13 +241,7 @@ def _coordinate(
     )
     if state is not None:
         journal.restore(coordinator, state)
-    if metrics is not None:
-        metrics.remediator = coordinator.remediator
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, f: coordinator.request_stop(signal.Signals(s).name))
-    if alerts is not None:
-        alerts.locate = places.locate
-        alerts.start()
+    _serve(coordinator, metrics, alerts, places)
     show(
         {
             "listening": members.address,
@@ -274,13 +272,16 @@ def _replicas(
     store: RunStore,
     run_dir: Path,
     metrics: RunMetrics | None,
+    alerts: RunAlerts | None,
 ) -> int:
     """``--recovery replica``: the quorum's store on the listen address, its secret
     derived from the job's (``eagleeye.agents.replicas``)."""
+    from eagleeye.agents.places import AgentPlaces
     from eagleeye.agents.replicas import ReplicaCoordinator
     from eagleeye.agents.wire import replica_secret
     from ft_runtime.types import Phase
 
+    places = AgentPlaces(layout)
     coordinator = ReplicaCoordinator(
         members,
         layout,
@@ -294,14 +295,17 @@ def _replicas(
         dry_run=False if args.remediate else None,
         on_update=show if metrics is None else _also_export(metrics),
         grace_s=args.grace_period,
+        inbox=None if alerts is None else alerts.take,
+        on_samples=(lambda samples: None) if metrics is None else metrics.host_samples,
+        on_joined=places.admit,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, f: coordinator.request_stop(signal.Signals(s).name))
+    _serve(coordinator, metrics, alerts, places)
     show(
         {
             "listening": members.address,
             "run_dir": str(run_dir),
             "metrics": None if metrics is None else metrics.url,
+            "webhook": None if alerts is None else alerts.url,
             "recovery": "replica",
             "remediate": args.remediate,
             "policy": policy.name,
@@ -315,6 +319,24 @@ def _replicas(
         store.close()
         members.close()
     return 0 if phase is Phase.SUCCEEDED else 1
+
+
+def _serve(
+    coordinator: JobCoordinator | ReplicaCoordinator,
+    metrics: RunMetrics | None,
+    alerts: RunAlerts | None,
+    places: AgentPlaces,
+) -> None:
+    """What both coordinators are wired to before they run: the exporter's view of the
+    pending actions, a stop on SIGTERM or SIGINT, the webhook placing alerts on the
+    agents' hosts."""
+    if metrics is not None:
+        metrics.remediator = coordinator.remediator
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: coordinator.request_stop(signal.Signals(s).name))
+    if alerts is not None:
+        alerts.locate = places.locate
+        alerts.start()
 
 
 def _also_export(metrics: RunMetrics) -> Callable[[object], None]:

@@ -67,9 +67,10 @@ def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None
 
 
 class Job:
-    """The controller and its agents (node ranks 0 and 1, and a spare) on loopback."""
+    """The controller and its agents (node ranks 0 and 1, and a spare) on loopback; each
+    agent's stderr in ``{name}.err``. ``controller``: its flags beyond the job's."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, controller: tuple[str, ...] = ("--remediate",)) -> None:
         (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
         self.tmp = tmp_path
         self.script = tmp_path / "train.py"
@@ -78,7 +79,7 @@ class Job:
         self.listen = f"127.0.0.1:{free_port()}"
         self.common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.3"]
         self.controller = subprocess.Popen(
-            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", "--remediate"]
+            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *controller]
             + [*self.common, "--recovery", "replica", "--replicas", "2"]
             + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"],
             stdout=subprocess.PIPE,
@@ -91,25 +92,27 @@ class Job:
         self.healthy = tmp_path / "logs0" / "replica-0-0" / "rank-0.log"
 
     def agent(self, role: list[str], name: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [*EAGLEEYE, "agent", "--controller", self.listen, *role, *self.common]
-            + ["--no-host-metrics", "--advertise", "127.0.0.1"]
-            + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
+        with (self.tmp / f"{name}.err").open("w") as err:
+            proc = subprocess.Popen(
+                [*EAGLEEYE, "agent", "--controller", self.listen, *role, *self.common]
+                + ["--no-host-metrics", "--advertise", "127.0.0.1"]
+                + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
+                stderr=err,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
         self.agents.append(proc)
         return proc
 
-    def start(self, spare: bool = True) -> None:
-        """Every agent joined, each rank started, replica 0 stepping."""
+    def start(self, spare: bool = True, host_b: tuple[str, ...] = ()) -> None:
+        """Every agent joined, each rank started, replica 0 stepping. ``host_b``: the
+        flags of node rank 1's agent beyond its node rank."""
         self.lines.next(lambda i: "listening" in i)
         if spare:
             self.agent(["--spare"], "spare")
             self.lines.next(lambda i: i.get("phase") == "running" and i["detail"].get("spare"))
         self.agent(["--node-rank", "0"], "logs0")
-        self.agent(["--node-rank", "1"], "logs1")
+        self.agent(["--node-rank", "1", *host_b], "logs1")
         while len(self.first) < 2:  # each rank's process started by its agent, in any order
             item = self.lines.next(lambda i: running(0)(i) or running(1)(i))
             self.first[int(item["subject"].removeprefix("rank:"))] = item["detail"]
@@ -119,18 +122,28 @@ class Job:
         """Replica 1 restarted and admitted while replica 0 trained on; then every replica
         is told to stop 20 steps on, and the job succeeds. Returns the restarted rank's
         process (its agent and pid)."""
+        moved = self.rejoined(at_loss)
+        self.finished()
+        return moved
+
+    def rejoined(self, at_loss: int) -> dict[str, Any]:
+        """Replica 1 restarted and admitted while replica 0 trained on. Returns the
+        restarted rank's process (its agent and pid)."""
         moved = self.lines.next(running(1))["detail"]
         joined = self.lines.next(
             lambda i: i.get("subject") == "replica:1" and "joined_epoch" in i["detail"]
         )
         assert joined["phase"] == "running"
         assert steps(self.healthy)[-1] > at_loss  # replica 0 trained on while 1 caught up
+        return dict(moved)
+
+    def finished(self) -> None:
+        """Every replica told to stop 20 steps on: the job succeeds."""
         self.end_at = steps(self.healthy)[-1] + 20
         self.finish.write_text(str(self.end_at))
         end = self.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
         assert end["phase"] == "succeeded", end
         assert self.controller.wait(timeout=60) == 0
-        return dict(moved)
 
     def close(self) -> None:
         for proc in [self.controller, *self.agents]:
@@ -151,6 +164,47 @@ class Job:
         assert "caught up" in rejoined_log.read_text()
         started = [i["detail"]["pid"] for i in self.lines.seen if running(0)(i)]
         assert started == [self.first[0]["pid"]]  # rank 0 never started again
+
+    def went_on_alone(self, at_loss: int) -> None:
+        """With no spare, replica 0 trained on after node rank 1's host went; told to stop
+        10 steps on, the job succeeds without replica 1."""
+        wait_for(lambda: steps(self.healthy)[-1] > at_loss + 5, "replica 0 stopped stepping")
+        self.end_at = steps(self.healthy)[-1] + 10
+        self.finish.write_text(str(self.end_at))
+        end = self.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
+        assert end["phase"] == "succeeded", end
+        assert end["detail"]["lost"] == [1]
+        assert self.controller.wait(timeout=60) == 0
+
+    def alone(self, kinds: list[str]) -> None:
+        """After ``went_on_alone``: replica 0's rank committed every step to the end,
+        rank 1 never started again, the store's findings are ``kinds`` (hangs aside) and
+        their one action an ``evict``, done, with no spare; no rank is left."""
+        survived = steps(self.healthy)
+        assert survived == list(range(survived[0], survived[-1] + 1))
+        assert survived[-1] >= self.end_at
+        started = [i["detail"]["pid"] for i in self.lines.seen if running(1)(i)]
+        assert started == [self.first[1]["pid"]]  # rank 1 never started again
+        with RunReader(self.tmp / "runs" / "r") as run:
+            findings, actions = answered(run)
+        assert list(findings["kind"]) == kinds
+        assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
+        assert actions["detail"][0].startswith("no spare host")
+        self.no_rank_left(self.first[0]["pid"], self.first[1]["pid"])
+
+    def moved_to_spare(self, at_loss: int, moved: dict[str, Any], kinds: list[str]) -> str:
+        """After the job: replica 1 ran on from the spare (``check_healthy``), the store's
+        findings are ``kinds`` (hangs aside) and their one action an ``evict``, done, its
+        replica caught up from replica 0; no rank is left. Returns the action's detail."""
+        self.check_healthy(self.tmp / "spare" / "replica-1-1" / "rank-1.log", at_loss)
+        with RunReader(self.tmp / "runs" / "r") as run:
+            findings, actions = answered(run)
+        assert list(findings["kind"]) == kinds
+        assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
+        detail = str(actions["detail"][0])
+        assert "replicas [1] restarted there, catching up from replica 0" in detail
+        self.no_rank_left(self.first[0]["pid"], self.first[1]["pid"], moved["pid"])
+        return detail
 
     def no_rank_left(self, *pids: int) -> None:
         for pid in pids:
@@ -178,13 +232,7 @@ def test_a_lost_host_restarts_only_its_replica_on_the_spare(tmp_path: Path) -> N
             assert proc.returncode == 0
     finally:
         job.close()
-    job.check_healthy(tmp_path / "spare" / "replica-1-1" / "rank-1.log", at_loss)
-    with RunReader(tmp_path / "runs" / "r") as run:
-        findings, actions = answered(run)
-    assert list(findings["kind"]) == ["host_lost"]
-    assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
-    assert "replicas [1] restarted there, catching up from replica 0" in actions["detail"][0]
-    job.no_rank_left(job.first[0]["pid"], job.first[1]["pid"], moved["pid"])
+    job.moved_to_spare(at_loss, moved, ["host_lost"])
 
 
 def test_a_failed_rank_restarts_only_its_replica_on_the_same_host(tmp_path: Path) -> None:
@@ -243,29 +291,12 @@ def test_with_no_spare_the_other_replica_goes_on_alone(tmp_path: Path) -> None:
         os.kill(job.first[1]["pid"], signal.SIGKILL)
         finding = job.lines.next(lambda i: i.get("kind") == "host_lost")
         assert finding["subject"]["node"] == "node1"
-        at_loss = steps(job.healthy)[-1]
-        wait_for(lambda: steps(job.healthy)[-1] > at_loss + 5, "replica 0 stopped stepping")
-        job.end_at = steps(job.healthy)[-1] + 10
-        job.finish.write_text(str(job.end_at))
-        end = job.lines.next(lambda i: i.get("subject") == "job" and i.get("phase") != "running")
-        assert end["phase"] == "succeeded", end
-        assert end["detail"]["lost"] == [1]
-        assert job.controller.wait(timeout=60) == 0
+        job.went_on_alone(steps(job.healthy)[-1])
         job.agents[0].wait(timeout=60)
         assert job.agents[0].returncode == 0
     finally:
         job.close()
-    survived = steps(job.healthy)
-    assert survived == list(range(survived[0], survived[-1] + 1))
-    assert survived[-1] >= job.end_at
-    started = [i["detail"]["pid"] for i in job.lines.seen if running(1)(i)]
-    assert started == [job.first[1]["pid"]]  # rank 1 never started again
-    with RunReader(tmp_path / "runs" / "r") as run:
-        findings, actions = answered(run)
-    assert list(findings["kind"]) == ["host_lost"]
-    assert list(zip(actions["kind"], actions["status"], strict=True)) == [("evict", "done")]
-    assert actions["detail"][0].startswith("no spare host")
-    job.no_rank_left(job.first[0]["pid"])
+    job.alone(["host_lost"])
 
 
 def test_a_stopped_rank_is_found_hung_and_only_its_replica_restarts(tmp_path: Path) -> None:
