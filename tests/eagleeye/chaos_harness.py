@@ -129,6 +129,12 @@ def environ(pid: int) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
+def _is_rank(proc: psutil.Process) -> bool:
+    """A training rank, not the local agent whose command line ends with the rank's."""
+    line = _cmdline(proc)
+    return "eagleeye.workload.train" in line and " eagleeye agent " not in line
+
+
 def _cmdline(proc: psutil.Process) -> str:
     try:
         return " ".join(proc.cmdline())
@@ -335,7 +341,7 @@ class ChaosRun(Forgeries):
             kids = psutil.Process(self.controller.pid).children(recursive=True)
         except psutil.Error:
             return []
-        return [p for p in kids if "eagleeye.workload.train" in _cmdline(p) and alive(p)]
+        return [p for p in kids if _is_rank(p) and alive(p)]
 
     def _wait_training(self, timeout_s: float = 120) -> bool:
         """Until the ranks have trained a few steps (or the run ended)."""
