@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ft_runtime.base import answer_before_acting
+from ft_runtime.errors import LaunchError
 from ft_runtime.launcher import Launcher, LocalLauncher, StopOnRequest
 from ft_runtime.layout import ENV_RESUME_FROM, JobLayout, RankSpec
 from ft_runtime.ports import free_port
@@ -116,12 +117,25 @@ class JobSupervisor(StopOnRequest):
                 **extra,
             }
             log_path = log_dir / f"rank-{spec.rank}.log"
-            pid = self.launcher.start(spec, self.attempt, self._argv(), env, log_path)
+            try:
+                pid = self.launcher.start(spec, self.attempt, self._argv(), env, log_path)
+            except LaunchError as exc:  # half an attempt would wait for the rest forever
+                self._abandon_attempt(f"attempt {self.attempt} could not start: {exc}")
+                raise
             self._ranks[spec.rank] = _Rank(spec, self.attempt, log_path)
             self._emit(
                 f"rank:{spec.rank}", Phase.LAUNCH, node=spec.node, replica=spec.replica, pid=pid
             )
         self.phase = Phase.RUNNING
+
+    def _abandon_attempt(self, reason: str) -> None:
+        """Ends the ranks of an attempt that could not start whole; the job has failed."""
+        started = [r for r, rank in self._ranks.items() if rank.attempt == self.attempt]
+        for rank in started:
+            self._ranks[rank].expected_stop = True
+        self.launcher.stop(started, self.launch.stop_grace_s)
+        self.phase = Phase.FAILED
+        self._emit("job", Phase.FAILED, reason=reason)
 
     def _elastic_env(self, log_dir: Path, rank: int) -> dict[str, str]:
         """torchrun's variables that depend on the supervisor: the restart budget and the
@@ -220,7 +234,12 @@ class JobSupervisor(StopOnRequest):
             return self._outcome(action, OutcomeStatus.SKIPPED, f"job already {self.phase.value}")
         self._done_keys.add(action.key)
         refusal = self.restart_refusal()
-        if not self.restart_job(action.reason):
+        try:
+            restarted = self.restart_job(action.reason)
+        except LaunchError as exc:
+            why = f"attempt {self.attempt} could not start: {exc}; job failed"
+            return self._outcome(action, OutcomeStatus.FAILED, why)
+        if not restarted:
             return self._outcome(action, OutcomeStatus.FAILED, f"{refusal}; job failed")
         scope = "" if action.target == "job" else f" (asked for {action.target})"
         return self._outcome(

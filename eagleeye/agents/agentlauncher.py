@@ -75,8 +75,10 @@ class AgentLauncher:
         self._stopped: set[int] = set()  # ranks whose agent reported their process stopped
 
     def place(self, node_rank: int, agent: str) -> None:
-        """``agent`` holds ``node_rank`` from now on (a spare taking a lost host's)."""
+        """``agent`` holds ``node_rank`` from now on (a spare taking a lost host's; a local
+        agent started again under its old name)."""
         self.agents[node_rank] = agent
+        self._lost.discard(agent)
 
     # ---- the Launcher protocol --------------------------------------------------------------
     def start(

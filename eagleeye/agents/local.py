@@ -15,8 +15,9 @@ reads each rank's process state from /proc (a stopped rank is seen at once). The
 telemetry goes straight to the run's own receiver: an agent started with ``--local``
 lets the environment and command line the supervisor gives win over its own. An agent
 process that ends on its own is a lost host: every rank it ran counts as ended
-(SIGKILL's status). Each agent's join and each rank's launch are recorded with the agent
-and its host (``on_event``).
+(SIGKILL's status), and the agent is started again (``MAX_RESPAWNS`` times per node), so
+the supervisor's restart finds it there. Each agent's join and each rank's launch are
+recorded with the agent and its host (``on_event``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 SECRET_FILE = "agents.secret"
 """The run's agent secret, in its run folder (mode 0600; removed when the run ends)."""
+MAX_RESPAWNS = 3
+"""How many times a node's agent that ended on its own is started again in one run."""
 
 
 class LocalAgents:
@@ -85,7 +88,12 @@ class LocalAgents:
         self.members: Membership | None = None
         self.inner: AgentLauncher | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}  # agent name -> its process
+        self.respawns: dict[int, int] = {}  # node rank -> agents started again for it
         self._lost: set[str] = set()
+        self._joining: dict[int, str] = {}  # node rank -> its agent, started, not joined yet
+        self._secret_path: Path | None = None
+        self._port = ""
+        self._closing = False
 
     # ---- the agents ---------------------------------------------------------------------------
     def __enter__(self) -> LocalAgents:
@@ -109,29 +117,35 @@ class LocalAgents:
             out.write(secret)
         self.members = Membership(secret, "tcp://127.0.0.1:0")
         self.inner = AgentLauncher(self.members, self.layout, send_argv=True)
-        folder = self.run_dir / "agents"
-        folder.mkdir(exist_ok=True)
-        port = self.members.address.rpartition(":")[2]
+        (self.run_dir / "agents").mkdir(exist_ok=True)
+        self._secret_path = path
+        self._port = self.members.address.rpartition(":")[2]
         for node in range(self.layout.nnodes):
-            argv = [
-                sys.executable, "-m", "eagleeye", "agent",
-                "--controller", f"127.0.0.1:{port}", "--secret-file", str(path),
-                "--node-rank", str(node), "--local",
-                "--log-dir", str((self.run_dir / "logs").resolve()),
-                "--advertise", "127.0.0.1", "--hostname", self.hostname,
-                "--gpu-metrics", "off", "--no-host-metrics",
-                *self.command,
-            ]  # fmt: skip
-            with (folder / f"agent-{node}.log").open("ab") as out:  # a resumed run's too
-                process = subprocess.Popen(
-                    argv,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # a Ctrl-C reaches `eagleeye run`, which stops
-                    preexec_fn=die_with_parent(signal.SIGKILL),
-                )
-            self.agents[f"{self.hostname}-{node}"] = process
+            self._spawn(node)
         self._join()
+
+    def _spawn(self, node: int) -> None:
+        """Starts the agent of ``node`` (again, for one that ended)."""
+        argv = [
+            sys.executable, "-m", "eagleeye", "agent",
+            "--controller", f"127.0.0.1:{self._port}", "--secret-file", str(self._secret_path),
+            "--node-rank", str(node), "--local",
+            "--log-dir", str((self.run_dir / "logs").resolve()),
+            "--advertise", "127.0.0.1", "--hostname", self.hostname,
+            "--gpu-metrics", "off", "--no-host-metrics",
+            *self.command,
+        ]  # fmt: skip
+        name = f"{self.hostname}-{node}"
+        with (self.run_dir / "agents" / f"agent-{node}.log").open("ab") as out:  # appended
+            self.agents[name] = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C reaches `eagleeye run`, which stops
+                preexec_fn=die_with_parent(signal.SIGKILL),
+            )
+        self._lost.discard(name)
+        self._joining[node] = name
 
     def _join(self) -> None:
         assert self.inner is not None
@@ -161,15 +175,28 @@ class LocalAgents:
                 self._joined(got)
             elif isinstance(got, AgentReport):
                 self._report(got)
-        for name, process in self.agents.items():
+        for name, process in list(self.agents.items()):
             if process.poll() is not None and name not in self._lost:
                 self._lost.add(name)
                 ended = self.inner.host_lost(name)
+                why = f"the local agent ended with status {process.returncode}"
                 if ended:
-                    why = f"the local agent ended with status {process.returncode}"
                     self.on_event(
                         f"agent:{name}", Phase.EXITED, {"host": self.hostname, "reason": why}
                     )
+                self._replace(name, why)
+
+    def _replace(self, name: str, why: str) -> None:
+        """An agent that ended on its own is started again (its ranks are gone with it; the
+        supervisor's answer to their exits starts them on the new agent), up to
+        ``MAX_RESPAWNS`` times per node; not once the run is closing."""
+        node = int(name.rpartition("-")[2])
+        if self._closing or self.respawns.get(node, 0) >= MAX_RESPAWNS:
+            self._joining.pop(node, None)
+            return
+        self.respawns[node] = self.respawns.get(node, 0) + 1
+        log.warning("local agent %s ended (%s); starting it again", name, why)
+        self._spawn(node)
 
     def _joined(self, agent: AgentState) -> None:
         assert self.inner is not None
@@ -179,6 +206,7 @@ class LocalAgents:
             self.members.fence(agent.agent, why, key="refused")
             return
         self.inner.place(agent.node_rank, agent.agent)
+        self._joining.pop(agent.node_rank, None)
         detail: dict[str, object] = {"host": agent.host, "node": agent.node_rank}
         detail["pid"] = self.agents[agent.agent].pid
         self.on_event(f"agent:{agent.agent}", Phase.RUNNING, detail)
@@ -208,6 +236,7 @@ class LocalAgents:
     def close(self) -> None:
         """Tells every agent to stop (ending what it runs) and waits for it; one that does
         not end is killed. The secret file is removed."""
+        self._closing = True
         if self.members is not None:
             for state in self.members.alive():
                 self.members.send(state.agent, "stop", {"grace_s": 0.0})
@@ -234,6 +263,7 @@ class LocalAgents:
     ) -> int:
         """Asks the rank's agent to start it and waits for its launch; returns its pid."""
         assert self.inner is not None
+        self._await_agent(spec)
         env = dict(env)
         if nice:  # the level it returns to once it may (``priority.restore_priority``)
             env[ENV_BASE_NICE] = str(os.getpriority(os.PRIO_PROCESS, 0))
@@ -252,6 +282,12 @@ class LocalAgents:
         if nice:
             _lower_priority(pid, nice)
         return pid
+
+    def _await_agent(self, spec: RankSpec) -> None:
+        """Waits while the agent of the rank's node is started again and joins."""
+        deadline = time.monotonic() + self.join_timeout_s
+        while spec.node_rank in self._joining and time.monotonic() < deadline:
+            self.pump(timeout_s=0.02)  # one that keeps ending is given up: no agent holds it
 
     def exits(self) -> list[RankExit]:
         assert self.inner is not None

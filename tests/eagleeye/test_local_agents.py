@@ -141,6 +141,56 @@ def test_a_sigkilled_run_leaves_no_agent_and_no_rank(tmp_path: Path) -> None:
     _assert_nothing_left(tmp_path)
 
 
+def test_a_local_agent_killed_mid_run_is_started_again_and_the_job_restarts(
+    tmp_path: Path,
+) -> None:
+    run = subprocess.Popen(
+        [
+            sys.executable, "-m", "eagleeye", "run", "--remediate",
+            "--nnodes", "2", "--nproc-per-node", "1", "--runs-dir", str(tmp_path),
+            "-m", "eagleeye.workload.train", "--", *tiny_workload(300, 50),
+            "--step-floor-s", "0.05",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        agent = None
+        while agent is None and time.monotonic() < deadline and run.poll() is None:
+            procs = _processes(tmp_path)
+            if sum(_is_rank(c) for c in procs.values()) == 2:
+                agent = next(p for p, c in procs.items() if _is_agent_of(c, node=1))
+            time.sleep(0.1)
+        assert agent is not None, "the run's two ranks never started"
+        time.sleep(2.0)  # training
+        os.kill(agent, signal.SIGKILL)  # as the OOM killer would
+        output = run.communicate(timeout=240)[0]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, output[-3000:]
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    with RunReader(folder) as reader:
+        events = reader.events()
+        finding = reader.findings().iloc[0]
+        action = reader.actions().iloc[0]
+    name = f"{socket.gethostname()}-1"
+    mine = events[events["subject"] == f"agent:{name}"]
+    assert list(mine["phase"]) == ["running", "exited", "running"]  # joined, lost, again
+    joined = [int(d["pid"]) for d in mine[mine["phase"] == "running"]["detail"]]
+    assert joined[0] == agent
+    assert joined[1] != agent
+    assert (finding["kind"], finding["rank"]) == ("process_exit", 1)
+    assert (action["kind"], action["target"], action["status"]) == ("restart", "job", "done")
+    launched = events[events["subject"].str.startswith("rank:") & (events["phase"] == "running")]
+    again = launched[launched["attempt"] == 1]
+    assert {d["agent"] for d in again["detail"]} == {f"{socket.gethostname()}-0", name}
+    _assert_nothing_left(tmp_path)
+
+
 def test_no_local_agents_runs_the_ranks_as_its_own_children(tmp_path: Path) -> None:
     run = subprocess.Popen(
         [
@@ -174,6 +224,11 @@ def test_no_local_agents_runs_the_ranks_as_its_own_children(tmp_path: Path) -> N
 
 
 AGENT = ["-m", "eagleeye", "agent"]
+
+
+def _is_agent_of(cmdline: str, node: int) -> bool:
+    words = cmdline.split()
+    return words[1:4] == AGENT and words[words.index("--node-rank") + 1] == str(node)
 
 
 def _is_rank(cmdline: str) -> bool:

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from ft_runtime.errors import LaunchError
 from ft_runtime.layout import JobLayout
 from ft_runtime.supervisor import JobSupervisor, LaunchSpec
+from ft_runtime.testing import FakeLauncher
 from ft_runtime.types import Action, ActionKind, OutcomeStatus, Phase
 
 pytestmark = pytest.mark.integration
@@ -167,3 +169,35 @@ def test_a_refused_restart_fails_the_job_with_its_reason(tmp_path) -> None:
     events = sup.poll()
     assert sup.phase is Phase.FAILED
     assert events[-1].detail["reason"] == "crash loop: the same failure twice"
+
+
+class _NoAgentFor(FakeLauncher):
+    """A launcher that cannot start ``rank`` from attempt ``attempt`` on (its host gone)."""
+
+    def __init__(self, rank: int, attempt: int) -> None:
+        super().__init__()
+        self.rank, self.attempt = rank, attempt
+
+    def start(self, spec, generation, argv, env, log_path, nice=0) -> int:  # type: ignore[no-untyped-def]
+        if spec.rank == self.rank and generation >= self.attempt:
+            raise LaunchError(f"no agent holds node rank {spec.node_rank}")
+        return super().start(spec, generation, argv, env, log_path, nice)
+
+
+def test_a_restart_that_cannot_start_every_rank_ends_the_ones_it_started(tmp_path) -> None:
+    launcher = _NoAgentFor(rank=1, attempt=1)
+    launch = LaunchSpec(["train.py"], JobLayout(2, 1), "job", str(tmp_path))
+    sup = JobSupervisor(launch, max_restarts=3, launcher=launcher)
+    sup.start()
+    launcher.exit(1, -9)
+    sup.poll()
+    action = Action(ActionKind.RESTART, "job", "rank 1 lost", key="restart/1")
+    outcome = sup.execute(action)
+    assert outcome.status is OutcomeStatus.FAILED
+    assert "attempt 1 could not start: no agent holds node rank 1" in outcome.detail
+    # attempt 1's rank 0 was started, then ended: nothing waits for rank 1 forever
+    assert [(rank, gen) for rank, gen, _ in launcher.started] == [(0, 0), (1, 0), (0, 1)]
+    assert not launcher.running(0)
+    assert sup.phase is Phase.FAILED
+    failed = [e for e in sup.poll() if e.subject == "job" and e.phase is Phase.FAILED]
+    assert "could not start" in str(failed[-1].detail["reason"])
