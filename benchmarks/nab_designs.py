@@ -32,18 +32,23 @@ that look no further than the rows seen (the probation's widened by half its spa
 beyond it clipped; the running min and max; the widened probation range stretched by the
 running one, its widening a constant chosen by the protocol). Each also prints the
 published constants' score per category on the whole corpus (a screen).
+``--family artime_fusion`` judges ARTime (file range) joined with the record detector,
+the new-extreme trigger or both, by a rule the protocol chooses
+(detectors/eval/nab_artime_fusion.py); ``--family record_file_range`` the record detector
+over its grid handed each file's minimum and maximum where a range enters (its scale's
+floor and its novelty term), the like-for-like check beside ARTime's file range.
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
      likelihood_fusion|extreme_record|artime|artime_probation|artime_running|
-     artime_expanding] [--zero-fp-bound] [--missed]
+     artime_expanding|artime_fusion|record_file_range] [--zero-fp-bound] [--missed]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +59,8 @@ from detectors._season import season_length
 from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
 from detectors.eval.nab_artime import ArtimeFamily
-from detectors.eval.nab_corpus import load_corpus
+from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
+from detectors.eval.nab_corpus import NabFile, load_corpus
 from detectors.eval.nab_discord import (
     DISCORD_SUSTAINED_GRID,
     DiscordFamily,
@@ -63,7 +69,7 @@ from detectors.eval.nab_discord import (
     record_flags,
 )
 from detectors.eval.nab_extreme import ExtremeRecordFamily
-from detectors.eval.nab_families import Family
+from detectors.eval.nab_families import Family, RecordFamily
 from detectors.eval.nab_likelihood import LikelihoodFamily, LikelihoodRecordFamily, RankMeanFamily
 from detectors.univariate import RecordDetector, SeriesResult, _robust_z, _seasonal_residual
 
@@ -89,7 +95,10 @@ class Designed(RecordDetector):
     constant of half the record span), ``early_guard`` (a: the bar times (span / points
     seen) ** a while the history is shorter than the span), ``remember`` (below 1: an
     alarm's span keeps in the history at most the larger of the record it beat and
-    ``remember`` times its score).
+    ``remember`` times its score), ``file_range`` (where a range enters, the file's own
+    minimum and maximum, as NAB hands them to every detector: the scale's floor is 2 % of
+    the file's span instead of the trailing window's, and the novelty term's excess over
+    the earlier range is divided by the file's span instead of the earlier range's).
     """
 
     def __init__(self, base: RecordDetector, **options: Any) -> None:
@@ -102,14 +111,18 @@ class Designed(RecordDetector):
         self.bar = str(options.get("bar", "record"))
         self.early_guard = float(options.get("early_guard", 0.0))
         self.remember = float(options.get("remember", 1.0))
+        self.file_range = bool(options.get("file_range", False))
+        self._file_span = 0.0
 
     def _z(self, s: pd.Series, window: int) -> pd.Series:
-        if self.mad_floor == 0.02:
+        if self.mad_floor == 0.02 and not self.file_range:
             return _robust_z(s, window)
         med = s.rolling(window, min_periods=20).median().shift(1)
         mad = (s - med).abs().rolling(window, min_periods=20).median().shift(1)
         roll = s.rolling(window, min_periods=20)
         spread = (roll.max() - roll.min()).shift(1).fillna(0.0)
+        if self.file_range:
+            spread = pd.Series(np.full(len(s), self._file_span))
         scale = np.maximum(1.4826 * mad, self.mad_floor * spread) + 1e-9
         return ((s - med).abs() / scale).fillna(0.0)
 
@@ -121,6 +134,7 @@ class Designed(RecordDetector):
             if np.quantile(head, 0.99) > 3 * median:
                 x = np.log1p(np.maximum(x, 0.0) / max(median, 1e-9))
         s = pd.Series(np.asarray(x, dtype=float))
+        self._file_span = float(s.max() - s.min()) if len(s) else 0.0
         window = self.window or max(probation, 50)
         season = season_length(s.to_numpy()[:probation], self.season_corr)
         base = _seasonal_residual(s, season) if season else s
@@ -131,6 +145,8 @@ class Designed(RecordDetector):
         level = self._z(base.rolling(self.smooth, min_periods=1).mean(), window) * 0.7
         high, low = s.cummax().shift(1), s.cummin().shift(1)
         span = (high - low).replace(0.0, np.nan)
+        if self.file_range:
+            span = pd.Series(np.full(len(s), self._file_span or np.nan))
         beyond = pd.Series(np.maximum(s - high, low - s)) / span
         novelty = 20.0 * beyond.clip(lower=0.0).fillna(0.0)
         raw = np.array(
@@ -211,6 +227,7 @@ VARIANTS: Mapping[str, Mapping[str, Any]] = {
     "early_guard": {"early_guard": 0.5},
     "mad_floor_5pc": {"mad_floor": 0.05},
     "remember_half": {"remember": 0.5},
+    "file_range": {"file_range": True},
 }
 CATEGORIES = (
     "artificialNoAnomaly",
@@ -262,6 +279,28 @@ def loco(root: Path, name: str) -> None:
     print(f"{time.perf_counter() - start:.0f} s")
 
 
+class FileRangeRecordFamily(RecordFamily):
+    """The record detector over nab_loco's grid, handed each file's minimum and maximum
+    (``Designed(file_range=True)``): the like-for-like check beside ARTime's file range."""
+
+    name = "record_file_range"
+
+    def flags(self, files: Sequence[NabFile], setting: tuple[float, ...]) -> list[np.ndarray]:
+        if setting not in self._hits:
+            hits = []
+            for f in files:
+                probation = probation_length(len(f.values))
+                det = Designed(SHIPPED_DETECTOR_FOR(setting, probation), file_range=True)
+                hits.append(np.flatnonzero(det.detect(f.values, probation).flags))
+            self._hits[setting] = hits
+        out = []
+        for h, f in zip(self._hits[setting], files, strict=True):
+            flags = np.zeros(len(f.values), dtype=bool)
+            flags[h] = True
+            out.append(flags)
+        return out
+
+
 def family_loco(root: Path, name: str) -> None:
     """A whole family through the protocol (its settings chosen on the other categories)."""
     families: dict[str, Family] = {
@@ -276,6 +315,8 @@ def family_loco(root: Path, name: str) -> None:
         "artime_probation": ArtimeFamily(range_="probation"),
         "artime_running": ArtimeFamily(range_="running"),
         "artime_expanding": ArtimeFamily(range_="expanding"),
+        "artime_fusion": ArtimeFusionFamily(),
+        "record_file_range": FileRangeRecordFamily(),
     }
     family = families[name]
     start = time.perf_counter()
@@ -396,6 +437,8 @@ def main() -> None:
             "artime_probation",
             "artime_running",
             "artime_expanding",
+            "artime_fusion",
+            "record_file_range",
         ),
         default=None,
     )

@@ -241,11 +241,13 @@ def artime_scores(
     low: float | np.ndarray,
     high: float | np.ndarray,
     cfg: ArtimeConfig | None = None,
+    probation: int | None = None,
 ) -> np.ndarray:
     """ARTime's anomaly score of every point: 0, or a confidence in (0, 1] at a detection.
 
     ``low`` and ``high`` scale the series: one range, or one per row (a block is scaled by
-    the range at its last row); levels outside the range are clipped.
+    the range at its last row); levels outside the range are clipped. ``probation``: the
+    rows in which it only learns (None: NAB's, 15 % of the rows, at most 750).
 
     Raises:
         DetectorError: non-finite values or a series too short for a probation.
@@ -255,7 +257,8 @@ def artime_scores(
     if not np.all(np.isfinite(x)):
         raise DetectorError("ARTime needs finite values; drop or fill NaN rows")
     n = len(x)
-    probation = math.floor(0.15 * n) if n < 5000 else 750
+    if probation is None:
+        probation = math.floor(0.15 * n) if n < 5000 else 750
     probation -= probation % 2
     step = max(1, probation // (cfg.window * cfg.windows_per_probation))
     trend = probation // step

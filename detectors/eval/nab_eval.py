@@ -1,12 +1,16 @@
-"""NAB evaluation of the univariate detector over a corpus folder."""
+"""NAB evaluation of a univariate detector over a corpus folder."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from detectors.errors import DetectorError
 from detectors.eval.nab import PROFILES, FileScore, normalised_score, probation_length, score_file
 from detectors.eval.nab_corpus import load_corpus
+from detectors.eval.nab_detectors import DEFAULT_DETECTOR, nab_detector
 from detectors.univariate import RecordDetector
 
 
@@ -20,22 +24,45 @@ class NabResult:
     tp: int
     fp: int
     fn: int
+    detector: str = DEFAULT_DETECTOR
 
 
 def evaluate_nab(
-    root: Path, detector: RecordDetector | None = None, probation_cap: int | None = 5000
+    root: Path,
+    detector: RecordDetector | None = None,
+    probation_cap: int | None = 5000,
+    name: str = DEFAULT_DETECTOR,
 ) -> NabResult:
-    """Runs the detector on every file of the corpus and scores it under each profile.
+    """Runs a detector on every file of the corpus and scores it under each profile.
 
-    The detector sees only the values and the probation length, never the labels.
+    ``name`` picks the detector (detectors/eval/nab_detectors.py: ``artime`` or
+    ``record``); a ``RecordDetector`` given as ``detector`` is run instead. A detector is
+    given what NAB's harness gives one (the values, the probation length and the file's
+    minimum and maximum), never the labels.
+
+    Raises:
+        DetectorError: an unknown ``name``, or a corpus that cannot be read.
     """
-    det = detector or RecordDetector()
+    run = nab_detector(name)
+    if detector is not None:
+        given = detector
+        name = "record"
+
+        def run(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:
+            return given.detect(values, probation).flags
+
     per_profile: dict[str, list[FileScore]] = {p.name: [] for p in PROFILES}
     files = 0
     for nab_file in load_corpus(root):
         files += 1
         probation = probation_length(len(nab_file.values), cap_rows=probation_cap)
-        flags = det.detect(nab_file.values, probation).flags
+        values = nab_file.values
+        if not len(values):
+            raise DetectorError(f"{nab_file.name}: no rows; drop it from windows.json")
+        try:
+            flags = run(values, probation, float(values.min()), float(values.max()))
+        except DetectorError as e:
+            raise DetectorError(f"{nab_file.name}: {e}") from None
         for p in PROFILES:
             per_profile[p.name].append(
                 score_file(flags, nab_file.windows, p, probation_cap=probation_cap)
@@ -48,4 +75,5 @@ def evaluate_nab(
         sum(s.tp for s in standard),
         sum(s.fp for s in standard),
         sum(s.fn for s in standard),
+        name,
     )

@@ -47,12 +47,20 @@ def add_parser(sub: Any) -> None:
     t = modes.add_parser("trace", help="one labelled trace file (labels in <stem>.labels.json)")
     t.add_argument("path", type=Path)
     t.set_defaults(func=_trace)
-    n = modes.add_parser("nab", help="the NAB score of the univariate detector")
+    n = modes.add_parser("nab", help="the NAB score of a univariate detector")
     n.add_argument(
         "--root",
         type=Path,
         default=DEFAULT_NAB,
         help=f"NAB corpus folder with windows.json and data/ (default: {DEFAULT_NAB})",
+    )
+    n.add_argument(
+        "--detector",
+        default=None,
+        metavar="NAME",
+        help="the detector scored: artime (ARTime scaled by each file's minimum and maximum, "
+        "as NAB's harness hands them to every detector; the held-out winner) or record "
+        "(the project's RecordDetector, which uses the probation only) (default: artime)",
     )
     n.add_argument(
         "--loco",
@@ -62,11 +70,12 @@ def add_parser(sub: Any) -> None:
     )
     n.add_argument(
         "--family",
-        choices=("record", "cad", "fusion"),
+        choices=("record", "cad", "fusion", "artime", "artime_fusion"),
         default="record",
-        help="with --loco: the detector family whose constants are chosen: the shipped "
-        "record detector, CAD OSE, or both joined by a rule the protocol chooses "
-        "(default: record)",
+        help="with --loco: the detector family whose constants are chosen: the record "
+        "detector, CAD OSE, both joined by a rule the protocol chooses (fusion), ARTime "
+        "(file range), or ARTime joined with the record detector and the new-extreme "
+        "trigger by a rule the protocol chooses (artime_fusion) (default: record)",
     )
     n.add_argument(
         "--uncapped-probation",
@@ -229,10 +238,20 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _loco(args: argparse.Namespace) -> int:
-    from detectors.eval.nab_families import CadFamily, FusionFamily, RecordFamily
+    from detectors.eval.nab_artime import ArtimeFamily
+    from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
+    from detectors.eval.nab_families import CadFamily, Family, FusionFamily, RecordFamily
     from detectors.eval.nab_loco import leave_one_out
 
-    families = {"record": RecordFamily, "cad": CadFamily, "fusion": FusionFamily}
+    if args.detector is not None:
+        raise EagleEyeError("--detector scores one detector; with --loco give --family instead")
+    families: dict[str, type[Family]] = {
+        "record": RecordFamily,
+        "cad": CadFamily,
+        "fusion": FusionFamily,
+        "artime": ArtimeFamily,
+        "artime_fusion": ArtimeFusionFamily,
+    }
     result = leave_one_out(args.root, families[args.family]())
     print(f"{'profile':<20}{'held-out category':<24}{'score':>8}{'HTM':>8}{'FP':>5}")
     for h in result.held:
@@ -256,12 +275,21 @@ def _loco(args: argparse.Namespace) -> int:
 
 
 def _nab(args: argparse.Namespace) -> int:
+    from detectors.eval.nab_detectors import DEFAULT_DETECTOR, DETECTORS
     from detectors.eval.nab_eval import evaluate_nab
 
     if args.loco:
         return _loco(args)
 
-    result = evaluate_nab(args.root, probation_cap=None if args.uncapped_probation else 5000)
+    name = args.detector or DEFAULT_DETECTOR
+    if name not in DETECTORS:
+        raise EagleEyeError(
+            f"--detector {name!r} is not a NAB detector: choose one of {', '.join(DETECTORS)}"
+        )
+    result = evaluate_nab(
+        args.root, probation_cap=None if args.uncapped_probation else 5000, name=name
+    )
+    print(f"detector {result.detector}")
     for name, score in result.scores.items():
         print(f"{name:<22}{score:8.2f}")
     print(
@@ -270,6 +298,7 @@ def _nab(args: argparse.Namespace) -> int:
     )
     _emit(
         {
+            "detector": result.detector,
             "scores": result.scores,
             "files": result.files,
             "windows": result.windows,

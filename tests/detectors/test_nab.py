@@ -127,8 +127,19 @@ def test_corpus_null_and_perfect_detectors() -> None:
 @pytest.mark.slow
 @needs_nab
 def test_univariate_detector_nab_score_regression_floor() -> None:
-    result = evaluate_nab(NAB)
+    result = evaluate_nab(NAB, name="record")
     # The target is 65; this floor guards the measured 68.3 against regressions.
     assert result.scores["standard"] > 67.0
     assert result.files == 51
     assert result.windows == 97
+
+
+@pytest.mark.slow
+@needs_nab
+def test_the_default_nab_detector_is_artime_and_keeps_its_score() -> None:
+    result = evaluate_nab(NAB)
+    assert result.detector == "artime"
+    # Measured 76.98 (standard), 67.57 (low FP), 82.25 (low FN): docs/benchmarks.md.
+    assert result.scores["standard"] == pytest.approx(76.98, abs=0.01)
+    assert result.scores["reward_low_FP_rate"] == pytest.approx(67.57, abs=0.01)
+    assert (result.tp, result.fp, result.fn) == (90, 175, 7)

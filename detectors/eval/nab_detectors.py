@@ -1,0 +1,56 @@
+"""The detectors ``eagleeye eval nab`` scores, each given only what NAB's harness gives one.
+
+NAB's harness hands every detector, before the first row, the file's minimum and maximum
+(``inputMin``, ``inputMax``) and the probation length; the detector then sees the rows one
+at a time and chooses its own threshold. ``artime`` (the default) is ARTime
+(detectors/eval/nab_artime.py) scaled by that range, with its published constants and a
+score threshold of 0.3: the setting the leave-one-category-out protocol chose for every
+held-out category in the standard profile (docs/benchmarks.md, "NAB: ARTime"). ``record``
+is the project's own RecordDetector (detectors/univariate.py), which uses the probation
+only. Both are online: a verdict uses the rows up to it (and, for ``artime``, the range).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from detectors.errors import DetectorError
+from detectors.eval.nab_artime import artime_scores
+from detectors.univariate import RecordDetector
+
+#: A NAB detector: (values, probation, file minimum, file maximum) -> one flag per row.
+NabDetector = Callable[[np.ndarray, int, float, float], np.ndarray]
+
+#: ARTime's score threshold shipped (chosen by the protocol, docs/benchmarks.md).
+ARTIME_THRESHOLD = 0.3
+
+
+def artime_flags(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:
+    """ARTime's detections: a new cluster scoring at least ``ARTIME_THRESHOLD``."""
+    scores = artime_scores(values, low, high, probation=probation)
+    return np.asarray(scores >= ARTIME_THRESHOLD, dtype=bool) & (scores > 0)
+
+
+def record_flags(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:
+    """The RecordDetector's detections (shipped constants; it does not use the range)."""
+    del low, high
+    return np.asarray(RecordDetector().detect(values, probation).flags, dtype=bool)
+
+
+DETECTORS: Mapping[str, NabDetector] = {"artime": artime_flags, "record": record_flags}
+DEFAULT_DETECTOR = "artime"
+
+
+def nab_detector(name: str) -> NabDetector:
+    """The detector called ``name``.
+
+    Raises:
+        DetectorError: no detector has that name.
+    """
+    if name not in DETECTORS:
+        raise DetectorError(
+            f"unknown NAB detector {name!r}: choose one of {', '.join(sorted(DETECTORS))}"
+        )
+    return DETECTORS[name]
