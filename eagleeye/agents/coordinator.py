@@ -23,7 +23,8 @@ hardware is checked). Every rank exiting 0 ends the job as succeeded. The
 samples the agents forward from their hosts' sources are stored and read by the host
 rules (an XID, an ECC error, a thermal throttle on the rank using the GPU). The ranks'
 telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
-``reduced_detectors``. Findings from outside (Alertmanager's webhook, ``inbox``) placed
+``reduced_detectors`` (``eagleeye.agents.judging``, shared with replica recovery).
+Findings from outside (Alertmanager's webhook, ``inbox``) placed
 on the job's ranks or nodes are answered the same way; one on a host the job does not
 run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
 for a checkpoint first when there is a grace period. With ``snapshots`` on, every launch
@@ -46,7 +47,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from collector.types import Frame, Sample, Subject
-from detectors.base import Detector
 from detectors.types import Finding, Severity
 from eagleeye.agents.adoption import adopt
 from eagleeye.agents.eviction import (
@@ -60,11 +60,11 @@ from eagleeye.agents.eviction import (
     spare_refusal,
 )
 from eagleeye.agents.intake import SummaryIntake
+from eagleeye.agents.judging import ReducedJudge, job_frames
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.snapshots import ring_of
 from eagleeye.agents.spares import NO_HOLDER_REFUSAL, Spares, is_spare
 from eagleeye.agents.stopped import StoppedRankHang
-from eagleeye.detection import reduced_detectors
 from eagleeye.errors import EagleEyeError
 from eagleeye.ingest import ingest_samples
 from eagleeye.stopping import EVENT_LISTENING, request_step
@@ -110,7 +110,7 @@ class JobCoordinator:
     _failed_attempts: set[int] = field(default_factory=set)
     _stop: str | None = None
     _host_rules: HostRules = field(default_factory=HostRules)
-    _detectors: list[Detector] = field(default_factory=reduced_detectors)
+    _judge: ReducedJudge = field(init=False)  # the reduced telemetry's detectors
     intake: SummaryIntake | None = None  # the host summaries (made with the coordinator)
     grace_s: float = 0.0  # a stop's grace period: a checkpoint first, then this long to end
     _stopping: str | None = None  # why the job is being stopped (its ranks' exits are no failure)
@@ -140,6 +140,7 @@ class JobCoordinator:
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
+        self._judge = ReducedJudge(self.store)
         self._stops = StoppedRankHang(self.layout.world_size)
         if self.intake is None:
             self.intake = SummaryIntake(self.layout, clock=self.clock)
@@ -225,23 +226,17 @@ class JobCoordinator:
 
     def _detect(self, frames: list[Frame]) -> None:
         """The ranks' telemetry reduced on the hosts: stored (outlier rows, the job's and
-        the outstanding hosts' frames) and judged by the detectors."""
-        self.store.add_samples(s for frame in frames for s in _samples(frame))
-        for frame in frames:
-            if frame.subject.scope == "job" and frame.step is not None:
-                self._stops.job_step(frame, self.clock())
-                self._newest_step = max(self._newest_step or 0, frame.step)
-                step_time = frame.values.get("step_time.median")
-                if step_time is not None:
-                    self._step_times.append(step_time)
-                self.on_job_frame(frame)
-        found: list[Finding] = []
-        for frame in frames:
-            for detector in self._detectors:
-                found += detector.process(frame)
+        the outstanding hosts' frames) and judged by the detectors (``ReducedJudge``)."""
         now = self.clock()
-        for detector in self._detectors:
-            found += detector.poll(now)
+        for frame in job_frames(frames):
+            assert frame.step is not None
+            self._stops.job_step(frame, now)
+            self._newest_step = max(self._newest_step or 0, frame.step)
+            step_time = frame.values.get("step_time.median")
+            if step_time is not None:
+                self._step_times.append(step_time)
+            self.on_job_frame(frame)
+        found = self._judge.judge(frames, now)
         found += self._stops.poll(now)
         for finding in found:
             self._answer(finding)
@@ -363,7 +358,7 @@ class JobCoordinator:
         """Every agent restarts its ranks as the next attempt (the detectors' new baseline)."""
         self.attempt += 1
         self._succeeded.clear()
-        self._detectors = reduced_detectors()
+        self._judge.reset()
         self._stops = StoppedRankHang(self.layout.world_size)
         self._event("job", Phase.RECOVERING, reason=reason, **detail)
         self._launch("restart")
@@ -546,25 +541,6 @@ def _seconds(value: object) -> float:
     except (TypeError, ValueError):
         return 0.0
     return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
-
-
-def _samples(frame: Frame) -> list[Sample]:
-    """A frame of reduced telemetry as the store's samples (its attempt as a label)."""
-    values = dict(frame.values)
-    attempt = values.pop("attempt", None)
-    subject = frame.subject
-    labels = {
-        k: str(v)
-        for k, v in (("rank", subject.rank), ("replica", subject.replica), ("node", subject.node))
-        if v is not None
-    }
-    if attempt is not None:
-        labels["attempt"] = str(int(attempt))
-    return [
-        Sample(name, value, frame.time, labels, frame.step)
-        for name, value in values.items()
-        if not name.endswith(".host_median")  # the host's, stored once in its summary
-    ]
 
 
 __all__ = ["JobCoordinator", "readmit_refusal"]

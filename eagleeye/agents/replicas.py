@@ -17,8 +17,12 @@ an eviction: the host is fenced (its ranks ended when its link comes back, its a
 joining again as a spare), its ranks count as exited, the first spare host takes its node
 rank and only the replicas that ran there restart on it, catching up from a healthy
 replica; the other replicas never stop. With no spare the job goes on with the replicas
-left. The samples the agents forward from their hosts' sources are stored and read by the
-host rules, and the findings from outside (Alertmanager's webhook, ``inbox``) placed on
+left. The ranks' telemetry, reduced on the hosts, is stored and judged by the same
+detectors as in job recovery (``eagleeye.agents.judging``: a non-finite loss, a rank
+slower than its host's others, the job's step time falling off), each finding on its
+rank and node and answered by the policy. The samples the agents forward from their
+hosts' sources are stored and read by the host rules, and the findings from outside
+(Alertmanager's webhook, ``inbox``) placed on
 the job's ranks or nodes are answered too (one on a host the job does not run on is
 recorded only): the built-in policy's answer to a GPU beyond use (a fatal XID, an
 uncorrectable memory error) is an ``evict`` of its node, which the coordinator executes
@@ -39,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collector.types import Sample, Subject
+from collector.types import Frame, Sample, Subject
 from detectors.types import Finding, Severity
 from eagleeye.agents.agentlauncher import AgentLauncher
 from eagleeye.agents.eviction import (
@@ -52,6 +56,7 @@ from eagleeye.agents.eviction import (
     spare_refusal,
 )
 from eagleeye.agents.intake import SummaryIntake
+from eagleeye.agents.judging import ReducedJudge, job_frames
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
 from eagleeye.agents.spares import Spares, is_spare
 from eagleeye.agents.stopped import STOPPED
@@ -86,6 +91,8 @@ class ReplicaCoordinator:
     on_update: called with every event, finding and outcome (the console).
     inbox: findings from outside (Alertmanager's webhook), taken at every poll.
     on_samples: the hosts' samples, as they arrive (the exporter).
+    on_job_frame: the job's frame of each step, reduced from the hosts' summaries (the
+        exporter's steps).
     on_joined: every agent admitted for a node rank, or a spare given one (where the
         webhook places alerts).
     """
@@ -107,6 +114,7 @@ class ReplicaCoordinator:
     grace_s: float = 0.0
     inbox: Callable[[], list[Finding]] | None = None
     on_samples: Callable[[list[Sample]], None] = lambda samples: None
+    on_job_frame: Callable[[Frame], None] = lambda frame: None
     on_joined: Callable[[AgentState], None] = lambda agent: None
     phase: Phase = Phase.PRE_CHECK
     launcher: AgentLauncher = field(init=False)
@@ -118,9 +126,11 @@ class ReplicaCoordinator:
     _on_lost_hosts: set[int] = field(default_factory=set)  # ended with a host, no spare
     _host_rules: HostRules = field(default_factory=HostRules)
     _evicted: dict[str, str] = field(default_factory=dict)  # host -> why it was evicted
+    _judge: ReducedJudge = field(init=False)  # the reduced telemetry's detectors
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
+        self._judge = ReducedJudge(self.store)
         self.launcher = AgentLauncher(self.members, self.layout, self.clock)
         self.members.intake = SummaryIntake(self.layout, clock=self.clock)
         self.remediator = Remediator(self.policy, self, self.dry_run, clock=self.clock)
@@ -248,14 +258,24 @@ class ReplicaCoordinator:
             elif isinstance(got, AgentReport):
                 self._report(got)
         intake = self.members.intake
-        if intake is not None:  # the ranks' summaries: drained (judged in job recovery)
-            intake.frames(hosts=self.layout.nnodes)
+        if intake is not None:
+            self._detect(intake.frames(hosts=self.layout.nnodes))
         for finding in self.inbox() if self.inbox is not None else ():
             if off_the_job(finding, self.layout):
                 self.store.add_finding(finding)
                 self.on_update(finding)
             else:
                 self._answer(finding)
+
+    def _detect(self, frames: list[Frame]) -> None:
+        """The ranks' telemetry reduced on the hosts: stored and judged as in job recovery
+        (``ReducedJudge``); each finding is on its rank and node (the host holding that
+        node rank) and answered by the policy (the built-in one notes a non-finite loss;
+        a finding it has no rule for is recorded only)."""
+        for frame in job_frames(frames):
+            self.on_job_frame(frame)
+        for finding in self._judge.judge(frames, self.clock()):
+            self._answer(finding)
 
     def _joined(self, agent: AgentState) -> None:
         if is_spare(agent):

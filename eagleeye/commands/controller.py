@@ -297,6 +297,7 @@ def _replicas(
         grace_s=args.grace_period,
         inbox=None if alerts is None else alerts.take,
         on_samples=(lambda samples: None) if metrics is None else metrics.host_samples,
+        on_job_frame=(lambda frame: None) if metrics is None else metrics.job_step,
         on_joined=places.admit,
     )
     _serve(coordinator, metrics, alerts, places)

@@ -68,7 +68,9 @@ def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None
 
 class Job:
     """The controller and its agents (node ranks 0 and 1, and a spare) on loopback; each
-    agent's stderr in ``{name}.err``. ``controller``: its flags beyond the job's."""
+    agent's stderr in ``{name}.err``. ``controller``: its flags beyond the job's;
+    ``agent_env``: an agent's environment beyond the test's, by its name (a fault its
+    ranks inject)."""
 
     def __init__(self, tmp_path: Path, controller: tuple[str, ...] = ("--remediate",)) -> None:
         (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
@@ -88,6 +90,7 @@ class Job:
         )
         self.lines = Lines(self.controller)
         self.agents: list[subprocess.Popen[str]] = []
+        self.agent_env: dict[str, dict[str, str]] = {}
         self.first: dict[int, dict[str, Any]] = {}
         self.healthy = tmp_path / "logs0" / "replica-0-0" / "rank-0.log"
 
@@ -99,7 +102,7 @@ class Job:
                 + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
                 stderr=err,
                 text=True,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                env={**os.environ, "OMP_NUM_THREADS": "1", **self.agent_env.get(name, {})},
             )
         self.agents.append(proc)
         return proc
