@@ -112,23 +112,9 @@ def test_a_job_restart_through_local_agents(tmp_path: Path) -> None:
 
 
 def test_a_sigkilled_run_leaves_no_agent_and_no_rank(tmp_path: Path) -> None:
-    run = subprocess.Popen(
-        [
-            sys.executable, "-m", "eagleeye", "run",
-            "--nnodes", "2", "--nproc-per-node", "1", "--runs-dir", str(tmp_path),
-            "-m", "eagleeye.workload.train", "--", *tiny_workload(2000, 50),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    run = _long_run(tmp_path)
     try:
-        deadline = time.monotonic() + 180
-        ranks: dict[int, int] = {}
-        while len(ranks) < 2 and time.monotonic() < deadline and run.poll() is None:
-            procs = _processes(tmp_path)
-            ranks = {p: _parent(p) for p, c in procs.items() if _is_rank(c)}
-            time.sleep(0.1)
-        assert len(ranks) == 2, "the run's two ranks never started"
+        ranks = _wait_for_ranks(run, tmp_path)
         agents = {p for p, c in _processes(tmp_path).items() if c.split()[1:4] == AGENT}
         assert len(agents) == 2
         assert set(ranks.values()) <= agents  # each rank is its agent's child
@@ -192,22 +178,9 @@ def test_a_local_agent_killed_mid_run_is_started_again_and_the_job_restarts(
 
 
 def test_no_local_agents_runs_the_ranks_as_its_own_children(tmp_path: Path) -> None:
-    run = subprocess.Popen(
-        [
-            sys.executable, "-m", "eagleeye", "run", "--no-local-agents",
-            "--nnodes", "2", "--nproc-per-node", "1", "--runs-dir", str(tmp_path),
-            "-m", "eagleeye.workload.train", "--", *tiny_workload(2000, 50),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    run = _long_run(tmp_path, "--no-local-agents")
     try:
-        deadline = time.monotonic() + 180
-        ranks: dict[int, int] = {}
-        while len(ranks) < 2 and time.monotonic() < deadline and run.poll() is None:
-            ranks = {p: _parent(p) for p, c in _processes(tmp_path).items() if _is_rank(c)}
-            time.sleep(0.1)
-        assert len(ranks) == 2, "the run's two ranks never started"
+        ranks = _wait_for_ranks(run, tmp_path)
         assert set(ranks.values()) == {run.pid}
         assert not [c for c in _processes(tmp_path).values() if c.split()[1:4] == AGENT]
         run.send_signal(signal.SIGTERM)
@@ -224,6 +197,30 @@ def test_no_local_agents_runs_the_ranks_as_its_own_children(tmp_path: Path) -> N
 
 
 AGENT = ["-m", "eagleeye", "agent"]
+
+
+def _long_run(tmp_path: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """`eagleeye run` of two one-rank nodes training far longer than any test waits."""
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "eagleeye", "run", *flags,
+            "--nnodes", "2", "--nproc-per-node", "1", "--runs-dir", str(tmp_path),
+            "-m", "eagleeye.workload.train", "--", *tiny_workload(2000, 50),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _wait_for_ranks(run: subprocess.Popen[bytes], tmp_path: Path) -> dict[int, int]:
+    """The run's two rank processes, each with its parent, once both started."""
+    deadline = time.monotonic() + 180
+    ranks: dict[int, int] = {}
+    while len(ranks) < 2 and time.monotonic() < deadline and run.poll() is None:
+        ranks = {p: _parent(p) for p, c in _processes(tmp_path).items() if _is_rank(c)}
+        time.sleep(0.1)
+    assert len(ranks) == 2, "the run's two ranks never started"
+    return ranks
 
 
 def _is_agent_of(cmdline: str, node: int) -> bool:
