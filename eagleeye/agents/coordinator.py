@@ -40,7 +40,6 @@ adopts the agents' running ranks as they say ``hello`` again
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -59,6 +58,7 @@ from eagleeye.agents.eviction import (
     spare_detail,
     spare_refusal,
 )
+from eagleeye.agents.graceful import GraceWindow, leaving_grace, stop_grace
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.judging import ReducedJudge, job_frames
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
@@ -186,20 +186,16 @@ class JobCoordinator:
         their loops together), and the stop waits until each listening rank has saved or
         half the grace period is spent. The ranks get what is left to end."""
         self._stopping = reason
-        grace = self.grace_s if self._stop_grace is None else self._stop_grace
-        grace_end = self.clock() + grace
-        if grace > 0 and self._listening:
+        window = GraceWindow.start(stop_grace(self.grace_s, self._stop_grace), self.clock)
+        if window.grace_s > 0 and self._listening:
             times = sorted(self._step_times)
             step = request_step(self._newest_step, times[len(times) // 2] if times else None)
             self._event("job", Phase.RUNNING, checkpoint_requested=step, reason=reason)
             self._saved.clear()
             for agent in self.members.alive():
                 self.members.send(agent.agent, "checkpoint", {"cause": reason, "step": step})
-            deadline = self.clock() + grace / 2
-            while self.clock() < deadline and not self._listening <= self._saved:
-                self._poll()
-        left = max(grace_end - self.clock(), 0.0) if grace > 0 else None  # None: the agents'
-        return self._end(Phase.FAILED, reason, grace_s=left)
+            window.wait(self._poll, lambda: self._listening <= self._saved)
+        return self._end(Phase.FAILED, reason, grace_s=window.left())  # None: the agents'
 
     def _poll(self) -> None:
         for got in self.members.poll(timeout_s=0.05):
@@ -306,7 +302,7 @@ class JobCoordinator:
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
             if self._stop is None:
                 self._stop = f"{cause} to the agent {report.agent}"
-                self._stop_grace = min(self.grace_s, _seconds(report.body.get("grace_s")))
+                self._stop_grace = leaving_grace(self.grace_s, report.body.get("grace_s"))
         elif report.kind == "outcome":
             self.on_update(report)
 
@@ -532,15 +528,6 @@ class JobCoordinator:
         event = LifecycleEvent(subject, phase, self.clock(), self.attempt, detail)
         self.store.add_event(event)
         self.on_update(event)
-
-
-def _seconds(value: object) -> float:
-    """A duration an agent gave: a finite number of seconds from 0, else 0."""
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0.0
-    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 __all__ = ["JobCoordinator", "readmit_refusal"]

@@ -55,6 +55,7 @@ from eagleeye.agents.eviction import (
     spare_detail,
     spare_refusal,
 )
+from eagleeye.agents.graceful import GraceWindow, leaving_grace, stop_grace
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.judging import ReducedJudge, job_frames
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
@@ -123,6 +124,9 @@ class ReplicaCoordinator:
     _by_node: dict[int, AgentState] = field(default_factory=dict)
     _spares: Spares = field(init=False)
     _stop: str | None = None
+    _stop_grace: float | None = None  # an agent leaving gives no more than its own grace
+    _asked: str | None = None  # the key of the checkpoint a graceful stop asked for
+    _checkpointed: Outcome | None = None  # that checkpoint's final outcome
     _on_lost_hosts: set[int] = field(default_factory=set)  # ended with a host, no spare
     _host_rules: HostRules = field(default_factory=HostRules)
     _evicted: dict[str, str] = field(default_factory=dict)  # host -> why it was evicted
@@ -136,7 +140,8 @@ class ReplicaCoordinator:
         self.remediator = Remediator(self.policy, self, self.dry_run, clock=self.clock)
 
     def request_stop(self, cause: str) -> None:
-        """Ends the job from outside (a signal); recorded."""
+        """Ends the job from outside (a signal): every replica's ranks end, after a
+        checkpoint when there is a grace period; recorded."""
         self._stop = cause
 
     def run(self, join_timeout_s: float = 120.0, limit_s: float = float("inf")) -> Phase:
@@ -152,9 +157,10 @@ class ReplicaCoordinator:
         supervisor = self._start()
         end = self.clock() + limit_s
         while not supervisor.finished and self.phase is Phase.RUNNING:
-            if self._stop is not None or self.clock() > end:
-                why = f"stopped by {self._stop}" if self._stop is not None else "time limit"
-                return self._end(Phase.FAILED, why)
+            if self._stop is not None:
+                return self._stop_job(f"stopped by {self._stop}")
+            if self.clock() > end:
+                return self._end(Phase.FAILED, "time limit")
             self._poll()
             for gone in self.members.lost():
                 self._host_lost(gone)
@@ -165,6 +171,52 @@ class ReplicaCoordinator:
         if self.phase is not Phase.RUNNING:  # ended already (a spare that could not start)
             return self.phase
         return self._end(supervisor.phase, "")
+
+    def _stop_job(self, reason: str) -> Phase:
+        """Ends the job on a stop request. With a grace period the replicas are first
+        asked for a checkpoint the way remediation asks for one (the supervisor's
+        ``checkpoint`` command: the source replica saves the step it just committed
+        through the script's ``save_checkpoint`` and answers with its step and path), and
+        the stop waits for the answer up to half the grace period; the ranks get what is
+        left to end. The request and its outcome are in the run store."""
+        window = GraceWindow.start(stop_grace(self.grace_s, self._stop_grace), self.clock)
+        if window.grace_s > 0:
+            self._checkpoint_first(reason, window)
+        left = window.left()
+        return self._end(Phase.FAILED, reason, 0.0 if left is None else left)
+
+    def _checkpoint_first(self, reason: str, window: GraceWindow) -> None:
+        supervisor = self.supervisor
+        assert supervisor is not None
+        key = f"checkpoint:stop:{supervisor.attempt}"
+        action = Action(ActionKind.CHECKPOINT, "job", f"before the stop ({reason})", key)
+        self._event("job", Phase.RUNNING, checkpoint_requested=key, reason=reason)
+        first = supervisor.execute(action)
+        self.store.add_outcome(first, None, False, first.time)
+        self.on_update(first)
+        if first.status is not OutcomeStatus.PENDING:
+            return
+        self._asked = key
+
+        def look() -> None:
+            self._poll()
+            try:
+                self._step()
+            except LaunchError:  # a restart onto a host that is gone: the stop goes on
+                pass
+
+        window.wait(look, lambda: self._checkpointed is not None or supervisor.finished)
+
+    def _stop_checkpoint(self, outcome: Outcome) -> None:
+        """The answer to a graceful stop's checkpoint; one saved is also a checkpoint of
+        the run (the step and path its replica answered with)."""
+        self._checkpointed = outcome
+        step, path = outcome.data.get("step"), outcome.data.get("path")
+        if outcome.status is OutcomeStatus.DONE and isinstance(step, int):
+            attempt = None if self.supervisor is None else max(self.supervisor.attempt, 0)
+            self.store.add_checkpoint(
+                outcome.time, step, "PERSISTENT", "disk", attempt=attempt, path=str(path)
+            )
 
     def _start(self) -> ReplicaSupervisor:
         master = self._by_node[0]
@@ -217,6 +269,8 @@ class ReplicaCoordinator:
         for outcome in self.supervisor.outcomes():
             self.store.add_outcome(outcome, None, False, outcome.time)
             self.on_update(outcome)
+            if outcome.action.key == self._asked:
+                self._stop_checkpoint(outcome)
         self._record(self.supervisor.settle())
 
     def _hung(self, event: LifecycleEvent) -> None:
@@ -322,6 +376,7 @@ class ReplicaCoordinator:
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
             if self._stop is None:
                 self._stop = f"{cause} to the agent {report.agent}"
+                self._stop_grace = leaving_grace(self.grace_s, body.get("grace_s"))
         elif report.kind == "outcome":
             self.on_update(report)
 
@@ -419,21 +474,26 @@ class ReplicaCoordinator:
             f"replicas {moved} restarted there, catching up from replica {source}"
         )
 
-    def _end(self, phase: Phase, reason: str) -> Phase:
+    def _end(self, phase: Phase, reason: str, grace_s: float | None = None) -> Phase:
         """Ends the job: the supervisor's ranks and quorum (its store closed), then every
-        agent is told to stop (ending what it runs). ``reason`` empty: the supervisor
-        recorded the end itself."""
+        agent is told to stop (ending what it runs), the ranks given ``grace_s`` (None:
+        the whole grace period). ``reason`` empty: the supervisor recorded the end
+        itself."""
+        grace = self.grace_s if grace_s is None else grace_s
         supervisor = self.supervisor
         if supervisor is not None:
             if supervisor.finished:
                 supervisor.stop_all(0.0)
             else:
-                supervisor.stop(reason, self.grace_s)
+                supervisor.stop(reason, grace)
                 reason = ""  # recorded by the supervisor's stop
             self._record(supervisor.settle())  # what is left of its events
+            for outcome in supervisor.outcomes():  # commands the end cut short
+                self.store.add_outcome(outcome, None, False, outcome.time)
+                self.on_update(outcome)
         self.phase = phase
         for agent in self.members.alive():
-            self.members.send(agent.agent, "stop", {"grace_s": self.grace_s})
+            self.members.send(agent.agent, "stop", {"grace_s": grace})
         if reason:
             self._event("job", phase, reason=reason)
         return phase

@@ -53,6 +53,24 @@ while True:
 manager.close()
 """
 
+SAVING = SCRIPT.replace(
+    "manager = replica.Manager(state_dict, load)",
+    """
+
+def save(step):
+    folder = os.path.join(os.path.dirname(sys.argv[1]), "saved")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"step-{step}.pt")
+    torch.save({**state_dict(), "manager": manager.state_dict()}, path)
+    print(f"saved step {step}", flush=True)
+    return path
+
+
+manager = replica.Manager(state_dict, load, save_checkpoint=save)""",
+)
+"""The script with ``save_checkpoint``: the controller's ``checkpoint`` command saves the
+step just committed to ``saved/step-N.pt`` beside the finish file."""
+
 
 def steps(log: Path) -> list[int]:
     """The steps a rank's log says it committed, in order."""

@@ -69,14 +69,20 @@ def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None
 class Job:
     """The controller and its agents (node ranks 0 and 1, and a spare) on loopback; each
     agent's stderr in ``{name}.err``. ``controller``: its flags beyond the job's;
+    ``script``: the ranks' script;
     ``agent_env``: an agent's environment beyond the test's, by its name (a fault its
     ranks inject)."""
 
-    def __init__(self, tmp_path: Path, controller: tuple[str, ...] = ("--remediate",)) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        controller: tuple[str, ...] = ("--remediate",),
+        script: str = SCRIPT,
+    ) -> None:
         (tmp_path / "secret").write_text("0123456789abcdef0123456789abcdef\n")
         self.tmp = tmp_path
         self.script = tmp_path / "train.py"
-        self.script.write_text(SCRIPT)
+        self.script.write_text(script)
         self.finish = tmp_path / "finish"
         self.listen = f"127.0.0.1:{free_port()}"
         self.common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.3"]
