@@ -28,7 +28,8 @@ again as a spare when its link comes back; an evicted host's agent ends, and the
 comes back only as a spare started with --readmit, once its hardware is checked). Both
 print one JSON line per event on stdout.
 SIGTERM or SIGINT to either stops the job on every host and records why; with
---grace-period the loops are asked for a checkpoint first. With --recovery replica
+--grace-period the loops (under --recovery replica, the replicas, through the checkpoint
+command) are asked for a checkpoint first. With --recovery replica
 --replicas N the job is N replicas training through the replica library: a failed rank,
 a lost host or an evicted one costs only its replicas, restarted (a lost or evicted
 host's on a spare) and caught up from a healthy replica while the others train on

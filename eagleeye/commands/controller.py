@@ -85,9 +85,9 @@ def add_parser(sub: Any) -> None:
         type=seconds,
         default=0.0,
         metavar="S",
-        help="on SIGTERM or SIGINT (to the controller or an agent): ask the loops for a "
-        "checkpoint first and give every rank S seconds to save and exit before SIGKILL "
-        "(default: 0, stop at once)",
+        help="on SIGTERM or SIGINT (to the controller or an agent): ask the loops (with "
+        "--recovery replica, the replicas) for a checkpoint first and give every rank S "
+        "seconds to save and exit before SIGKILL (default: 0, stop at once)",
     )
     c.add_argument(
         "--snapshots",
