@@ -297,8 +297,12 @@ class ReplicaCoordinator:
         )
 
     def _answer(self, finding: Finding) -> None:
+        """The finding recorded and answered by the policy; once the job is stopping
+        (a signal) only recorded: nothing is restarted into a stop."""
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
+        if self._stop is not None:
+            return
         for decision in self.remediator.handle(finding):
             self.store.add_outcome(
                 decision.outcome, finding_id, decision.dry_run, decision.decided_at
