@@ -371,10 +371,10 @@ class JobCoordinator:
         if held is None:
             why = f"no agent of the job on {action.target}: nothing to evict"
             return Outcome(action, OutcomeStatus.SKIPPED, why, now)
-        rank, agent = held
+        node, agent = held
         self._event(f"agent:{agent.agent}", Phase.EVICTED, host=agent.host, cause=action.reason)
-        cause = eviction_cause(agent, rank, action.reason)
-        done = self._replace(agent.agent, rank, cause)
+        cause = eviction_cause(agent, node, action.reason)
+        done = self._replace(agent.agent, node, cause)
         if done is not None:
             self._evicted.setdefault(agent.host, cause)  # out until an operator readmits it
         if done is None:

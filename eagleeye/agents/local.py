@@ -88,7 +88,7 @@ class LocalAgents:
         self.members: Membership | None = None
         self.inner: AgentLauncher | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}  # agent name -> its process
-        self.respawns: dict[int, int] = {}  # node rank -> agents started again for it
+        self._respawns: dict[int, int] = {}  # node rank -> agents started again for it
         self._lost: set[str] = set()
         self._joining: dict[int, str] = {}  # node rank -> its agent, started, not joined yet
         self._secret_path: Path | None = None
@@ -191,10 +191,10 @@ class LocalAgents:
         supervisor's answer to their exits starts them on the new agent), up to
         ``MAX_RESPAWNS`` times per node; not once the run is closing."""
         node = int(name.rpartition("-")[2])
-        if self._closing or self.respawns.get(node, 0) >= MAX_RESPAWNS:
+        if self._closing or self._respawns.get(node, 0) >= MAX_RESPAWNS:
             self._joining.pop(node, None)
             return
-        self.respawns[node] = self.respawns.get(node, 0) + 1
+        self._respawns[node] = self._respawns.get(node, 0) + 1
         log.warning("local agent %s ended (%s); starting it again", name, why)
         self._spawn(node)
 
