@@ -627,7 +627,8 @@ class ReplicaSupervisor(StopOnRequest):
                 replica=replica,
             )
         if not self.quorum.healthy:  # e.g. the source died while it served a catch-up
-            reason = f"no healthy replica for replica {replica} to catch up from"
+            # a wipe-out seen one death per tick (the other replica is already recovering)
+            reason = f"wipe-out: no healthy replica for replica {replica} to catch up from"
             if self.restart_job(f"{reason}: {action.reason}"):
                 return self._outcome(
                     action,

@@ -3,6 +3,7 @@ per replica and budgeted, the last healthy replica is never restarted, nodes are
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -110,5 +111,34 @@ def test_an_exit_reaped_but_not_yet_queued_does_not_end_the_job(tmp_path) -> Non
         assert sup.phase is Phase.SUCCEEDED
         exits = [e for e in events if e.phase is Phase.EXITED and e.subject.startswith("rank:")]
         assert sorted(e.detail["exit_code"] for e in exits) == [0, 0]
+    finally:
+        sup.stop_all()
+
+
+def test_the_last_replica_dying_while_another_recovers_is_a_wipe_out(tmp_path) -> None:
+    """The two deaths of a wipe-out seen in separate ticks: replica 1 already restarts when
+    replica 0's rank dies, so replica 0's restart finds nobody to catch up from and the
+    whole job restarts, named a wipe-out as when both are seen in one tick."""
+    sup = supervisor(tmp_path, restarts=2, script_text=SCRIPT.replace("3.0", "30.0"))
+    sup.start()
+    try:
+        poll_until(
+            sup, lambda ev: any(e.phase is Phase.EXITED for e in ev if e.subject == "replica:1")
+        )
+        assert sup.execute(Action(ActionKind.RESTART, "replica:1", "exit", "k1")).status is (
+            OutcomeStatus.DONE
+        )
+        sup.launcher.signal(0, signal.SIGKILL)
+        events: list = []
+        deadline = time.monotonic() + 20
+        while not any(e.phase is Phase.EXITED for e in events if e.subject == "replica:0"):
+            assert time.monotonic() < deadline, events
+            events += sup.poll()  # the tick's actions run before its settle
+            time.sleep(0.05)
+        outcome = sup.execute(Action(ActionKind.RESTART, "replica:0", "exit", "k2"))
+        assert outcome.status is OutcomeStatus.DONE
+        assert sup.attempt == 1
+        recovering = [e for e in sup.settle() if e.subject == "job" and e.phase is Phase.RECOVERING]
+        assert [e.detail["reason"].split(":")[0] for e in recovering] == ["wipe-out"]
     finally:
         sup.stop_all()
