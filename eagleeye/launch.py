@@ -292,7 +292,9 @@ def supervisor_for(
 def _hold_is_no_hang(supervisor: Supervisor, controller: Controller) -> None:
     """A replica supervisor learns which ranks an injected slow fault holds stopped right
     now: their stopped state is no evidence of a hang."""
-    if controller.injector is None or "ft_runtime.replica" not in sys.modules:
+    # the supervisor's module, not the package (which job mode imports for its config):
+    # asking the package for ReplicaSupervisor would import torch into the controller
+    if controller.injector is None or "ft_runtime.replica.supervisor" not in sys.modules:
         return
     from ft_runtime.replica import ReplicaSupervisor
 
