@@ -84,4 +84,23 @@ def pynvml_factory() -> NvmlFactory:
     return lambda node: pynvml
 
 
-__all__ = ["GpuPolling", "NvmlFactory", "pynvml_factory"]
+def nvml_source(source: str, dcgm_url: str | None = None) -> NvmlFactory | None:
+    """``--gpu-metrics``: off, NVML (pynvml) on every node, or auto: NVML when pynvml finds
+    a GPU and no dcgm-exporter is read instead."""
+    if source == "off":
+        return None
+    if source == "auto":
+        from collector import nvml
+
+        if dcgm_url is not None or not nvml.is_available():
+            return None
+    return pynvml_factory()
+
+
+#: What makes every rank's NCCL flight recorder dump on a collective timeout.
+NCCL_DUMP_ENV = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+
+__all__ = ["NCCL_DUMP_ENV", "GpuPolling", "NvmlFactory", "nvml_source", "pynvml_factory"]

@@ -30,7 +30,7 @@ from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY, ENV_
 from eagleeye.controller import Controller, ControllerReport, StopRequest
 from eagleeye.detection import host_detectors, live_config, live_detectors
 from eagleeye.errors import EagleEyeError
-from eagleeye.gpus import NvmlFactory
+from eagleeye.gpus import NCCL_DUMP_ENV, NvmlFactory, nvml_source
 from eagleeye.hostsources import HostPlaces, HostSources, HostSourcesConfig
 from eagleeye.injector import FaultFired, OutsideInjector
 from eagleeye.rank_output import RankOutput
@@ -745,12 +745,6 @@ def _host_sources(config: JobConfig, env: Mapping[str, str]) -> HostSources | No
 
 
 #: torch's variables for NCCL flight-recorder dumps (the file name ends in the rank).
-NCCL_DUMP_ENV = {
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-}
-
-
 def _nccl_dump_env(config: JobConfig, env: Mapping[str, str]) -> dict[str, str]:
     """With --nccl-dump-dir, every rank's flight recorder dumps there on a timeout."""
     if config.nccl_dump_dir is None:
@@ -759,21 +753,6 @@ def _nccl_dump_env(config: JobConfig, env: Mapping[str, str]) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     wanted = {**NCCL_DUMP_ENV, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{folder}/nccl_trace_rank_"}
     return {name: value for name, value in wanted.items() if name not in env}
-
-
-def nvml_source(source: str, dcgm_url: str | None = None) -> NvmlFactory | None:
-    """``--gpu-metrics``: off, NVML (pynvml) on every node, or auto: NVML when pynvml finds
-    a GPU and no dcgm-exporter is read instead."""
-    if source == "off":
-        return None
-    if source == "auto":
-        from collector import nvml
-
-        if dcgm_url is not None or not nvml.is_available():
-            return None
-    from eagleeye.gpus import pynvml_factory
-
-    return pynvml_factory()
 
 
 def _also_export(metrics: RunMetrics, show: Callable[[object], None]) -> Callable[[object], None]:

@@ -127,8 +127,8 @@ def _agent(args: argparse.Namespace) -> int:
     from eagleeye.agents.snapshots import holder_endpoint
     from eagleeye.agents.wire import catchup_token, holder_token, replica_secret
     from eagleeye.errors import EagleEyeError
+    from eagleeye.gpus import NCCL_DUMP_ENV, nvml_source
     from eagleeye.hostsources import HostSourcesConfig
-    from eagleeye.launch import NCCL_DUMP_ENV, nvml_source
     from ft_runtime.layout import ENV_CATCHUP_HOST, ENV_CATCHUP_TOKEN
     from ft_runtime.replica.auth import ENV_REPLICA_SECRET
 
