@@ -37,11 +37,17 @@ the new-extreme trigger or both, by a rule the protocol chooses
 (detectors/eval/nab_artime_fusion.py); ``--family record_file_range`` the record detector
 over its grid handed each file's minimum and maximum where a range enters (its scale's
 floor and its novelty term), the like-for-like check beside ARTime's file range.
+``--family artime_rest`` judges ARTime with a rest after each detection kept, the rest
+(0 to 12 of its blocks) a constant the protocol chooses (detectors/eval/
+nab_artime_rest.py); ``artime_rest_probation`` the same with rests of 0 to 0.5
+probations. ``--artime-screen`` screens ARTime with one of its constants changed at a time
+and k-of-n votes of those runs (whole corpus, threshold 0.3, rest 8 blocks).
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
      likelihood_fusion|extreme_record|artime|artime_probation|artime_running|
-     artime_expanding|artime_fusion|record_file_range] [--zero-fp-bound] [--missed]
+     artime_expanding|artime_fusion|artime_rest|artime_rest_probation|record_file_range]
+     [--zero-fp-bound] [--missed] [--artime-screen]
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +65,9 @@ import pandas as pd
 from detectors._season import season_length
 from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
-from detectors.eval.nab_artime import ArtimeFamily
+from detectors.eval.nab_artime import ArtimeConfig, ArtimeFamily, artime_scores
 from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
+from detectors.eval.nab_artime_rest import ArtimeRestFamily, rest_flags, rest_rows
 from detectors.eval.nab_corpus import NabFile, load_corpus
 from detectors.eval.nab_discord import (
     DISCORD_SUSTAINED_GRID,
@@ -316,6 +324,8 @@ def family_loco(root: Path, name: str) -> None:
         "artime_running": ArtimeFamily(range_="running"),
         "artime_expanding": ArtimeFamily(range_="expanding"),
         "artime_fusion": ArtimeFusionFamily(),
+        "artime_rest": ArtimeRestFamily(),
+        "artime_rest_probation": ArtimeRestFamily("probation"),
         "record_file_range": FileRangeRecordFamily(),
     }
     family = families[name]
@@ -353,6 +363,61 @@ def family_loco(root: Path, name: str) -> None:
             )
             print(f"published constants {p.name}: {cells}  all {nab_loco._score(per, p):.2f}")
     print(f"{time.perf_counter() - start:.0f} s")
+
+
+#: ARTime screened with one constant changed at a time (``--artime-screen``).
+ARTIME_VARIANTS: dict[str, dict[str, float]] = {
+    "published": {},
+    **{f"levels {v}": {"levels": v} for v in (40, 60, 100, 160)},
+    **{f"windows/probation {v}": {"windows_per_probation": v} for v in (8, 10, 16, 20)},
+    **{f"window {v}": {"window": v} for v in (4, 16)},
+    **{f"spike_min {v}": {"spike_min": v} for v in (0.0, 0.05, 0.15, 0.2)},
+    **{f"mask {v}": {"mask_factor": v} for v in (1.0, 1.25, 2.0, 3.0)},
+    **{f"rho_ub_cap {v}": {"rho_ub_cap": v} for v in (0.93, 0.95, 0.99)},
+}
+
+
+def artime_screen(root: Path) -> None:
+    """ARTime (file range, threshold 0.3, rest 8 blocks) with one constant changed at a
+    time, and k-of-n votes of those runs, on the whole corpus (standard profile): a screen,
+    not a held-out figure."""
+    files = list(load_corpus(root))
+    cats = [nab_loco.category(f.name) for f in files]
+    short = [c.replace("artificial", "art").replace("real", "")[:10] for c in CATEGORIES]
+    print(f"{'variant':<24}" + "".join(f"{c:>11}" for c in short) + "    all   FP")
+
+    def row(name: str, flags: Sequence[np.ndarray]) -> None:
+        every = [score_file(fl, f.windows, STANDARD) for f, fl in zip(files, flags, strict=True)]
+        per = {c: [sc for sc, k in zip(every, cats, strict=True) if k == c] for c in CATEGORIES}
+        cells = "".join(f"{nab_loco._score(per[c], STANDARD):11.2f}" for c in CATEGORIES)
+        total = nab_loco._score(every, STANDARD)
+        print(f"{name:<24}{cells}{total:7.2f}{sum(sc.fp for sc in every):5d}", flush=True)
+
+    def rested(flags: np.ndarray, f: NabFile) -> np.ndarray:
+        return rest_flags(flags, rest_rows(8.0, probation_length(len(f.values))))
+
+    runs: dict[str, list[np.ndarray]] = {}
+    for name, changes in ARTIME_VARIANTS.items():
+        cfg = replace(ArtimeConfig(), **changes)
+        runs[name] = [
+            artime_scores(f.values, float(f.values.min()), float(f.values.max()), cfg) >= 0.3
+            for f in files
+        ]
+        row(name, [rested(fl, f) for fl, f in zip(runs[name], files, strict=True)])
+    # Votes: a row is flagged when at least k runs flagged within the last ``span`` rows
+    # (its first such row), then rested.
+    for frac in (0.05, 0.1, 0.25):
+        for k in (2, 3, 4, 6):
+            flags = []
+            for i, f in enumerate(files):
+                span = max(1, int(frac * probation_length(len(f.values))))
+                count = np.zeros(len(f.values))
+                for run in runs.values():
+                    c = np.cumsum(run[i])
+                    count += (c - np.concatenate([np.zeros(span), c[:-span]])) > 0
+                hit = count >= k
+                flags.append(rested(hit & ~np.concatenate([[False], hit[:-1]]), f))
+            row(f"vote {k} of {len(runs)}, {frac} pb", flags)
 
 
 def missed_windows(root: Path) -> None:
@@ -438,14 +503,19 @@ def main() -> None:
             "artime_running",
             "artime_expanding",
             "artime_fusion",
+            "artime_rest",
+            "artime_rest_probation",
             "record_file_range",
         ),
         default=None,
     )
     parser.add_argument("--zero-fp-bound", action="store_true")
     parser.add_argument("--missed", action="store_true")
+    parser.add_argument("--artime-screen", action="store_true")
     args = parser.parse_args()
-    if args.missed:
+    if args.artime_screen:
+        artime_screen(args.root)
+    elif args.missed:
         missed_windows(args.root)
     elif args.zero_fp_bound:
         zero_fp_bound(args.root)

@@ -260,7 +260,7 @@ def artime_scores(
     if probation is None:
         probation = math.floor(0.15 * n) if n < 5000 else 750
     probation -= probation % 2
-    step = max(1, probation // (cfg.window * cfg.windows_per_probation))
+    step = block_length(probation, cfg)
     trend = probation // step
     scores = np.zeros(n)
     if trend < 2 * cfg.window:
@@ -311,6 +311,13 @@ def artime_scores(
             last_update = i
             mask_after_cat = True
     return scores
+
+
+def block_length(probation: int, cfg: ArtimeConfig | None = None) -> int:
+    """Rows a block (one downsampled value) covers, for a file of the given probation."""
+    cfg = cfg or ArtimeConfig()
+    probation -= probation % 2
+    return max(1, probation // (cfg.window * cfg.windows_per_probation))
 
 
 def _confidence(top: float, energy: float, art: _Art) -> float:

@@ -3,9 +3,11 @@
 NAB's harness hands every detector, before the first row, the file's minimum and maximum
 (``inputMin``, ``inputMax``) and the probation length; the detector then sees the rows one
 at a time and chooses its own threshold. ``artime`` (the default) is ARTime
-(detectors/eval/nab_artime.py) scaled by that range, with its published constants and a
-score threshold of 0.3: the setting the leave-one-category-out protocol chose for every
-held-out category in the standard profile (docs/benchmarks.md, "NAB: ARTime"). ``record``
+(detectors/eval/nab_artime.py) scaled by that range, with its published constants, a
+score threshold of 0.3 and a rest of 8 blocks (one feature window) after each detection
+kept (detectors/eval/nab_artime_rest.py): the setting the leave-one-category-out protocol
+chose for every held-out category in the standard profile (docs/benchmarks.md, "NAB:
+ARTime with a rest period"). ``record``
 is the project's own RecordDetector (detectors/univariate.py), which uses the probation
 only. Both are online: a verdict uses the rows up to it (and, for ``artime``, the range).
 """
@@ -18,6 +20,7 @@ import numpy as np
 
 from detectors.errors import DetectorError
 from detectors.eval.nab_artime import artime_scores
+from detectors.eval.nab_artime_rest import rest_flags, rest_rows
 from detectors.univariate import RecordDetector
 
 #: A NAB detector: (values, probation, file minimum, file maximum) -> one flag per row.
@@ -25,12 +28,16 @@ NabDetector = Callable[[np.ndarray, int, float, float], np.ndarray]
 
 #: ARTime's score threshold shipped (chosen by the protocol, docs/benchmarks.md).
 ARTIME_THRESHOLD = 0.3
+#: ARTime's rest after a detection kept, in its blocks (chosen by the protocol).
+ARTIME_REST_BLOCKS = 8.0
 
 
 def artime_flags(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:
-    """ARTime's detections: a new cluster scoring at least ``ARTIME_THRESHOLD``."""
+    """ARTime's detections: a new cluster scoring at least ``ARTIME_THRESHOLD``, less those
+    within ``ARTIME_REST_BLOCKS`` blocks after the last detection kept."""
     scores = artime_scores(values, low, high, probation=probation)
-    return np.asarray(scores >= ARTIME_THRESHOLD, dtype=bool) & (scores > 0)
+    kept = np.asarray(scores >= ARTIME_THRESHOLD, dtype=bool) & (scores > 0)
+    return rest_flags(kept, rest_rows(ARTIME_REST_BLOCKS, probation))
 
 
 def record_flags(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:

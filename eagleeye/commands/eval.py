@@ -70,12 +70,13 @@ def add_parser(sub: Any) -> None:
     )
     n.add_argument(
         "--family",
-        choices=("record", "cad", "fusion", "artime", "artime_fusion"),
+        choices=("record", "cad", "fusion", "artime", "artime_rest", "artime_fusion"),
         default="record",
         help="with --loco: the detector family whose constants are chosen: the record "
         "detector, CAD OSE, both joined by a rule the protocol chooses (fusion), ARTime "
-        "(file range), or ARTime joined with the record detector and the new-extreme "
-        "trigger by a rule the protocol chooses (artime_fusion) (default: record)",
+        "(file range), ARTime with a rest after each detection kept (artime_rest), or "
+        "ARTime joined with the record detector and the new-extreme trigger by a rule the "
+        "protocol chooses (artime_fusion) (default: record)",
     )
     n.add_argument(
         "--uncapped-probation",
@@ -240,6 +241,7 @@ def _export(args: argparse.Namespace) -> int:
 def _loco(args: argparse.Namespace) -> int:
     from detectors.eval.nab_artime import ArtimeFamily
     from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
+    from detectors.eval.nab_artime_rest import ArtimeRestFamily
     from detectors.eval.nab_families import CadFamily, Family, FusionFamily, RecordFamily
     from detectors.eval.nab_loco import leave_one_out
 
@@ -250,6 +252,7 @@ def _loco(args: argparse.Namespace) -> int:
         "cad": CadFamily,
         "fusion": FusionFamily,
         "artime": ArtimeFamily,
+        "artime_rest": ArtimeRestFamily,
         "artime_fusion": ArtimeFusionFamily,
     }
     result = leave_one_out(args.root, families[args.family]())

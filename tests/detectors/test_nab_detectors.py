@@ -14,6 +14,7 @@ from detectors.errors import DetectorError
 from detectors.eval.nab import probation_length
 from detectors.eval.nab_artime import artime_scores
 from detectors.eval.nab_detectors import (
+    ARTIME_REST_BLOCKS,
     ARTIME_THRESHOLD,
     DEFAULT_DETECTOR,
     DETECTORS,
@@ -67,7 +68,22 @@ def test_artime_keeps_only_detections_at_the_threshold() -> None:
     x[1500:1600] += 1.5
     scores = artime_scores(x, float(x.min()), float(x.max()))
     flags = artime_flags(x, probation_length(len(x)), float(x.min()), float(x.max()))
-    assert np.array_equal(flags, scores >= ARTIME_THRESHOLD)
+    above = scores >= ARTIME_THRESHOLD
+    assert above.sum() >= flags.sum() > 0
+    # Every flag is a detection at the threshold (the rest drops some of them).
+    assert not (flags & ~above).any()
+
+
+def test_artime_rests_after_a_detection_kept() -> None:
+    # The series turns noisy: ARTime founds a new cluster at 1507, 1511 and 1515 (blocks
+    # of 4 rows) and again at 1575; a rest of 8 blocks keeps 1507 and 1575.
+    x = _wave(3000)
+    x[1500:1700] += np.random.default_rng(0).normal(size=200)
+    low, high, probation = float(x.min()), float(x.max()), probation_length(len(x))
+    scores = artime_scores(x, low, high)
+    assert np.flatnonzero(scores >= ARTIME_THRESHOLD).tolist() == [1507, 1511, 1515, 1575]
+    assert ARTIME_REST_BLOCKS == 8
+    assert np.flatnonzero(artime_flags(x, probation, low, high)).tolist() == [1507, 1575]
 
 
 def test_artime_is_online_given_the_range() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from eagleeye.cli import main
 
@@ -76,7 +77,8 @@ def test_detector_with_loco_is_refused(tmp_path: Path, capsys) -> None:
     assert "with --loco give --family instead" in capsys.readouterr().err
 
 
-def test_loco_runs_the_artime_family(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("family", ["artime", "artime_rest"])
+def test_loco_runs_the_artime_families(tmp_path: Path, capsys, family: str) -> None:
     root = tmp_path / "nab"
     _corpus(root, "catA")
     _corpus(root / "b", "catB")
@@ -88,9 +90,9 @@ def test_loco_runs_the_artime_family(tmp_path: Path, capsys) -> None:
     )
     (root / "windows.json").write_text(json.dumps(labels))
     out_json = tmp_path / "r.json"
-    argv = ["eval", "nab", "--root", str(root), "--loco", "--family", "artime"]
+    argv = ["eval", "nab", "--root", str(root), "--loco", "--family", family]
     assert main([*argv, "--json", str(out_json)]) == 0
     result = json.loads(out_json.read_text())
-    assert result["family"] == "artime"
+    assert result["family"] == family
     assert {h["category"] for h in result["held"]} == {"catA", "catB"}
     assert result["mean"]["standard"] > 90.0
