@@ -86,17 +86,18 @@ class Job:
         self.finish = tmp_path / "finish"
         self.listen = f"127.0.0.1:{free_port()}"
         self.common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.3"]
-        self.controller = subprocess.Popen(
+        self.argv = (
             [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *controller]
             + [*self.common, "--recovery", "replica", "--replicas", "2"]
-            + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+            + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"]
+        )
+        self.controller = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
         self.lines = Lines(self.controller)
         self.agents: list[subprocess.Popen[str]] = []
         self.agent_env: dict[str, dict[str, str]] = {}
+        self.sources = ["--no-host-metrics"]  # an agent's host sources: none by default
         self.first: dict[int, dict[str, Any]] = {}
         self.healthy = tmp_path / "logs0" / "replica-0-0" / "rank-0.log"
 
@@ -104,7 +105,7 @@ class Job:
         with (self.tmp / f"{name}.err").open("w") as err:
             proc = subprocess.Popen(
                 [*EAGLEEYE, "agent", "--controller", self.listen, *role, *self.common]
-                + ["--no-host-metrics", "--advertise", "127.0.0.1"]
+                + [*self.sources, "--advertise", "127.0.0.1"]
                 + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
                 stderr=err,
                 text=True,
