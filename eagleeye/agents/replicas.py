@@ -3,10 +3,14 @@
 
 The one-machine ``ReplicaSupervisor`` runs in the controller, composed with an
 ``AgentLauncher`` (its ranks started, signalled and stopped by the agents) and a quorum
-whose store the controller hosts on its listen address, authenticated by a secret every
-agent derives from the job's shared secret (``wire.replica_secret``: it never crosses the
-network). Ranks catch up from each other directly, each catch-up server on its host's
-advertised address.
+whose store runs in a process of its own on the controller's host (``DetachedStore``,
+reached at the listen address), authenticated by a secret every agent derives from the
+job's shared secret (``wire.replica_secret``: it never crosses the network). Ranks catch
+up from each other directly, each catch-up server on its host's advertised address. The
+store process outlives a controller killed outright, and the quorum's memberships are
+logged in the run store before they are published: a controller started again with the
+same command line goes on with the job (``eagleeye.agents.replicaresume``: the state
+journaled at each tick, the ranks adopted as their agents say hello again).
 
 It waits for one agent per node rank, starts every replica through them, and records
 every launch, exit, membership, finding and action in the run store. A rank exiting
