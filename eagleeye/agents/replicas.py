@@ -243,7 +243,7 @@ class ReplicaCoordinator:
             self.log_dir / "quorum-store.log",
             lease_s=self.store_lease_s,
         )
-        supervisor = self.supervise(str(master.info.get("address") or master.host))
+        supervisor = self.supervise(str(master.info.get("address") or master.host), fresh=True)
         for node, agent in self._by_node.items():
             self.launcher.place(node, agent.agent)
         self.phase = Phase.RUNNING
@@ -252,9 +252,10 @@ class ReplicaCoordinator:
         self._journal()
         return supervisor
 
-    def supervise(self, master_addr: str) -> ReplicaSupervisor:
+    def supervise(self, master_addr: str, fresh: bool = False) -> ReplicaSupervisor:
         """The supervisor of this job (not started), its quorum on the store process and
-        its membership log in the run store."""
+        its membership log in the run store (``fresh``: a new quorum, whatever the log
+        holds of a controller killed before its first journal)."""
         assert self.quorum_store is not None
         launch = LaunchSpec(
             (), self.layout, self.run_id, str(self.log_dir), master_addr=master_addr
@@ -265,7 +266,7 @@ class ReplicaCoordinator:
             host=self.store_host,
             min_replicas=self.min_replicas,
             clock=self.clock,
-            log=StoreMembershipLog(self.store),
+            log=StoreMembershipLog(self.store, fresh=fresh),
             store_address=self.quorum_store.address,
             secret=self.secret,
         )

@@ -174,3 +174,53 @@ def test_a_replica_controller_whose_quorum_store_is_gone_is_refused(tmp_path: Pa
     assert "does not answer" in line
     assert "another --run-id" in line
     assert rows(tmp_path / "runs" / "r", "SELECT count(*) FROM events") == [(0,)]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_rank_that_died_while_the_replica_controller_was_away_restarts_its_replica(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 killed while no controller runs: the restarted controller adopts rank 0,
+    answers rank 1's exit (its agent declares it) with a restart of replica 1 only, which
+    catches up from replica 0; the job succeeds."""
+    job = Job(tmp_path)
+    try:
+        job.start(spare=False)
+        job.controller.send_signal(signal.SIGKILL)
+        job.controller.wait(timeout=30)
+        os.kill(job.first[1]["pid"], signal.SIGKILL)  # dies with nobody to tell
+        job.controller = subprocess.Popen(
+            job.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        seen = job.lines.seen
+        job.lines = Lines(job.controller)
+        job.lines.seen = seen  # both controllers' lines: rank 0 started once in all
+        at_restart = steps(job.healthy)[-1]
+        got: dict[str, dict[str, Any]] = {}  # in whatever order the agents come back
+        while len(got) < 5:
+            item = job.lines.next(lambda i: True)
+            detail = item.get("detail", {})
+            if detail.get("adopted"):
+                got[f"adopted {detail['node']}"] = detail
+            elif item.get("kind") == "process_exit":
+                got["exit"] = item
+            elif running(1)(item):
+                got["started"] = detail
+            elif item.get("subject") == "replica:1" and "joined_epoch" in detail:
+                got["joined"] = item
+        assert got["adopted 0"]["pids"] == {"0": job.first[0]["pid"]}
+        assert got["adopted 1"]["pids"] == {}
+        assert got["adopted 1"]["ended_meanwhile"] == {"1": -signal.SIGKILL}
+        assert got["exit"]["subject"]["rank"] == 1
+        assert got["started"]["pid"] != job.first[1]["pid"]  # replica 1 restarted, caught up
+        wait_for(lambda: steps(job.healthy)[-1] > at_restart, "replica 0 stopped stepping")
+        job.finished()
+        for proc in job.agents:
+            assert proc.wait(timeout=60) == 0
+    finally:
+        job.close()
+    job.check_healthy(tmp_path / "logs1" / "replica-1-1" / "rank-1.log", at_restart)
+    replicas = journal(tmp_path / "runs" / "r")["supervisor"]["replicas"]
+    assert replicas["1"][:2] == [1, 1]  # incarnation 1, one restart paid
