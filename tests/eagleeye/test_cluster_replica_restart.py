@@ -98,6 +98,7 @@ def test_a_killed_replica_controller_restarted_adopts_the_running_ranks(tmp_path
         job.finished()  # told to stop 20 steps on: succeeded, the controller exits 0
         for proc in job.agents:
             assert proc.wait(timeout=60) == 0
+        wait_for(lambda: gone(store_pid), "the quorum's store outlived the job", limit=15)
     finally:
         job.close()
     for rank, log in logs.items():  # one process each, every step committed, on past both
@@ -115,7 +116,6 @@ def test_a_killed_replica_controller_restarted_adopts_the_running_ranks(tmp_path
     assert replicas == {"0": [0, 0, "running", None], "1": [1, 1, "running", None]}
     (result,) = rows(run, "SELECT value FROM meta WHERE key = 'result'")[0]
     assert json.loads(result) == {"succeeded": True}
-    wait_for(lambda: gone(store_pid), "the quorum's store outlived the job", limit=15)
     job.no_rank_left(job.first[1]["pid"], *pids.values())
 
 
