@@ -33,9 +33,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from ft_runtime.errors import LaunchError
+from ft_runtime.replica.protocol import KEY_STORE_LEASE, KEY_STORE_STOP
 
 #: The sealed keys a detached store is told through: its stop, and its lease's renewals.
-KEY_STOP, KEY_LEASE = "storehost/stop", "storehost/lease"
+KEY_STOP, KEY_LEASE = KEY_STORE_STOP, KEY_STORE_LEASE
 #: Seconds a detached store waits for a controller to renew its lease before it ends.
 LEASE_S = 300.0
 
