@@ -5,7 +5,8 @@ then the same command line on the same host. The quorum's store, a process of it
 the controller's host, carries both replicas' training meanwhile; the restarted
 controller reconnects to it and adopts both hosts' ranks (the same pids, never
 relaunched); the job succeeds, the store keeps every row from before the kill, and no
-process is left on any host (the store's included)."""
+process is left on any host (the store's included). With the controller's host lost
+(the store with it) a restart is refused in one line."""
 
 from __future__ import annotations
 
@@ -97,3 +98,29 @@ def test_the_replica_controller_killed_and_restarted_adopts_both_hosts_ranks(
         assert after[table][: len(old)] == old, f"rows of {table} lost"
     assert after["findings"] == []  # no host found lost, no replica restarted
     assert os.path.exists(tmp_path / "runs" / "replica-restart" / "replicas" / "quorum-store.log")
+
+
+def test_the_replica_controllers_host_lost_refuses_a_restart_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Every process of the controller's host killed (its host lost: the quorum's store
+    with it): the same command line there again is refused in one line, saying why and
+    what to do, and records nothing."""
+    need_netns()
+    with NetHosts(4) as hosts:
+        job = ReplicaJob(tmp_path, hosts, 5709, "host-lost")
+        log = tmp_path / "logs-1" / "replica-0-0" / "rank-0.log"
+        wait_for(lambda: len(steps(log)) >= 3, "replica 0 never stepped")
+        db = tmp_path / "runs" / "host-lost" / "run.db"
+        for pid in hosts.pids(0):  # the controller's host: the controller and the store
+            os.kill(pid, signal.SIGKILL)
+        job.controller.wait(timeout=30)
+        before = rows(db)
+        again = hosts.popen(0, job.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = again.communicate(timeout=60)
+        assert again.returncode != 0
+        assert out == ""
+        (line,) = err.strip().splitlines()
+        assert "the replica job cannot go on" in line
+        assert "give another --run-id" in line
+        assert rows(db) == before
