@@ -67,6 +67,22 @@ def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None
         time.sleep(0.1)
 
 
+def end_store(run: Path) -> None:
+    """Kills the quorum's store process of ``run`` if a failed test left it (a controller
+    killed outright leaves it to end on its own lease, minutes later)."""
+    try:
+        conn = sqlite3.connect(f"file:{run / 'run.db'}?mode=ro", uri=True, timeout=30)
+        try:
+            found = conn.execute("SELECT value FROM meta WHERE key = 'replica_state'").fetchall()
+        finally:
+            conn.close()
+        pid = int(json.loads(found[0][0])["store"]["pid"]) if found else 0
+        if pid and b"ft_runtime.storehost" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, sqlite3.Error):
+        pass  # no run store yet, or no such process: nothing left
+
+
 class Job:
     """The controller and its agents (node ranks 0 and 1, and a spare) on loopback; each
     agent's stderr in ``{name}.err``. ``controller``: its flags beyond the job's;
@@ -162,22 +178,6 @@ class Job:
                 proc.kill()
             proc.wait(timeout=10)
         end_store(self.tmp / "runs" / "r")
-
-
-def end_store(run: Path) -> None:
-    """Kills the quorum's store process of ``run`` if a failed test left it (a controller
-    killed outright leaves it to end on its own lease, minutes later)."""
-    try:
-        conn = sqlite3.connect(f"file:{run / 'run.db'}?mode=ro", uri=True, timeout=30)
-        try:
-            found = conn.execute("SELECT value FROM meta WHERE key = 'replica_state'").fetchall()
-        finally:
-            conn.close()
-        pid = int(json.loads(found[0][0])["store"]["pid"]) if found else 0
-        if pid and b"ft_runtime.storehost" in Path(f"/proc/{pid}/cmdline").read_bytes():
-            os.kill(pid, signal.SIGKILL)
-    except (OSError, sqlite3.Error):
-        pass  # no run store yet, or no such process: nothing left
 
     def check_healthy(self, rejoined_log: Path, at_loss: int) -> None:
         """Replica 0's rank: one process that committed every step; replica 1's new one
