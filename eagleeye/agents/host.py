@@ -170,7 +170,12 @@ class HostAgent:
     def _declare(self) -> None:
         """Tells the link what runs here (said in a hello again)."""
         ranks = [
-            {"rank": r.spec.rank, "pid": r.proc.pid, "code": r.proc.returncode}
+            {
+                "rank": r.spec.rank,
+                "pid": r.proc.pid,
+                "code": r.proc.returncode,
+                "attempt": r.attempt,  # a replica job's ranks each have their own
+            }
             for r in list(self._ranks.values())
         ]
         self.link.declare(resume={"attempt": self._attempt, "ranks": ranks})
@@ -323,6 +328,8 @@ class HostAgent:
             return f"failed: {exc}"
         self._ranks[rank] = _Rank(self.layout.rank(rank), proc, generation)
         self.link.report("launched", {"rank": rank, "pid": proc.pid, "attempt": generation})
+        self.link.declare(node_rank=self.node_rank)  # a spare's, given by its start
+        self._declare()
         return "done"
 
     def _open_holder(self, ring: object) -> None:

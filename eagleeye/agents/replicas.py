@@ -3,10 +3,14 @@
 
 The one-machine ``ReplicaSupervisor`` runs in the controller, composed with an
 ``AgentLauncher`` (its ranks started, signalled and stopped by the agents) and a quorum
-whose store the controller hosts on its listen address, authenticated by a secret every
-agent derives from the job's shared secret (``wire.replica_secret``: it never crosses the
-network). Ranks catch up from each other directly, each catch-up server on its host's
-advertised address.
+whose store runs in a process of its own on the controller's host (``DetachedStore``,
+reached at the listen address), authenticated by a secret every agent derives from the
+job's shared secret (``wire.replica_secret``: it never crosses the network). Ranks catch
+up from each other directly, each catch-up server on its host's advertised address. The
+store process outlives a controller killed outright, and the quorum's memberships are
+logged in the run store before they are published: a controller started again with the
+same command line goes on with the job (``eagleeye.agents.replicaresume``: the state
+journaled at each tick, the ranks adopted as their agents say hello again).
 
 It waits for one agent per node rank, starts every replica through them, and records
 every launch, exit, membership, finding and action in the run store. A rank exiting
@@ -45,6 +49,7 @@ from pathlib import Path
 
 from collector.types import Frame, Sample, Subject
 from detectors.types import Finding, Severity
+from eagleeye.agents import replicaresume
 from eagleeye.agents.agentlauncher import AgentLauncher
 from eagleeye.agents.eviction import (
     HostRules,
@@ -62,11 +67,12 @@ from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membe
 from eagleeye.agents.spares import Spares, is_spare
 from eagleeye.agents.stopped import STOPPED
 from eagleeye.detection import fenced_hang
-from eagleeye.store import RunStore
+from eagleeye.store import RunStore, StoreMembershipLog
 from ft_runtime.errors import LaunchError
 from ft_runtime.layout import JobLayout
 from ft_runtime.quorum import QuorumService
 from ft_runtime.replica.supervisor import ReplicaSupervisor
+from ft_runtime.storehost import LEASE_S, DetachedStore
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 from remediation.policy import Policy, cluster_replica_policy
@@ -131,6 +137,12 @@ class ReplicaCoordinator:
     _host_rules: HostRules = field(default_factory=HostRules)
     _evicted: dict[str, str] = field(default_factory=dict)  # host -> why it was evicted
     _judge: ReducedJudge = field(init=False)  # the reduced telemetry's detectors
+    store_lease_s: float = LEASE_S  # the store process ends once unrenewed this long
+    quorum_store: DetachedStore | None = None  # the quorum's store, in a process of its own
+    restored: bool = False  # restarted from the run store: the job runs, agents come back
+    adopting: set[str] = field(default_factory=set)  # agents whose ranks are to adopt
+    _journaled: dict[str, object] | None = None  # the state last written to the run store
+    _renewed: float = 0.0  # when the store's lease was last renewed (monotonic)
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
@@ -147,14 +159,14 @@ class ReplicaCoordinator:
     def run(self, join_timeout_s: float = 120.0, limit_s: float = float("inf")) -> Phase:
         """Runs the job to its end; returns SUCCEEDED or FAILED."""
         deadline = self.clock() + join_timeout_s
-        while len(self._by_node) < self.layout.nnodes:
+        while len(self._by_node) < self.layout.nnodes and not self.restored:
             if self._stop is not None:
                 return self._end(Phase.FAILED, f"stopped by {self._stop}")
             if self.clock() > deadline:
                 missing = sorted(set(range(self.layout.nnodes)) - set(self._by_node))
                 return self._end(Phase.FAILED, f"no agent joined for node ranks {missing}")
             self._poll()
-        supervisor = self._start()
+        supervisor = self.supervisor if self.restored and self.supervisor else self._start()
         end = self.clock() + limit_s
         while not supervisor.finished and self.phase is Phase.RUNNING:
             if self._stop is not None:
@@ -168,6 +180,7 @@ class ReplicaCoordinator:
                 self._step()
             except LaunchError as exc:  # a restart onto a host that is gone, with no spare
                 return self._end(Phase.FAILED, f"the job cannot go on: {exc}")
+            self._journal()
         if self.phase is not Phase.RUNNING:  # ended already (a spare that could not start)
             return self.phase
         return self._end(supervisor.phase, "")
@@ -219,13 +232,33 @@ class ReplicaCoordinator:
             )
 
     def _start(self) -> ReplicaSupervisor:
+        """The quorum's store started in a process of its own (it outlives this
+        controller: a restarted one reconnects to it), then the supervisor and every
+        replica; journaled."""
         master = self._by_node[0]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.quorum_store = DetachedStore.start(
+            self.store_host,
+            self.secret,
+            self.log_dir / "quorum-store.log",
+            lease_s=self.store_lease_s,
+        )
+        supervisor = self.supervise(str(master.info.get("address") or master.host), fresh=True)
+        for node, agent in self._by_node.items():
+            self.launcher.place(node, agent.agent)
+        self.phase = Phase.RUNNING
+        supervisor.start()
+        self._record(supervisor.poll())
+        self._journal()
+        return supervisor
+
+    def supervise(self, master_addr: str, fresh: bool = False) -> ReplicaSupervisor:
+        """The supervisor of this job (not started), its quorum on the store process and
+        its membership log in the run store (``fresh``: a new quorum, whatever the log
+        holds of a controller killed before its first journal)."""
+        assert self.quorum_store is not None
         launch = LaunchSpec(
-            (),
-            self.layout,
-            self.run_id,
-            str(self.log_dir),
-            master_addr=str(master.info.get("address") or master.host),
+            (), self.layout, self.run_id, str(self.log_dir), master_addr=master_addr
         )
         quorum = QuorumService(
             self.layout.replicas,
@@ -233,10 +266,10 @@ class ReplicaCoordinator:
             host=self.store_host,
             min_replicas=self.min_replicas,
             clock=self.clock,
+            log=StoreMembershipLog(self.store, fresh=fresh),
+            store_address=self.quorum_store.address,
             secret=self.secret,
         )
-        for node, agent in self._by_node.items():
-            self.launcher.place(node, agent.agent)
         supervisor = ReplicaSupervisor(
             launch,
             quorum,
@@ -246,11 +279,22 @@ class ReplicaCoordinator:
             joiner_nice=0,  # no priority across hosts: a spare host trains nothing else
             launcher=self.launcher,
         )
+        supervisor.store_host = self.quorum_store  # its end ends the job (the store's close)
         self.supervisor = supervisor
-        self.phase = Phase.RUNNING
-        supervisor.start()
-        self._record(supervisor.poll())
         return supervisor
+
+    def _journal(self) -> None:
+        """The state a restarted controller needs, in the run store when it changed
+        (``eagleeye.agents.replicaresume``); the store process's lease renewed."""
+        now = time.monotonic()
+        if self.quorum_store is not None and now - self._renewed >= 1.0:
+            self._renewed = now
+            try:
+                self.quorum_store.renew()
+            except RuntimeError as exc:  # the store is gone: the supervisor's next look
+                log.warning("the quorum's store did not take its lease: %s", exc)
+        if self.supervisor is not None and self.phase is Phase.RUNNING:
+            self._journaled = replicaresume.save(self.store, self, self._journaled)
 
     def _step(self) -> None:
         """One look of the supervisor: exits, hangs, joins; a rank's failure is answered."""
@@ -340,6 +384,9 @@ class ReplicaCoordinator:
             self._spare_joined(agent)
             return
         held = self._by_node.get(agent.node_rank)
+        if held is not None and held.agent == agent.agent and agent.agent in self.adopting:
+            replicaresume.adopt(self, held, agent)  # this controller restarted
+            return
         if self.phase is Phase.RUNNING and held is not None and held.agent != agent.agent:
             why = f"node rank {agent.node_rank} is held by {held.agent} in this job"
             self.members.fence(agent.agent, why, key="refused")

@@ -40,7 +40,9 @@ KEY = "cluster_state"
 #: The journal's own format version.
 VERSION = 1
 #: The configuration a restarted controller must be given again, as it was.
-SAME = ("nnodes", "nproc_per_node", "recovery", "snapshots")
+SAME = ("nnodes", "nproc_per_node", "recovery", "replicas", "snapshots")
+#: The ``meta`` key of a replica job's journal (``eagleeye.agents.replicaresume``).
+REPLICA_KEY = "replica_state"
 
 
 def state_of(job: JobCoordinator) -> dict[str, Any]:
@@ -86,7 +88,9 @@ def save(store: RunStore, job: JobCoordinator) -> None:
 
 def load(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
     """The journal of the unfinished run in ``run_dir``, for a controller started again
-    with ``config``; None when the run never launched (it starts over in its store).
+    with ``config`` (a job's, or with ``--recovery replica`` a replica job's:
+    ``eagleeye.agents.replicaresume``); None when the run never launched (it starts over
+    in its store).
 
     Raises:
         EagleEyeError: the run ended, is no job across hosts, or ``config`` differs from
@@ -106,12 +110,7 @@ def load(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
             f"run {run_dir.name} ended ({how}); give another --run-id to start a new job"
         )
     known = meta.get("config") or {}
-    if known.get("recovery") == "replica":
-        raise EagleEyeError(
-            f"run {run_dir.name} is a replica job, whose controller cannot be restarted yet "
-            "(the quorum's store lived in it); give another --run-id"
-        )
-    if known.get("recovery") != "job":
+    if known.get("recovery") not in ("job", "replica"):
         raise EagleEyeError(
             f"run {run_dir.name} is not a job of `eagleeye controller`; give another --run-id"
         )
@@ -122,7 +121,7 @@ def load(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
             f"run {run_dir.name} was started with {was}; restart its controller with the "
             "same flags, or give another --run-id"
         )
-    state = meta.get(KEY)
+    state = meta.get(REPLICA_KEY if known["recovery"] == "replica" else KEY)
     if state is None:
         return None
     if state.get("version") != VERSION or state.get("phase") != Phase.RUNNING.value:

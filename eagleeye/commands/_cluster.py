@@ -36,7 +36,10 @@ host's on a spare) and caught up from a healthy replica while the others train o
 (docs/multihost.md). A job's controller
 that is killed never ends the ranks: the agents keep them training and wait for it;
 started again with the same command line (the same --runs-dir and --run-id), it goes on
-with the run in its store and adopts the running ranks (not yet under --recovery replica).
+with the run in its store and adopts the running ranks. Under --recovery replica the
+quorum's store runs in a process of its own on the controller's host, which outlives the
+controller: a controller started again on the same host reconnects to it (on another
+host, or with that host lost, the restart is refused and the job must start anew).
 """
 """The help page of both commands."""
 

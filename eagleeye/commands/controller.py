@@ -219,7 +219,9 @@ def _coordinate(
     store.set_meta("run_id", run_id)
     store.set_meta("config", config)
     if args.recovery == "replica":
-        return _replicas(args, run_id, layout, policy, members, store, run_dir, metrics, alerts)
+        return _replicas(
+            args, run_id, layout, policy, members, store, run_dir, metrics, alerts, state
+        )
     places = AgentPlaces(layout)
     ports = random.Random()
     coordinator = JobCoordinator(
@@ -273,9 +275,13 @@ def _replicas(
     run_dir: Path,
     metrics: RunMetrics | None,
     alerts: RunAlerts | None,
+    state: dict[str, Any] | None,
 ) -> int:
-    """``--recovery replica``: the quorum's store on the listen address, its secret
-    derived from the job's (``eagleeye.agents.replicas``)."""
+    """``--recovery replica``: the quorum's store in a process of its own on the listen
+    address's host, its secret derived from the job's (``eagleeye.agents.replicas``);
+    ``state``: the journal of the run this controller goes on with
+    (``eagleeye.agents.replicaresume``)."""
+    from eagleeye.agents import replicaresume
     from eagleeye.agents.places import AgentPlaces
     from eagleeye.agents.replicas import ReplicaCoordinator
     from eagleeye.agents.wire import replica_secret
@@ -300,7 +306,15 @@ def _replicas(
         on_job_frame=(lambda frame: None) if metrics is None else metrics.job_step,
         on_joined=places.admit,
     )
+    if state is not None:
+        try:
+            replicaresume.restore(coordinator, state)
+        except EagleEyeError:
+            store.close()
+            members.close()
+            raise
     _serve(coordinator, metrics, alerts, places)
+    supervisor = coordinator.supervisor
     show(
         {
             "listening": members.address,
@@ -310,6 +324,13 @@ def _replicas(
             "recovery": "replica",
             "remediate": args.remediate,
             "policy": policy.name,
+            "resumed": None
+            if supervisor is None
+            else {
+                "attempt": supervisor.attempt,
+                "epoch": supervisor.quorum.current.epoch,
+                "incarnations": supervisor.incarnation,
+            },
         }
     )
     try:

@@ -40,6 +40,8 @@ __all__ = [
     "KEY_COMMANDS",
     "KEY_EPOCH",
     "KEY_FAMILIES",
+    "KEY_STORE_LEASE",
+    "KEY_STORE_STOP",
     "PROTOCOL_VERSION",
     "Answer",
     "CatchUpDone",
@@ -104,6 +106,10 @@ class ProtocolError(ValueError):
 
 # ---- keys ---------------------------------------------------------------------------------
 KEY_EPOCH = "q/epoch"
+KEY_STORE_STOP = "storehost/stop"
+"""Set by the controller that ends a job across hosts: the detached store process ends."""
+KEY_STORE_LEASE = "storehost/lease"
+"""Renewed by a live controller; a detached store nobody renews for its lease ends."""
 KEY_CATCHUP_COUNT = "q/wants"
 KEY_COMMANDS = "ctl/count"
 
@@ -200,6 +206,8 @@ KEY_FAMILIES: tuple[KeyFamily, ...] = (
     KeyFamily("intra/<r>/<i>/...", "gloo's own", "gloo", "gloo"),
     KeyFamily("x/<e>/<rr>/...", "gloo's own", "gloo", "gloo"),
     KeyFamily("user/<r>/<i>/...", "torch's own", "torch.distributed", "torch.distributed"),
+    KeyFamily(KEY_STORE_LEASE, "any bytes", "controller", "the detached store process"),
+    KeyFamily(KEY_STORE_STOP, "any bytes", "controller", "the detached store process"),
 )
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from ft_runtime.replica.auth import ENV_REPLICA_SECRET
 from ft_runtime.replica.inflight import Finished, InFlight, answer_json
 from ft_runtime.replica.protocol import CHECKPOINT, ROLLBACK, Failed, Restored, Saved, Skipped
 from ft_runtime.replica.state import ReplicaState
-from ft_runtime.storehost import StoreHost
+from ft_runtime.storehost import DetachedStore, StoreHost
 from ft_runtime.supervisor import LaunchSpec
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
 
@@ -118,7 +117,7 @@ class ReplicaSupervisor(StopOnRequest):
         self.phase = Phase.LAUNCH
         self.replicas = {r: ReplicaState() for r in range(launch.layout.replicas)}
         self.evicted_nodes: set[str] = set()
-        self.store_host: StoreHost | None = None
+        self.store_host: StoreHost | DetachedStore | None = None
         self.no_restart: str | None = None  # a crash loop's reason, kept for the record
         # Variables of an attempt that only the caller knows (unused: ranks resume through
         # their replicas, or from the checkpoint the quorum's restart names).
@@ -266,21 +265,14 @@ class ReplicaSupervisor(StopOnRequest):
     def _store_gone(self, wait_s: float = 1.0) -> bool:
         """Whether the store process has ended (waiting a moment: a connection it dropped
         as it died can be seen before its exit)."""
-        if self.store_host is None or self.store_host.process is None:
-            return False
-        try:
-            self.store_host.process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+        return self.store_host is not None and self.store_host.wait_gone(wait_s)
 
     def _store_lost(self) -> None:
         """The quorum's store process ended: no rank can reach the quorum or its peers, and a
         new coordinator would wait on the dead address for its whole connect timeout. The
         job fails at once with that cause; its ranks are stopped."""
         assert self.store_host is not None
-        assert self.store_host.process is not None
-        code = self.store_host.process.returncode
+        code = self.store_host.returncode
         for rank in self._ranks.values():
             if not rank.exit_collected:
                 rank.expected_stop = True

@@ -10,6 +10,7 @@ import json
 import os
 import queue
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -66,6 +67,22 @@ def wait_for(check: Callable[[], bool], what: str, limit: float = 120.0) -> None
         time.sleep(0.1)
 
 
+def end_store(run: Path) -> None:
+    """Kills the quorum's store process of ``run`` if a failed test left it (a controller
+    killed outright leaves it to end on its own lease, minutes later)."""
+    try:
+        conn = sqlite3.connect(f"file:{run / 'run.db'}?mode=ro", uri=True, timeout=30)
+        try:
+            found = conn.execute("SELECT value FROM meta WHERE key = 'replica_state'").fetchall()
+        finally:
+            conn.close()
+        pid = int(json.loads(found[0][0])["store"]["pid"]) if found else 0
+        if pid and b"ft_runtime.storehost" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, sqlite3.Error):
+        pass  # no run store yet, or no such process: nothing left
+
+
 class Job:
     """The controller and its agents (node ranks 0 and 1, and a spare) on loopback; each
     agent's stderr in ``{name}.err``. ``controller``: its flags beyond the job's;
@@ -86,17 +103,18 @@ class Job:
         self.finish = tmp_path / "finish"
         self.listen = f"127.0.0.1:{free_port()}"
         self.common = ["--secret-file", str(tmp_path / "secret"), "--heartbeat", "0.3"]
-        self.controller = subprocess.Popen(
+        self.argv = (
             [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *controller]
             + [*self.common, "--recovery", "replica", "--replicas", "2"]
-            + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+            + ["--runs-dir", str(tmp_path / "runs"), "--run-id", "r"]
+        )
+        self.controller = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
         self.lines = Lines(self.controller)
         self.agents: list[subprocess.Popen[str]] = []
         self.agent_env: dict[str, dict[str, str]] = {}
+        self.sources = ["--no-host-metrics"]  # an agent's host sources: none by default
         self.first: dict[int, dict[str, Any]] = {}
         self.healthy = tmp_path / "logs0" / "replica-0-0" / "rank-0.log"
 
@@ -104,7 +122,7 @@ class Job:
         with (self.tmp / f"{name}.err").open("w") as err:
             proc = subprocess.Popen(
                 [*EAGLEEYE, "agent", "--controller", self.listen, *role, *self.common]
-                + ["--no-host-metrics", "--advertise", "127.0.0.1"]
+                + [*self.sources, "--advertise", "127.0.0.1"]
                 + ["--log-dir", str(self.tmp / name), str(self.script), str(self.finish)],
                 stderr=err,
                 text=True,
@@ -159,6 +177,7 @@ class Job:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
+        end_store(self.tmp / "runs" / "r")
 
     def check_healthy(self, rejoined_log: Path, at_loss: int) -> None:
         """Replica 0's rank: one process that committed every step; replica 1's new one

@@ -121,9 +121,11 @@ def test_the_journal_refuses_an_ended_run_or_a_changed_job(tmp_path: Path) -> No
     store_with(tmp_path / "c", config={**CONFIG, "recovery": "none"})
     with pytest.raises(EagleEyeError, match="not a job of `eagleeye controller`"):
         journal.load(tmp_path / "c", CONFIG)
-    store_with(tmp_path / "e", config={**CONFIG, "recovery": "replica"})
-    with pytest.raises(EagleEyeError, match="replica job, whose controller cannot be restarted"):
-        journal.load(tmp_path / "e", {**CONFIG, "recovery": "replica"})
+    replica = {**CONFIG, "recovery": "replica", "replicas": 2}
+    store_with(tmp_path / "e", config=replica)  # a replica job: its own journal
+    assert journal.load(tmp_path / "e", replica) is None  # killed before its launch
+    with pytest.raises(EagleEyeError, match="was started with replicas=2"):
+        journal.load(tmp_path / "e", {**replica, "replicas": 1})
     store_with(tmp_path / "d", config=CONFIG)  # killed before its launch
     assert journal.load(tmp_path / "d", CONFIG) is None
 

@@ -24,6 +24,9 @@ class _Reports:
     def report(self, kind: str, body: dict[str, Any]) -> None:
         self.sent.append((kind, body))
 
+    def declare(self, node_rank: int | None = None, **declared: Any) -> None:
+        """What the agent runs, said in a hello again: not a report."""
+
 
 @pytest.mark.parametrize("local", [False, True])
 def test_only_a_local_agent_runs_the_given_command_and_environment(

@@ -55,15 +55,14 @@ class ReplicaJob:
         self.finish = tmp_path / "finish"
         self.seen: list[dict[str, Any]] = []
         self.listen = f"{hosts.addresses[0]}:{port}"
-        self.controller = hosts.popen(
-            0,
+        self.argv = (
             [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", "--remediate"]
             + ["--recovery", "replica", "--replicas", "2", "--heartbeat", "0.5"]
             + ["--secret-file", str(tmp_path / "secret"), "--runs-dir", str(tmp_path / "runs")]
-            + ["--run-id", run_id],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+            + ["--run-id", run_id]
+        )
+        self.controller = hosts.popen(
+            0, self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
         )
         self.lines = Lines(self.controller)
         self.next_line(lambda i: "listening" in i)
