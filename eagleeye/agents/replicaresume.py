@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagleeye.agents.membership import AgentLost, AgentState
+from eagleeye.agents.resume import nodes_of
 from eagleeye.errors import EagleEyeError, StoreError
 from eagleeye.store import RunStore
 from ft_runtime.errors import LaunchError
@@ -68,15 +69,7 @@ def state_of(job: ReplicaCoordinator) -> dict[str, Any]:
         "phase": job.phase.value,
         "store": {"address": store.address, "pid": store.pid},
         "master_addr": sup.launch.master_addr,
-        "nodes": {
-            str(node): {
-                "agent": agent.agent,
-                "host": agent.host,
-                "session": agent.session,
-                "info": {k: v for k, v in agent.info.items() if k != "resume"},
-            }
-            for node, agent in job._by_node.items()
-        },
+        "nodes": nodes_of(job._by_node),
         "fenced": job.members.fence_stops(),
         "evicted": dict(job._evicted),
         "on_lost_hosts": sorted(job._on_lost_hosts),

@@ -53,15 +53,7 @@ def state_of(job: JobCoordinator) -> dict[str, Any]:
         "phase": job.phase.value,
         "launch": dict(job.launch_body),
         "ring": job._ring,
-        "nodes": {
-            str(node): {
-                "agent": agent.agent,
-                "host": agent.host,
-                "session": agent.session,
-                "info": {k: v for k, v in agent.info.items() if k != "resume"},
-            }
-            for node, agent in job._by_node.items()
-        },
+        "nodes": nodes_of(job._by_node),
         "fenced": job.members.fence_stops(),
         "evicted": dict(job._evicted),
         "failed_attempts": sorted(job._failed_attempts),
@@ -69,6 +61,20 @@ def state_of(job: JobCoordinator) -> dict[str, Any]:
         "exits": sorted([a, r] for a, r in job._exits_seen if a == job.attempt),
         "done_keys": sorted(job._done_keys),
         "listening": sorted(job._listening),
+    }
+
+
+def nodes_of(by_node: Mapping[int, AgentState]) -> dict[str, dict[str, Any]]:
+    """The agent of every node rank, as a journal keeps it (what its hello declared but
+    the ranks it runs, which a restarted controller hears again)."""
+    return {
+        str(node): {
+            "agent": agent.agent,
+            "host": agent.host,
+            "session": agent.session,
+            "info": {k: v for k, v in agent.info.items() if k != "resume"},
+        }
+        for node, agent in by_node.items()
     }
 
 
