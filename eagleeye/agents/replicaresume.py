@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagleeye.agents.membership import AgentLost, AgentState
-from eagleeye.agents.resume import nodes_of
+from eagleeye.agents.resume import nodes_of, restore_agents
 from eagleeye.errors import EagleEyeError, StoreError
 from eagleeye.store import RunStore
 from ft_runtime.errors import LaunchError
@@ -148,25 +148,7 @@ def restore(job: ReplicaCoordinator, state: Mapping[str, Any]) -> None:
             "controller's host (lost, or this controller runs elsewhere); give another "
             "--run-id to start the job again from its checkpoints"
         ) from None
-    nodes = {
-        int(node): AgentState(
-            agent=str(held["agent"]),
-            host=str(held["host"]),
-            node_rank=int(node),
-            identity=b"",
-            admitted_at=0.0,
-            last_seen=0.0,
-            info=dict(held.get("info") or {}),
-            session=str(held.get("session", "")),
-        )
-        for node, held in state["nodes"].items()
-    }
-    job._by_node = dict(nodes)
-    job.members.restore(list(nodes.values()), state.get("fenced") or {})
-    for node, agent in nodes.items():
-        job.members.assign(agent.agent, node)
-        job.on_joined(agent)
-    job._evicted = {str(h): str(why) for h, why in (state.get("evicted") or {}).items()}
+    nodes = restore_agents(job, state)
     job._on_lost_hosts = {int(r) for r in state.get("on_lost_hosts", ())}
     _restore_launcher(job, state["launcher"])
     sup = job.supervise(str(state["master_addr"]))

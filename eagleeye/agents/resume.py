@@ -33,6 +33,7 @@ from ft_runtime.types import Phase
 
 if TYPE_CHECKING:
     from eagleeye.agents.coordinator import JobCoordinator
+    from eagleeye.agents.replicas import ReplicaCoordinator
 
 log = logging.getLogger(__name__)
 #: The ``meta`` key of the journal.
@@ -137,8 +138,11 @@ def load(run_dir: Path, config: Mapping[str, Any]) -> dict[str, Any] | None:
     return dict(state)
 
 
-def restore(job: JobCoordinator, state: Mapping[str, Any]) -> None:
-    """Puts the journal's state back into a new ``job`` (before ``run``)."""
+def restore_agents(
+    job: JobCoordinator | ReplicaCoordinator, state: Mapping[str, Any]
+) -> dict[int, AgentState]:
+    """Puts a journal's agents back into ``job``: each node rank's agent (expected to say
+    hello again), the fenced ones, the evicted hosts. Returns the agents by node rank."""
     nodes = {
         int(node): AgentState(
             agent=str(held["agent"]),
@@ -152,16 +156,22 @@ def restore(job: JobCoordinator, state: Mapping[str, Any]) -> None:
         )
         for node, held in state["nodes"].items()
     }
-    job.attempt = int(state["attempt"])
-    job.phase = Phase.RUNNING
-    job.launch_body = dict(state["launch"])
-    job._ring = state.get("ring")
     job._by_node = dict(nodes)
     job.members.restore(list(nodes.values()), state.get("fenced") or {})
     for node, agent in nodes.items():
         job.members.assign(agent.agent, node)
         job.on_joined(agent)
     job._evicted = {str(h): str(why) for h, why in (state.get("evicted") or {}).items()}
+    return nodes
+
+
+def restore(job: JobCoordinator, state: Mapping[str, Any]) -> None:
+    """Puts the journal's state back into a new ``job`` (before ``run``)."""
+    job.attempt = int(state["attempt"])
+    job.phase = Phase.RUNNING
+    job.launch_body = dict(state["launch"])
+    job._ring = state.get("ring")
+    nodes = restore_agents(job, state)
     job._failed_attempts = set(state.get("failed_attempts", ()))
     job._succeeded = set(state.get("succeeded", ()))
     job._exits_seen = {(int(a), int(r)) for a, r in state.get("exits", ())}
