@@ -53,7 +53,7 @@ def adopt(job: JobCoordinator, held: AgentState, agent: AgentState) -> None:
         _refuse(job, held, agent, why)
         return
     _take(job, node, agent)
-    ranks = _ranks(declared.get("ranks"))
+    ranks = declared_ranks(declared.get("ranks"))
     if attempt != job.attempt:
         job.members.send(agent.agent, "restart", {**job.launch_body, "node_rank": node})
         job._event(
@@ -91,19 +91,23 @@ def _refuse(job: JobCoordinator, held: AgentState, agent: AgentState, why: str) 
     )
 
 
-def _ranks(value: Any) -> list[dict[str, Any]]:
-    """The declared ranks that make sense (a rank number, a pid, an exit code or None)."""
+def declared_ranks(value: Any) -> list[dict[str, Any]]:
+    """The ranks an agent's hello declares that make sense: a rank number, a pid, an exit
+    code or None, and the incarnation it runs under (``attempt``, None when not said)."""
     if not isinstance(value, list):
         return []
     out = []
     for row in value:
         if not isinstance(row, Mapping):
             continue
-        rank, pid, code = row.get("rank"), row.get("pid"), row.get("code")
-        ended = code is None or isinstance(code, int)
-        if isinstance(rank, int) and isinstance(pid, int) and ended:
-            out.append({"rank": rank, "pid": pid, "code": code})
+        rank, pid, code, attempt = (row.get(k) for k in ("rank", "pid", "code", "attempt"))
+        if _is_int(rank) and _is_int(pid) and (code is None or _is_int(code)):
+            out.append({"rank": rank, "pid": pid, "code": code, "attempt": attempt})
     return out
 
 
-__all__ = ["adopt"]
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+__all__ = ["adopt", "declared_ranks"]

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eagleeye.agents.adoption import declared_ranks
 from eagleeye.agents.membership import AgentLost, AgentState
 from eagleeye.agents.resume import nodes_of, restore_agents
 from eagleeye.errors import EagleEyeError, StoreError
@@ -224,7 +225,9 @@ def adopt(job: ReplicaCoordinator, held: AgentState, agent: AgentState) -> None:
     launcher = job.launcher
     resume = agent.info.get("resume")
     declared = {
-        r["rank"]: r for r in _ranks(resume.get("ranks") if isinstance(resume, Mapping) else None)
+        r["rank"]: r
+        for r in declared_ranks(resume.get("ranks") if isinstance(resume, Mapping) else None)
+        if isinstance(r["attempt"], int)  # the incarnation each rank runs under
     }
     adopted: dict[str, int] = {}
     ended: dict[str, int] = {}
@@ -259,27 +262,6 @@ def adopt(job: ReplicaCoordinator, held: AgentState, agent: AgentState) -> None:
         not_running=unknown,
         stopped=strays,
     )
-
-
-def _ranks(value: Any) -> list[dict[str, Any]]:
-    """The declared ranks that make sense (a rank, a pid, an incarnation, an exit code or
-    None)."""
-    if not isinstance(value, list):
-        return []
-    out = []
-    for row in value:
-        if not isinstance(row, Mapping):
-            continue
-        rank, pid, code, attempt = (
-            row.get("rank"),
-            row.get("pid"),
-            row.get("code"),
-            row.get("attempt"),
-        )
-        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, pid, attempt))
-        if ints and (code is None or isinstance(code, int)):
-            out.append({"rank": rank, "pid": pid, "code": code, "attempt": attempt})
-    return out
 
 
 __all__ = ["KEY", "adopt", "restore", "save", "state_of"]
