@@ -1,0 +1,134 @@
+"""A rank blocked (not stopped) while its peers wait in a collective, across hosts
+(loopback, two agents, one rank each): the reference workload's rank 1, on host B,
+sleeps at a step before its all-reduce (an injected ``slow`` fault of 100 s); host B's
+agent reports it running, host A's its rank waiting; the controller answers with one
+hang on rank 1 and node1, the waiting rank in its evidence, restarts the job, which
+succeeds. A job whose ranks pause (one, or all) or wait whole in a collective draws no
+hang and no action, and its hosts say nothing at the steps in between."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagleeye.store import RunReader
+from tests.eagleeye.test_cluster_cli import Cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
+
+WORKLOAD = """
+import sys
+from eagleeye.workload.train import main
+main(["--steps", sys.argv[1], "--checkpoint-every", "0", "--timeout-s", "150",
+      "--preset", "tiny"])
+"""
+
+PAUSES = """
+import sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+import eagleeye
+dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+ee = eagleeye.init()
+for i in range(int(sys.argv[1])):
+    ee.step_start(i)
+    time.sleep(0.05)
+    if i == 10 and ee.rank == 0:  # a validation on rank 0; rank 1 waits in the all-reduce
+        with ee.pause("validation"):
+            time.sleep(8)
+    if i == 20:  # every rank waits in one collective
+        with ee.collective("barrier"):
+            time.sleep(8)
+    if i == 30:  # every rank saves a checkpoint
+        with ee.pause("checkpoint"):
+            time.sleep(8)
+    t = torch.ones(4)
+    with ee.collective("all_reduce"):
+        dist.all_reduce(t)
+    ee.step_end(i, loss=float(t[0]))
+ee.close()
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_asleep_before_its_collective_is_one_hang_and_the_job_restarts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLEEYE_INJECT", "slow:rank=1@step=12,seconds=100,steps=1")
+    cluster = Cluster(tmp_path, "30", script=WORKLOAD, controller=("--remediate",))
+    try:
+        cluster.launched({0, 1}, 0)
+        finding = cluster.read(lambda i: i.get("type") == "Finding")
+        assert (finding["kind"], finding["subject"]["rank"]) == ("hang", 1)
+        assert finding["subject"]["node"] == "node1"
+        assert finding["severity"] == "critical"
+        evidence = finding["evidence"]
+        assert evidence["collective_wait"] == 1.0
+        assert (evidence["culprit_rank_0"], evidence["waiting_rank_0"]) == (1.0, 0.0)
+        assert evidence["ranks_waiting"] == 1.0
+        assert evidence["last_step"] == 11.0
+        cluster.launched({0, 1}, 1)
+        assert cluster.ended()["phase"] == "succeeded"
+        assert cluster.controller.wait(timeout=30) == 0
+    finally:
+        cluster.close()
+    cluster.no_rank_left()
+    with RunReader(tmp_path / "runs" / "r") as run:
+        findings = run.query("SELECT kind, rank, node FROM findings ORDER BY id")
+        actions = run.query("SELECT kind, target, status, dry_run FROM actions ORDER BY id")
+        told = run.query("SELECT name, rank FROM samples WHERE name LIKE 'progress.%'")
+    assert list(findings.itertuples(index=False, name=None)) == [("hang", 1, "node1")]
+    assert list(actions.itertuples(index=False, name=None)) == [("restart", "job", "done", 0)]
+    assert {("progress.running", 1), ("progress.waiting", 0)} <= set(
+        told.itertuples(index=False, name=None)
+    )
+
+
+def test_pauses_and_a_job_waiting_whole_draw_no_hang_and_no_action(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "40", script=PAUSES, controller=("--remediate",))
+    findings: list[dict] = []
+    try:
+        cluster.launched({0, 1}, 0)
+
+        def end(item: dict) -> bool:
+            if item.get("type") == "Finding":
+                findings.append(item)
+            return item.get("subject") == "job" and item.get("phase") in ("succeeded", "failed")
+
+        assert cluster.read(end)["phase"] == "succeeded"
+        assert cluster.controller.wait(timeout=30) == 0
+    finally:
+        cluster.close()
+    cluster.no_rank_left()
+    # the job waiting whole in the barrier is reported, nothing else
+    assert [(f["kind"], f["severity"]) for f in findings] == [("collective_stall", "warn")]
+    assert findings[0]["evidence"]["ranks_waiting"] == 2.0
+    with RunReader(tmp_path / "runs" / "r") as run:
+        actions = run.query("SELECT kind FROM actions")
+        told = run.query("SELECT name, rank, step FROM samples WHERE name LIKE 'progress.%'")
+    assert actions.empty
+    # the hosts spoke only around the three stalls (the step before each, and its end)
+    assert set(told["step"]) <= {9, 10, 19, 20, 29, 30}
+    states = set(zip(told["name"], told["rank"], told["step"], strict=True))
+    assert {("progress.paused", 0, 9), ("progress.waiting", 1, 9)} <= states
+    assert {("progress.waiting", 0, 19), ("progress.waiting", 1, 19)} <= states
+    assert {("progress.paused", 0, 29), ("progress.paused", 1, 29)} <= states
+
+
+def test_a_healthy_job_across_hosts_draws_no_hang_and_no_progress_report(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, "30", script=WORKLOAD, controller=("--remediate",))
+    try:
+        assert cluster.ended()["phase"] == "succeeded"
+        assert cluster.controller.wait(timeout=30) == 0
+    finally:
+        cluster.close()
+    cluster.no_rank_left()
+    with RunReader(tmp_path / "runs" / "r") as run:
+        findings = run.query("SELECT kind FROM findings WHERE kind = 'hang'")
+        told = run.query("SELECT name FROM samples WHERE name LIKE 'progress.%'")
+        steps = run.query("SELECT max(step) AS s FROM samples WHERE rank IS NULL")
+    assert findings.empty
+    assert int(steps["s"].iloc[0]) == 29  # every step reduced and judged
+    assert told.empty  # nothing per step from the hosts while the job steps
