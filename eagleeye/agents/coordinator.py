@@ -23,7 +23,10 @@ hardware is checked). Every rank exiting 0 ends the job as succeeded. The
 samples the agents forward from their hosts' sources are stored and read by the host
 rules (an XID, an ECC error, a thermal throttle on the rank using the GPU). The ranks'
 telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
-``reduced_detectors`` (``eagleeye.agents.judging``, shared with replica recovery).
+``reduced_detectors`` (``eagleeye.agents.judging``, shared with replica recovery). A hung
+rank is judged from its host's word: a stopped rank (``StoppedRankHang``), a rank blocked
+outside the collective the others wait in (``CollectiveWaitHang``: the launch carries the
+hang limits the agents time their progress reports from).
 Findings from outside (Alertmanager's webhook, ``inbox``) placed
 on the job's ranks or nodes are answered the same way; one on a host the job does not
 run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
