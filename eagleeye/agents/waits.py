@@ -134,7 +134,8 @@ class RankProgress:
         ranks = {r: self._ranks[r] for r in sorted(live) if r in self._ranks}
         if bound is None or not ranks:
             return []
-        stalled = any(now - held.last >= bound for held in ranks.values())
+        # a rank that has not stepped in this attempt is starting: no stall of its own
+        stalled = any(now - held.last >= bound for held in ranks.values() if held.step is not None)
         states = {r: (held.state(), held.step) for r, held in ranks.items()}
         if stalled:
             if states == self._told:

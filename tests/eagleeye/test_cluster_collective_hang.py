@@ -1,10 +1,11 @@
 """A rank blocked (not stopped) while its peers wait in a collective, across hosts
-(loopback, two agents, one rank each): the reference workload's rank 1, on host B,
+(loopback, two agents): the reference workload's rank 3 (two ranks a host), on host B,
 sleeps at a step before its all-reduce (an injected ``slow`` fault of 100 s); host B's
-agent reports it running, host A's its rank waiting; the controller answers with one
-hang on rank 1 and node1, the waiting rank in its evidence, restarts the job, which
-succeeds. A job whose ranks pause (one, or all) or wait whole in a collective draws no
-hang and no action, and its hosts say nothing at the steps in between."""
+agent reports it running and rank 2 waiting, host A's its ranks waiting; the controller
+answers with one hang on rank 3 and node1, the three waiting ranks in its evidence,
+restarts the job, which succeeds. A job whose ranks pause (one, or all) or wait whole
+in a collective draws no hang and no action, and its hosts say nothing at the steps in
+between; a healthy job draws no hang and no progress report."""
 
 from __future__ import annotations
 
@@ -56,20 +57,21 @@ dist.destroy_process_group()
 def test_a_rank_asleep_before_its_collective_is_one_hang_and_the_job_restarts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("EAGLEEYE_INJECT", "slow:rank=1@step=12,seconds=100,steps=1")
-    cluster = Cluster(tmp_path, "30", script=WORKLOAD, controller=("--remediate",))
+    monkeypatch.setenv("EAGLEEYE_INJECT", "slow:rank=3@step=12,seconds=100,steps=1")
+    cluster = Cluster(tmp_path, "30", nproc=2, script=WORKLOAD, controller=("--remediate",))
     try:
-        cluster.launched({0, 1}, 0)
+        cluster.launched({0, 1, 2, 3}, 0)
         finding = cluster.read(lambda i: i.get("type") == "Finding")
-        assert (finding["kind"], finding["subject"]["rank"]) == ("hang", 1)
+        assert (finding["kind"], finding["subject"]["rank"]) == ("hang", 3)
         assert finding["subject"]["node"] == "node1"
         assert finding["severity"] == "critical"
         evidence = finding["evidence"]
         assert evidence["collective_wait"] == 1.0
-        assert (evidence["culprit_rank_0"], evidence["waiting_rank_0"]) == (1.0, 0.0)
-        assert evidence["ranks_waiting"] == 1.0
+        assert evidence["culprit_rank_0"] == 3.0
+        assert [evidence[f"waiting_rank_{i}"] for i in range(3)] == [0.0, 1.0, 2.0]
+        assert (evidence["ranks_waiting"], evidence["ranks_unknown"]) == (3.0, 0.0)
         assert evidence["last_step"] == 11.0
-        cluster.launched({0, 1}, 1)
+        cluster.launched({0, 1, 2, 3}, 1)
         assert cluster.ended()["phase"] == "succeeded"
         assert cluster.controller.wait(timeout=30) == 0
     finally:
@@ -79,9 +81,9 @@ def test_a_rank_asleep_before_its_collective_is_one_hang_and_the_job_restarts(
         findings = run.query("SELECT kind, rank, node FROM findings ORDER BY id")
         actions = run.query("SELECT kind, target, status, dry_run FROM actions ORDER BY id")
         told = run.query("SELECT name, rank FROM samples WHERE name LIKE 'progress.%'")
-    assert list(findings.itertuples(index=False, name=None)) == [("hang", 1, "node1")]
+    assert list(findings.itertuples(index=False, name=None)) == [("hang", 3, "node1")]
     assert list(actions.itertuples(index=False, name=None)) == [("restart", "job", "done", 0)]
-    assert {("progress.running", 1), ("progress.waiting", 0)} <= set(
+    assert {("progress.running", 3), ("progress.waiting", 2), ("progress.waiting", 0)} <= set(
         told.itertuples(index=False, name=None)
     )
 

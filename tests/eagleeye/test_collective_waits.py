@@ -28,7 +28,9 @@ def _stepping(progress: RankProgress, ranks: list[int], steps: range, start: flo
 def test_an_agent_reports_its_ranks_only_when_its_host_stalls() -> None:
     progress = RankProgress("node1", 0, [2, 3], LIMITS, now=0.0)
     assert progress.report(100.0, [2, 3]) == []  # before any step: nothing to time it by
-    now = _stepping(progress, [2, 3], range(20), 0.0)
+    progress.observe([_mark(2, "step_time", 0.1, 0)], 100.0)
+    assert progress.report(100.0, [2, 3]) == []  # rank 3 launched long ago, yet starting
+    now = _stepping(progress, [2, 3], range(1, 20), 100.0)
     progress.observe([_mark(3, "in_collective", 0.1, 19)], now + 0.2)  # 3 waits, 2 blocks
     assert progress.report(now + 0.9, [2, 3]) == []
     sent = progress.report(now + 1.1, [2, 3])
