@@ -401,8 +401,10 @@ class HostAgent:
             if self._progress is not None:
                 now = time.time()
                 self._progress.observe(self.telemetry.marks, now)
-                live = [r for r, held in self._ranks.items() if held.proc.poll() is None]
-                self._send("progress", self._progress.report(now, live))
+                live = {
+                    r: held.proc.pid for r, held in self._ranks.items() if held.proc.poll() is None
+                }
+                self._send("progress", self._progress.report(now, live, live))
 
     def _send(self, kind: str, samples: Sequence[Sample]) -> None:
         for start in range(0, len(samples), CHUNK):

@@ -13,40 +13,55 @@ limits the launch carries), the host stalls, and the agent sends one ``progress`
 report: a sample per live rank, named by its state (``progress.waiting``,
 ``progress.paused``, ``progress.running``, ``progress.closing``), valued by the seconds
 it has made no progress, with its last completed step. While the stall lasts it sends the
-states again only when one changes, and once more when the stall is over. A job in
-health sends nothing.
+states again only when one changes, and once more when the stall is over. With a rank
+reported running it sends a look at the rank's process (``/proc``, its main thread, as
+``eagleeye run`` looks): ``proc_cpu_s``, the CPU time the thread has run, and
+``proc_blocked`` (1 in uninterruptible sleep, state ``D``); again when either changes, at
+most once a second (``REPEAT_S``) a rank. A job in health sends nothing.
 
 The controller (``CollectiveWaitHang``) judges on that evidence, never on silence alone.
 When no step of the job has completed for the silence limit (``k`` median step times of
 the job, at least ``min_silence_s``, on the controller's clock), ranks report that they
 wait in a collective, and ranks reported running (neither waiting, nor paused, nor
-closing) have stayed so for the limit, those are the ones the others wait for: one
-critical ``hang`` on them (one rank with its node; several: their node, else the job),
-the waiting ranks in its evidence. A job that waits whole (every rank waiting) is
-reported (a ``collective_stall`` warning, no action); a job where nobody waits (every
-rank paused, or no collective reported) draws nothing. A paused rank is never a culprit,
-and a pause or a wait that ends is progress: a rank is running only from when it was last
-seen to leave one. A rank reported stopped (``proc_stopped``) is ``StoppedRankHang``'s:
-no verdict here while one is. Before the job's first step nothing is judged. Times are
-the controller's: a report counts from when it arrives (its seconds are evidence only).
+closing) have stayed so for the limit, such a rank is the one the others wait for only on
+the evidence of its process, by ``eagleeye run``'s rule (``detectors.progress``): its main
+thread has gained no CPU time for ``idle_s`` (and the silence limit), or it has stayed in
+uninterruptible sleep without CPU time for ``blocked_s``. A busy rank (a checkpoint save,
+an evaluation not declared as a pause) is working, however long; a rank whose process
+its host cannot look at is never a culprit. Then one critical ``hang`` on the culprits
+(one rank with its node; several: their node, else the job), with their seconds idle or
+blocked and CPU seconds, the waiting ranks in its evidence. A job that waits whole (every
+rank waiting) is reported (a ``collective_stall`` warning, no action); a job where nobody
+waits (every rank paused, or no collective reported) draws nothing. A paused rank is
+never a culprit, and a pause or a wait that ends is progress: a rank is running only from
+when it was last seen to leave one. A rank reported stopped (``proc_stopped``) is
+``StoppedRankHang``'s: no verdict here while one is. Before the job's first step nothing
+is judged. Times are the controller's: a report and a look count from when they arrive
+(their seconds are evidence only).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from collector.types import JOB, Frame, Sample, Subject
+from detectors._liveness import RankLiveness
 from detectors.progress import HangLimits, culprit_subject
 from detectors.types import Finding, Severity
+from ft_runtime import procstat
 
 #: Samples of a rank's progress state: ``progress.<state>``.
 PREFIX = "progress."
 STATES = ("running", "waiting", "paused", "closing")
 #: The agent reports once a rank has made no progress for this share of the limit.
 REPORT_AT = 0.5
+#: The looks at a running rank's process the agent sends (``eagleeye run``'s names).
+LOOKS = ("proc_cpu_s", "proc_blocked")
+#: While a stall lasts, a running rank's look is sent again on a change, at most this often.
+REPEAT_S = 1.0
 _LISTED = 8  # ranks named one by one in a finding's evidence
 
 
@@ -96,6 +111,7 @@ class RankProgress:
         self._ranks = {rank: _Progress(now) for rank in ranks}
         self._step_times: deque[float] = deque(maxlen=64)
         self._told: dict[int, tuple[str, int | None]] = {}  # what the controller last got
+        self._looked: dict[int, tuple[float, float, float]] = {}  # rank → when, cpu, D told
         self.reports = 0  # progress reports made (each one message)
 
     def observe(self, samples: Iterable[Sample], now: float) -> None:
@@ -127,9 +143,12 @@ class RankProgress:
         limit = silence_limit(self.limits, self._step_times)
         return None if limit is None else REPORT_AT * limit
 
-    def report(self, now: float, live: Iterable[int]) -> list[Sample]:
+    def report(
+        self, now: float, live: Iterable[int], pids: Mapping[int, int] | None = None
+    ) -> list[Sample]:
         """The live ranks' states when the host stalls, changes during a stall, or the
-        stall's end; nothing otherwise."""
+        stall's end; during a stall, looks at the processes (``pids``: rank → pid) of the
+        ranks running; nothing otherwise."""
         bound = self.bound_s()
         ranks = {r: self._ranks[r] for r in sorted(live) if r in self._ranks}
         if bound is None or not ranks:
@@ -137,25 +156,52 @@ class RankProgress:
         # a rank that has not stepped in this attempt is starting: no stall of its own
         stalled = any(now - held.last >= bound for held in ranks.values() if held.step is not None)
         states = {r: (held.state(), held.step) for r, held in ranks.items()}
+        labels = {
+            r: {"rank": str(r), "node": self.node, "attempt": str(self.attempt)} for r in ranks
+        }
         if stalled:
+            looks = self._look(now, states, pids or {}, labels)
             if states == self._told:
-                return []
+                if looks:
+                    self.reports += 1
+                return looks
             self._told = states
         elif self._told:
-            self._told = {}  # the stall is over: said once
+            self._told, self._looked = {}, {}  # the stall is over: said once
+            looks = []
         else:
             return []
         self.reports += 1
-        return [
-            Sample(
-                PREFIX + state,
-                round(now - ranks[rank].last, 3),
-                now,
-                {"rank": str(rank), "node": self.node, "attempt": str(self.attempt)},
-                step,
-            )
+        told = [
+            Sample(PREFIX + state, round(now - ranks[rank].last, 3), now, labels[rank], step)
             for rank, (state, step) in states.items()
         ]
+        return told + looks
+
+    def _look(
+        self,
+        now: float,
+        states: Mapping[int, tuple[str, int | None]],
+        pids: Mapping[int, int],
+        labels: Mapping[int, dict[str, str]],
+    ) -> list[Sample]:
+        """The running ranks' main threads (CPU time, state D), when new to the controller."""
+        out: list[Sample] = []
+        for rank, (state, step) in states.items():
+            if state != "running" or rank not in pids:
+                self._looked.pop(rank, None)
+                continue
+            look = procstat.sample(pids[rank])
+            if look is None:
+                continue  # nothing known: no evidence either way
+            cpu, blocked = look.cpu_ns / 1e9, float(look.state == "D")
+            told = self._looked.get(rank)
+            if told is not None and (told[1:] == (cpu, blocked) or now - told[0] < REPEAT_S):
+                continue
+            self._looked[rank] = (now, cpu, blocked)
+            values = zip(LOOKS, (cpu, blocked), strict=True)
+            out += [Sample(n, v, now, labels[rank], step) for n, v in values]
+        return out
 
 
 @dataclass
@@ -165,6 +211,10 @@ class _Reported:
     since: float  # when the controller learnt the rank entered this state
     subject: Subject
     silent_s: float  # the agent's word: seconds without progress when it reported
+    live: RankLiveness = field(init=False)  # a running rank's process: CPU time, state D
+
+    def __post_init__(self) -> None:
+        self.live = RankLiveness(self.since)
 
 
 class CollectiveWaitHang:
@@ -172,7 +222,8 @@ class CollectiveWaitHang:
 
     Args:
         world_size: the job's ranks.
-        limits: ``k`` and ``min_silence_s`` (``eagleeye controller --hang-k ...``).
+        limits: ``k``, ``min_silence_s``, ``idle_s`` and ``blocked_s`` (``eagleeye
+            controller --hang-k ...``).
     """
 
     name = "collective_wait"
@@ -200,6 +251,15 @@ class CollectiveWaitHang:
                 (self._stopped.add if sample.value > 0 else self._stopped.discard)(int(rank))
             elif sample.name.startswith(PREFIX) and sample.name[len(PREFIX) :] in STATES:
                 self._report(int(rank), sample, now)
+            elif sample.name in LOOKS:
+                self._look(int(rank), sample, now)
+
+    def _look(self, rank: int, sample: Sample, now: float) -> None:
+        """A look at a running rank's process: when its CPU time last grew, state D."""
+        held = self._states.get(rank)
+        if held is None or held.state != "running" or held.step != sample.step:
+            return  # a look of another spell of the rank: not this one's evidence
+        held.live.update({sample.name: sample.value}, now, None)
 
     def _report(self, rank: int, sample: Sample, now: float) -> None:
         newest = self._newest
@@ -249,10 +309,7 @@ class CollectiveWaitHang:
         waiting = by_state["waiting"]
         if not waiting:
             return []  # nobody waits: paused, closing, or no collective reported
-        held_for = {
-            r: now - max(self._states[r].since, self._progress) for r in by_state["running"]
-        }
-        culprits = {r: d for r, d in held_for.items() if d >= limit}
+        culprits = self._culprits(by_state["running"], limit, now)
         evidence = {
             "silence_s": still,
             "limit_s": limit,
@@ -265,14 +322,11 @@ class CollectiveWaitHang:
         step = None if self._newest is None else self._newest + 1
         if culprits:
             self._fired = True
-            evidence |= {"collective_wait": 1.0, "culprit_held_s": max(culprits.values())}
-            evidence |= _listed("culprit_rank", list(culprits))
-            evidence |= {f"culprit_silent_s_{i}": self._states[r].silent_s
-                         for i, r in enumerate(sorted(culprits)[:_LISTED])}  # fmt: skip
+            evidence |= self._evidence(culprits, limit, now)
             subjects = [self._states[r].subject for r in sorted(culprits)]
             live = self.world_size - len(self._gone)
             subject = culprit_subject(subjects, live)
-            score = max(culprits.values()) / limit
+            score = max(held / floor for _, held, floor in culprits.values())
             return [
                 Finding("hang", subject, score, Severity.CRITICAL, now, step, evidence, self.name)
             ]
@@ -286,13 +340,58 @@ class CollectiveWaitHang:
             return [finding]
         return []
 
+    def _culprits(
+        self, running: Sequence[int], limit: float, now: float
+    ) -> dict[int, tuple[str, float, float]]:
+        """The running ranks the others wait for, by ``eagleeye run``'s rule: rank →
+        (``idle`` or ``blocked``, for how long, its limit). Held running for the silence
+        limit, and its main thread without CPU time for ``idle_s`` (at least that limit),
+        or in state D without CPU time for ``blocked_s``; a busy rank is working."""
+        assert self._progress is not None
+        idle_floor = max(self.limits.idle_s, limit)  # as detectors.progress: at least k steps
+        out: dict[int, tuple[str, float, float]] = {}
+        for rank in running:
+            held = self._states[rank]
+            if now - max(held.since, self._progress) < limit:
+                continue
+            blocked, idle = held.live.blocked_for(now), held.live.idle_for(now)
+            if blocked >= self.limits.blocked_s:
+                out[rank] = ("blocked", blocked, self.limits.blocked_s)
+            elif idle >= idle_floor:
+                out[rank] = ("idle", idle, idle_floor)
+        return out
+
+    def _evidence(
+        self, culprits: Mapping[int, tuple[str, float, float]], limit: float, now: float
+    ) -> dict[str, float]:
+        """Why each culprit is one: seconds idle or blocked, its CPU seconds, the limits."""
+        assert self._progress is not None
+        named = sorted(culprits)
+        evidence = {"collective_wait": 1.0, **_listed("culprit_rank", named)}
+        for reason in ("idle", "blocked"):
+            mine = [(d, floor) for why, d, floor in culprits.values() if why == reason]
+            if mine:
+                evidence |= {reason: 1.0, f"{reason}_s": max(d for d, _ in mine)}
+                evidence[f"{reason}_limit_s"] = mine[0][1]
+        evidence["culprit_held_s"] = max(
+            now - max(self._states[r].since, self._progress) for r in named
+        )
+        for i, rank in enumerate(named[:_LISTED]):
+            told = self._states[rank]
+            evidence[f"culprit_silent_s_{i}"] = told.silent_s
+            evidence[f"culprit_idle_s_{i}"] = told.live.idle_for(now)
+            evidence[f"culprit_cpu_s_{i}"] = told.live.cpu or 0.0
+        return evidence
+
 
 def _listed(prefix: str, ranks: Sequence[int]) -> dict[str, float]:
     return {f"{prefix}_{i}": float(rank) for i, rank in enumerate(sorted(ranks)[:_LISTED])}
 
 
 __all__ = [
+    "LOOKS",
     "PREFIX",
+    "REPEAT_S",
     "REPORT_AT",
     "STATES",
     "CollectiveWaitHang",

@@ -21,12 +21,14 @@ _LIMITS = (
 
 #: The limits `eagleeye controller` judges a job across hosts by (a rank blocked while
 #: the others wait in a collective: eagleeye.agents.waits).
-CLUSTER_LIMITS = ("k", "min_silence_s")
+CLUSTER_LIMITS = ("k", "min_silence_s", "blocked_s", "idle_s")
 CLUSTER_HANGS = (
     "With --recovery job, a rank its host reports running (not in a collective, not "
     "paused) while others report waiting in one, after no step of the job completed for "
-    "the silence limit, is hung; a stopped rank (SIGSTOP) is hung sooner, from its host's "
-    "look at /proc."
+    "the silence limit, is hung only when its main thread has gained no CPU time for "
+    "--hang-idle-s, or sat in uninterruptible sleep (D) without CPU time for "
+    "--hang-blocked-s (its host's look at /proc; a busy rank is working, as with eagleeye "
+    "run); a stopped rank (SIGSTOP) is hung sooner."
 )
 
 

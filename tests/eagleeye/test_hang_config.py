@@ -56,7 +56,7 @@ def test_flags_override_the_hang_table_and_a_file_without_detectors_keeps_the_li
         detector_config(config_of().hang)
 
 
-def test_the_controller_takes_the_silence_limits_over_the_hang_table(tmp_path, monkeypatch) -> None:
+def test_the_controller_takes_its_hang_limits_over_the_hang_table(tmp_path, monkeypatch) -> None:
     from eagleeye.commands.hang_flags import hang_limits
 
     common = ["controller", "--listen", "127.0.0.1:1", "--secret-file", "s", "--nnodes", "2"]
@@ -73,5 +73,7 @@ def test_the_controller_takes_the_silence_limits_over_the_hang_table(tmp_path, m
     path.write_text("[hang]\nmin_silence_s = 8.0\n")
     monkeypatch.setenv(CONFIG_ENV, str(path))
     assert (controller().min_silence_s, controller("--hang-k", "3").k) == (8.0, 3.0)
+    idle = controller("--hang-idle-s", "3", "--hang-blocked-s", "7")  # as eagleeye run's
+    assert (idle.idle_s, idle.blocked_s, idle.min_silence_s) == (3.0, 7.0, 8.0)
     with pytest.raises(SystemExit):  # only the limits the controller judges by
-        build_parser().parse_args([*common, "--hang-idle-s", "3"])
+        build_parser().parse_args([*common, "--hang-collective-s", "3"])
