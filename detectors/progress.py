@@ -225,10 +225,10 @@ class ProgressStall:
         step = _last_step(named)
         if step is not None:
             evidence["last_step"] = float(step)
+        subject = culprit_subject(list(culprits), len(ranks))
         return Finding(
-            "hang", _subject(list(culprits), len(ranks)), held / limit, Severity.CRITICAL, now,
-            step, evidence, self.name,
-        )  # fmt: skip
+            "hang", subject, held / limit, Severity.CRITICAL, now, step, evidence, self.name
+        )
 
     @staticmethod
     def _listed(prefix: str, subjects: list[Subject]) -> dict[str, float]:
@@ -246,8 +246,9 @@ def _last_step(ranks: Iterable[RankLiveness]) -> int | None:
     return max(steps) if steps else None
 
 
-def _subject(culprits: list[Subject], live: int) -> Subject:
-    """One rank, the node all culprits share, or the job."""
+def culprit_subject(culprits: list[Subject], live: int) -> Subject:
+    """The subject of a hang's finding: its one culprit rank, the node all culprits share
+    (fewer than the ``live`` ranks), or the job."""
     if len(culprits) == 1:
         return culprits[0]
     nodes = {s.node for s in culprits}

@@ -23,7 +23,10 @@ hardware is checked). Every rank exiting 0 ends the job as succeeded. The
 samples the agents forward from their hosts' sources are stored and read by the host
 rules (an XID, an ECC error, a thermal throttle on the rank using the GPU). The ranks'
 telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
-``reduced_detectors`` (``eagleeye.agents.judging``, shared with replica recovery).
+``reduced_detectors`` (``eagleeye.agents.judging``, shared with replica recovery). A hung
+rank is judged from its host's word: a stopped rank (``StoppedRankHang``), a rank blocked
+outside the collective the others wait in (``CollectiveWaitHang``: the launch carries the
+hang limits the agents time their progress reports from).
 Findings from outside (Alertmanager's webhook, ``inbox``) placed
 on the job's ranks or nodes are answered the same way; one on a host the job does not
 run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
@@ -46,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from collector.types import Frame, Sample, Subject
+from detectors.progress import HangLimits
 from detectors.types import Finding, Severity
 from eagleeye.agents.adoption import adopt
 from eagleeye.agents.eviction import (
@@ -65,6 +69,7 @@ from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membe
 from eagleeye.agents.snapshots import ring_of
 from eagleeye.agents.spares import NO_HOLDER_REFUSAL, Spares, is_spare
 from eagleeye.agents.stopped import StoppedRankHang
+from eagleeye.agents.waits import CollectiveWaitHang, limits_body
 from eagleeye.errors import EagleEyeError
 from eagleeye.ingest import ingest_samples
 from eagleeye.stopping import EVENT_LISTENING, request_step
@@ -131,6 +136,8 @@ class JobCoordinator:
     _ring: str | None = None
     _spares: Spares = field(init=False)  # spare hosts waiting for a node rank
     _stops: StoppedRankHang = field(init=False)  # the attempt's stopped ranks (hangs)
+    hang: HangLimits = field(default_factory=HangLimits)  # --hang-k, --hang-min-silence-s
+    _waits: CollectiveWaitHang = field(init=False)  # ranks blocked while others wait (hangs)
     journal: Callable[[JobCoordinator], None] = lambda job: None  # written ahead of acting
     launch_body: dict[str, object] = field(default_factory=dict)  # the current attempt's
     restored: bool = False  # restarted from the run store: the job runs, agents come back
@@ -142,6 +149,7 @@ class JobCoordinator:
         self._spares = Spares(self.members)
         self._judge = ReducedJudge(self.store)
         self._stops = StoppedRankHang(self.layout.world_size)
+        self._waits = CollectiveWaitHang(self.layout.world_size, self.hang)
         if self.intake is None:
             self.intake = SummaryIntake(self.layout, clock=self.clock)
         self.members.intake = self.intake
@@ -227,6 +235,7 @@ class JobCoordinator:
         for frame in job_frames(frames):
             assert frame.step is not None
             self._stops.job_step(frame, now)
+            self._waits.job_step(frame, now)
             self._newest_step = max(self._newest_step or 0, frame.step)
             step_time = frame.values.get("step_time.median")
             if step_time is not None:
@@ -234,6 +243,7 @@ class JobCoordinator:
             self.on_job_frame(frame)
         found = self._judge.judge(frames, now)
         found += self._stops.poll(now)
+        found += self._waits.poll(now)
         for finding in found:
             self._answer(finding)
 
@@ -279,6 +289,7 @@ class JobCoordinator:
         self._event("job", Phase.LAUNCH, **body)
         if self._ring is not None:
             body["snapshots"] = self._ring
+        body["progress"] = limits_body(self.hang)  # the agents report stalls from these
         self.launch_body = dict(body)
         self.journal(self)  # before any agent acts on it
         for node, agent in self._by_node.items():  # a spare learns its node rank here
@@ -297,6 +308,8 @@ class JobCoordinator:
             self._host_samples(report)
         elif report.kind == "events":
             self._rank_events(report)
+        elif report.kind == "progress":
+            self._rank_progress(report)
         elif report.kind == "leaving":
             cause = str(report.body.get("cause", "a signal"))
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
@@ -315,6 +328,7 @@ class JobCoordinator:
         self.store.add_samples(samples)
         self.on_samples(samples)
         self._stops.observe(samples, self.attempt, self.clock())
+        self._waits.observe(samples, self.attempt, self.clock())
         for finding in self._host_rules.findings(samples):
             self._answer(finding)
 
@@ -356,6 +370,7 @@ class JobCoordinator:
         self._succeeded.clear()
         self._judge.reset()
         self._stops = StoppedRankHang(self.layout.world_size)
+        self._waits = CollectiveWaitHang(self.layout.world_size, self.hang)
         self._event("job", Phase.RECOVERING, reason=reason, **detail)
         self._launch("restart")
 
@@ -380,6 +395,15 @@ class JobCoordinator:
         if done is None:
             return Outcome(action, OutcomeStatus.SKIPPED, "the host is out of the job already", now)
         return Outcome(action, OutcomeStatus.DONE, done, self.clock())
+
+    def _rank_progress(self, report: AgentReport) -> None:
+        """A stalled host's word on its ranks' progress (waiting in a collective, paused,
+        running): stored, and judged with the job's steps (``CollectiveWaitHang``)."""
+        samples = report_samples(report)
+        if samples is None:
+            return
+        self.store.add_samples(samples)
+        self._waits.observe(samples, self.attempt, self.clock())
 
     def _rank_events(self, report: AgentReport) -> list[Sample]:
         """The ranks' events an agent forwards as they are (checkpoints, faults, loops
@@ -409,6 +433,7 @@ class JobCoordinator:
         )
         if attempt != self.attempt or self._stopping is not None:
             return  # a rank of an earlier attempt, or one the stop ends
+        self._waits.exited(rank)
         if code == 0:
             self._succeeded.add(rank)
             self._journal_due = True  # written once a poll, not once an exit

@@ -40,10 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from collector.types import Sample
+from detectors.errors import DetectorError
+from detectors.progress import HangLimits
 from eagleeye.agents.link import AgentLink
 from eagleeye.agents.ranktelemetry import HostTelemetry
 from eagleeye.agents.snapshots import HostHolder
 from eagleeye.agents.stopped import StopLooks
+from eagleeye.agents.waits import RankProgress
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from eagleeye.errors import EagleEyeError
 from eagleeye.hostsources import HostSources, HostSourcesConfig
@@ -103,6 +106,7 @@ class HostAgent:
     _proc_samples: list[Sample] = field(default_factory=list)  # stops seen, to forward
     controller_wait_s: float = 300.0  # ranks all ended, no controller this long: the agent ends
     _attempt: int | None = None  # the attempt its ranks run
+    _progress: RankProgress | None = None  # its ranks' progress, when the launch asks for it
     replica_env: Mapping[str, str] = field(default_factory=dict)  # this host's, for replicas
     # started by `eagleeye run --local-agents` on the controller's machine: a rank's given
     # environment and command line win over the agent's own, and its ranks die with it
@@ -216,6 +220,7 @@ class HostAgent:
             self._open_sources()
             self._open_holder(body.get("snapshots"))
             self._launch(int(body["attempt"]), str(body["master_addr"]), int(body["master_port"]))
+            self._follow_progress(body.get("progress"))
             status = "done"
         elif kind == "start_rank":  # replica recovery: one rank, its environment given
             status = self._start_rank(body)
@@ -276,6 +281,22 @@ class HostAgent:
         self._attempt = attempt
         self.link.declare(node_rank=self.node_rank)  # a spare's, given by its launch
         self._declare()
+
+    def _follow_progress(self, limits: object) -> None:
+        """The launch's hang limits (``--recovery job``): its ranks' progress is followed,
+        and reported when the host stalls (``eagleeye.agents.waits``)."""
+        self._progress = None
+        if not isinstance(limits, Mapping) or self._attempt is None:
+            return
+        try:
+            given = HangLimits.from_mapping({str(k): float(v) for k, v in limits.items()})
+        except (TypeError, ValueError, DetectorError) as exc:
+            log.warning("no progress reports: the launch's hang limits %r: %s", limits, exc)
+            return
+        ranks = [spec.rank for spec in self.specs]
+        self._progress = RankProgress(
+            f"node{self.node_rank}", self._attempt, ranks, given, time.time()
+        )
 
     def _start_rank(self, body: Mapping[str, Any]) -> str:
         """One rank of a replica job (``eagleeye.agents.replicas``): the controller gives
@@ -384,6 +405,13 @@ class HostAgent:
             self._send("events", events)
             for summary in summaries:
                 self.link.summary(summary)
+            if self._progress is not None:
+                now = time.time()
+                self._progress.observe(self.telemetry.marks, now)
+                live = {
+                    r: held.proc.pid for r, held in self._ranks.items() if held.proc.poll() is None
+                }
+                self._send("progress", self._progress.report(now, live, live))
 
     def _send(self, kind: str, samples: Sequence[Sample]) -> None:
         for start in range(0, len(samples), CHUNK):

@@ -13,7 +13,10 @@ and go to the controller as they are; step samples become per-rank frames with t
 peer features (``compute_ms``, ``data_wait_ms``, ``comm_ms``) added, and a step is
 summarised (``summarise``) once every rank of the host has sent its step report
 (``step_time``), or ``wait_s`` after the first sample of it came. Progress reports (a
-collective a rank waits in, a pause, a look at /proc) stay on the host.
+collective a rank waits in, a pause, a look at /proc) stay on the host: each ``take``
+leaves them, with the step reports, in ``marks`` for the agent's view of its ranks'
+progress (``eagleeye.agents.waits``), which tells the controller only when the host
+stalls.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class HostTelemetry:
         self.raw_keep = raw_keep
         self._raw: IO[str] = self.raw_path.open("a")
         self._steps: dict[tuple[int, int], _Step] = {}  # (attempt, step)
+        self.marks: list[Sample] = []  # the last take's progress marks and step reports
 
     def expect(self, ranks: Iterable[int]) -> None:
         """The ranks this host runs now (from a launch)."""
@@ -104,6 +108,7 @@ class HostTelemetry:
             if self._raw.tell() >= self.raw_max_bytes:
                 self._rotate()
         events = [s for s in own if s.step is None or s.name.startswith("event.")]
+        self.marks = [s for s in own if s.name in MARKERS or s.name == "step_time"]
         now = self.clock()
         by_rank_step = {}
         for s in own:

@@ -13,6 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from eagleeye.commands._args import address_port, non_negative, positive, seconds
 from eagleeye.commands._cluster import CLUSTER_DOC, add_common, show
+from eagleeye.commands.hang_flags import (
+    CLUSTER_HANGS,
+    CLUSTER_LIMITS,
+    add_hang_arguments,
+    hang_limits,
+)
 from eagleeye.commands.service_flags import (
     add_metrics,
     add_policy,
@@ -120,6 +126,7 @@ def add_parser(sub: Any) -> None:
         "recorded and not acted on",
     )
     add_tls(g)
+    add_hang_arguments(c, CLUSTER_LIMITS, instrument=False, about=CLUSTER_HANGS)
     c.set_defaults(func=_controller)
 
 
@@ -240,6 +247,7 @@ def _coordinate(
         on_job_frame=(lambda frame: None) if metrics is None else metrics.job_step,
         on_joined=places.admit,
         journal=lambda job: journal.save(store, job),
+        hang=hang_limits(args),
     )
     if state is not None:
         journal.restore(coordinator, state)

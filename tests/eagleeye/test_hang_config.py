@@ -54,3 +54,26 @@ def test_flags_override_the_hang_table_and_a_file_without_detectors_keeps_the_li
     path.write_text("[hang]\nstartup_grace_s = 120\n")
     with pytest.raises(DetectorError, match="unknown hang limit"):
         detector_config(config_of().hang)
+
+
+def test_the_controller_takes_its_hang_limits_over_the_hang_table(tmp_path, monkeypatch) -> None:
+    from eagleeye.commands.hang_flags import hang_limits
+
+    common = ["controller", "--listen", "127.0.0.1:1", "--secret-file", "s", "--nnodes", "2"]
+
+    def controller(*flags: str) -> HangLimits:
+        return hang_limits(build_parser().parse_args([*common, *flags]))
+
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+    assert controller() == HangLimits()
+    assert controller("--hang-k", "4", "--hang-min-silence-s", "2") == HangLimits(
+        k=4.0, min_silence_s=2.0
+    )
+    path = tmp_path / "detectors.toml"
+    path.write_text("[hang]\nmin_silence_s = 8.0\n")
+    monkeypatch.setenv(CONFIG_ENV, str(path))
+    assert (controller().min_silence_s, controller("--hang-k", "3").k) == (8.0, 3.0)
+    idle = controller("--hang-idle-s", "3", "--hang-blocked-s", "7")  # as eagleeye run's
+    assert (idle.idle_s, idle.blocked_s, idle.min_silence_s) == (3.0, 7.0, 8.0)
+    with pytest.raises(SystemExit):  # only the limits the controller judges by
+        build_parser().parse_args([*common, "--hang-collective-s", "3"])
