@@ -28,7 +28,9 @@ main(["--steps", sys.argv[1], "--checkpoint-every", "0", "--timeout-s", "150",
       "--preset", "tiny"])
 """
 
-PAUSES = """
+#: a two-rank loop with a hook: each step sleeps 50 ms, then whatever the test adds, then
+#: an all-reduce timed as a collective
+HEAD = """
 import sys, time
 from datetime import timedelta
 import torch
@@ -39,7 +41,19 @@ ee = eagleeye.init()
 for i in range(int(sys.argv[1])):
     ee.step_start(i)
     time.sleep(0.05)
-    if i == 10 and ee.rank == 0:  # a validation on rank 0; rank 1 waits in the all-reduce
+"""
+TAIL = """
+    t = torch.ones(4)
+    with ee.collective("all_reduce"):
+        dist.all_reduce(t)
+    ee.step_end(i, loss=float(t[0]))
+ee.close()
+dist.destroy_process_group()
+"""
+
+PAUSES = (
+    HEAD
+    + """    if i == 10 and ee.rank == 0:  # rank 0 validates; rank 1 waits
         with ee.pause("validation"):
             time.sleep(8)
     if i == 20:  # every rank waits in one collective
@@ -48,39 +62,37 @@ for i in range(int(sys.argv[1])):
     if i == 30:  # every rank saves a checkpoint
         with ee.pause("checkpoint"):
             time.sleep(8)
-    t = torch.ones(4)
-    with ee.collective("all_reduce"):
-        dist.all_reduce(t)
-    ee.step_end(i, loss=float(t[0]))
-ee.close()
-dist.destroy_process_group()
 """
+    + TAIL
+)
 
 
-BUSY = """
-import sys, time
-from datetime import timedelta
-import torch
-import torch.distributed as dist
-import eagleeye
-dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-ee = eagleeye.init()
-for i in range(int(sys.argv[1])):
-    ee.step_start(i)
-    time.sleep(0.05)
-    if i == 10 and ee.rank == 1:  # 15 s of work, no pause declared; rank 0 waits
+BUSY = (
+    HEAD
+    + """    if i == 10 and ee.rank == 1:  # 15 s of work, no pause declared; rank 0 waits
         end = time.monotonic() + 15
         while time.monotonic() < end:
             pass
-    t = torch.ones(4)
-    with ee.collective("all_reduce"):
-        dist.all_reduce(t)
-    ee.step_end(i, loss=float(t[0]))
-ee.close()
-dist.destroy_process_group()
 """
+    + TAIL
+)
 #: a small idle limit, so that only the CPU time the rank gains keeps it from a verdict
 IDLE = ("--remediate", "--hang-idle-s", "3")
+
+
+def _findings_to_success(cluster: Cluster) -> list[dict]:
+    """The findings the controller printed until the job succeeded (and it exited 0)."""
+    findings: list[dict] = []
+    cluster.launched({0, 1}, 0)
+
+    def end(item: dict) -> bool:
+        if item.get("type") == "Finding":
+            findings.append(item)
+        return item.get("subject") == "job" and item.get("phase") in ("succeeded", "failed")
+
+    assert cluster.read(end)["phase"] == "succeeded"
+    assert cluster.controller.wait(timeout=30) == 0
+    return findings
 
 
 def test_a_rank_asleep_before_its_collective_is_one_hang_and_the_job_restarts(
@@ -123,17 +135,8 @@ def test_a_rank_busy_outside_the_collective_while_its_peer_waits_is_no_hang(
     tmp_path: Path,
 ) -> None:
     cluster = Cluster(tmp_path, "20", script=BUSY, controller=IDLE)
-    findings: list[dict] = []
     try:
-        cluster.launched({0, 1}, 0)
-
-        def end(item: dict) -> bool:
-            if item.get("type") == "Finding":
-                findings.append(item)
-            return item.get("subject") == "job" and item.get("phase") in ("succeeded", "failed")
-
-        assert cluster.read(end)["phase"] == "succeeded"
-        assert cluster.controller.wait(timeout=30) == 0
+        findings = _findings_to_success(cluster)
     finally:
         cluster.close()
     cluster.no_rank_left()
@@ -154,17 +157,8 @@ def test_a_rank_busy_outside_the_collective_while_its_peer_waits_is_no_hang(
 
 def test_pauses_and_a_job_waiting_whole_draw_no_hang_and_no_action(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, "40", script=PAUSES, controller=("--remediate",))
-    findings: list[dict] = []
     try:
-        cluster.launched({0, 1}, 0)
-
-        def end(item: dict) -> bool:
-            if item.get("type") == "Finding":
-                findings.append(item)
-            return item.get("subject") == "job" and item.get("phase") in ("succeeded", "failed")
-
-        assert cluster.read(end)["phase"] == "succeeded"
-        assert cluster.controller.wait(timeout=30) == 0
+        findings = _findings_to_success(cluster)
     finally:
         cluster.close()
     cluster.no_rank_left()
