@@ -118,7 +118,7 @@ class RankProgress:
         """The host's ranks' samples as they arrive (other ranks' and attempts' ignored)."""
         for sample in samples:
             rank = sample.labels.get("rank", "")
-            held = self._ranks.get(int(rank)) if rank.isdigit() else None
+            held = self._ranks.get(int(rank)) if rank.isascii() and rank.isdigit() else None
             if held is None or sample.labels.get("attempt", "0") != str(self.attempt):
                 continue
             name, value = sample.name, sample.value
@@ -244,15 +244,15 @@ class CollectiveWaitHang:
         """The agents' progress reports and looks at /proc, as they arrive (those of other
         attempts than ``attempt`` are of processes that are gone)."""
         for sample in samples:
-            rank = sample.labels.get("rank", "")
-            if not rank.isdigit() or sample.labels.get("attempt") != str(attempt):
-                continue
+            rank = _job_rank(sample.labels.get("rank", ""), self.world_size)
+            if rank is None or sample.labels.get("attempt") != str(attempt):
+                continue  # no rank of this job (an agent's word on nobody it runs)
             if sample.name == "proc_stopped":
-                (self._stopped.add if sample.value > 0 else self._stopped.discard)(int(rank))
+                (self._stopped.add if sample.value > 0 else self._stopped.discard)(rank)
             elif sample.name.startswith(PREFIX) and sample.name[len(PREFIX) :] in STATES:
-                self._report(int(rank), sample, now)
+                self._report(rank, sample, now)
             elif sample.name in LOOKS:
-                self._look(int(rank), sample, now)
+                self._look(rank, sample, now)
 
     def _look(self, rank: int, sample: Sample, now: float) -> None:
         """A look at a running rank's process: when its CPU time last grew, state D."""
@@ -382,6 +382,15 @@ class CollectiveWaitHang:
             evidence[f"culprit_idle_s_{i}"] = told.live.idle_for(now)
             evidence[f"culprit_cpu_s_{i}"] = told.live.cpu or 0.0
         return evidence
+
+
+def _job_rank(label: str, world_size: int) -> int | None:
+    """The rank a sample's label names, when it is one of the job's (ASCII digits only:
+    ``"²".isdigit()`` holds, yet ``int`` refuses it)."""
+    if not (label.isascii() and label.isdigit()):
+        return None
+    rank = int(label)
+    return rank if rank < world_size else None
 
 
 def _listed(prefix: str, ranks: Sequence[int]) -> dict[str, float]:

@@ -34,6 +34,7 @@ def _stepping(progress: RankProgress, ranks: list[int], steps: range, start: flo
 def test_an_agent_reports_its_ranks_only_when_its_host_stalls() -> None:
     progress = RankProgress("node1", 0, [2, 3], LIMITS, now=0.0)
     assert progress.report(100.0, [2, 3]) == []  # before any step: nothing to time it by
+    progress.observe([Sample("step_time", 0.1, 0.0, {"rank": "²", "attempt": "0"}, 0)], 100.0)
     progress.observe([_mark(2, "step_time", 0.1, 0)], 100.0)
     assert progress.report(100.0, [2, 3]) == []  # rank 3 launched long ago, yet starting
     now = _stepping(progress, [2, 3], range(1, 20), 100.0)
@@ -220,3 +221,15 @@ def test_an_agent_looks_at_its_running_ranks_main_threads_while_its_host_stalls(
         for proc in (busy, asleep):
             proc.kill()
             proc.wait()
+
+
+def test_a_report_on_no_rank_of_the_job_is_ignored_and_never_a_culprit() -> None:
+    judge = CollectiveWaitHang(4, LIMITS)
+    now = _job(judge, range(10), 0.0)
+    waiting = [_state(r, "waiting", 9) for r in range(4)]
+    odd = Sample("progress.running", 1.0, 0.0, {"rank": "²", "attempt": "0"}, 9)
+    judge.observe([odd], 0, now + 1.0)  # "²".isdigit() holds: no crash of the controller
+    judge.observe([*waiting, _state(9, "running", 9, "node1"), *_look(9, 7.5, 9)], 0, now + 1.0)
+    (found,) = judge.poll(now + 5.0)  # rank 9 is no rank of a 4-rank job: the job waits whole
+    assert (found.kind, found.subject) == ("collective_stall", JOB)
+    assert found.evidence["ranks_unknown"] == 0.0
