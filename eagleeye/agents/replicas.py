@@ -243,13 +243,17 @@ class ReplicaCoordinator:
             self.log_dir / "quorum-store.log",
             lease_s=self.store_lease_s,
         )
-        supervisor = self.supervise(str(master.info.get("address") or master.host), fresh=True)
-        for node, agent in self._by_node.items():
-            self.launcher.place(node, agent.agent)
-        self.phase = Phase.RUNNING
-        supervisor.start()
-        self._record(supervisor.poll())
-        self._journal()
+        try:
+            supervisor = self.supervise(str(master.info.get("address") or master.host), fresh=True)
+            for node, agent in self._by_node.items():
+                self.launcher.place(node, agent.agent)
+            self.phase = Phase.RUNNING
+            supervisor.start()
+            self._record(supervisor.poll())
+            self._journal()
+        except BaseException:  # not journaled: no controller could go on with this store
+            self.quorum_store.close()
+            raise
         return supervisor
 
     def supervise(self, master_addr: str, fresh: bool = False) -> ReplicaSupervisor:
