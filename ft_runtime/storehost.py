@@ -17,7 +17,8 @@ job's secret (``EAGLEEYE_REPLICA_SECRET`` in its environment): it ends when a co
 sets the stop key (the job's end), or on its own once no controller renewed its lease for
 ``--lease-s`` seconds (a controller that never came back), so it never outlives the job
 for long. It can outlive a controller, never the controller's host: a controller started
-on another host finds nothing at the old address and refuses to go on.
+on another host finds nothing at the old address, or no store process of that pid on its
+own host, and refuses to go on.
 """
 
 from __future__ import annotations
@@ -170,13 +171,19 @@ class DetachedStore:
         """The store a controller before this one started, reached at ``address``.
 
         Raises:
-            LaunchError: nothing answers there (its host was lost, or it ended).
+            LaunchError: nothing answers there (its host was lost, or it ended), or its
+                process ``pid`` is not on this host (a controller started elsewhere).
         """
         host, _, port = address.rpartition(":")
         try:  # a plain connection first: torch logs a failed one at length
             socket.create_connection((host, int(port)), timeout=5.0).close()
         except (OSError, ValueError) as exc:
             raise LaunchError(f"the quorum's store at {address} does not answer ({exc})") from None
+        if not _is_store(pid):  # it answers from another host: watched here, it reads as gone
+            raise LaunchError(
+                f"the quorum's store at {address} is not on this controller's host "
+                f"(no store process {pid} here)"
+            )
         try:
             store = cls(address, pid, secret)
             store.renew()

@@ -15,18 +15,18 @@ and phase, each rank's current process (incarnation, whether it ended and how) a
 launcher's (which agent runs which rank, as which incarnation, the exits not yet read).
 
 ``restore`` puts that back into a new coordinator: it reconnects to the store process
-(refused in one line when nothing answers there: the controller's host was lost, or the
-controller was started on another host), resumes the quorum from its membership log (the
-same epochs, the joiners it expected), and expects every agent back (a fresh heartbeat
-window each). ``adopt`` takes an agent's ranks back as it says ``hello`` again: the very
-agent process it had admitted (the same name and session), whose ranks of the current
-incarnation are adopted as they run, never relaunched; those that ended while the
-controller was away are answered now, as any exit (their replica restarts, paid from its
-budget); a rank the agent does not run as the journal says (the controller died between
-starting it and its journal) counts as ended and its replica restarts. Anyone else is
-refused, its node answered as a lost host. The detectors, the hosts' reduced telemetry,
-the remediation policy's cooldowns and the commands in flight (a checkpoint asked for
-just before the kill) start afresh.
+(refused in one line when nothing answers there, the controller's host lost, or when its
+process is not on this host, the controller started on another host), resumes the quorum
+from its membership log (the same epochs, the joiners it expected), and expects every
+agent back (a fresh heartbeat window each). ``adopt`` takes an agent's ranks back as it
+says ``hello`` again: the very agent process it had admitted (the same name and
+session), whose ranks of the current incarnation are adopted as they run, never
+relaunched; those that ended while the controller was away are answered now, as any exit
+(their replica restarts, paid from its budget); a rank the agent does not run as the
+journal says (the controller died between starting it and its journal) counts as ended
+and its replica restarts. Anyone else is refused, its node answered as a lost host. The
+detectors, the hosts' reduced telemetry, the remediation policy's cooldowns and the
+commands in flight (a checkpoint asked for just before the kill) start afresh.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ is no stop."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -52,3 +53,20 @@ def test_attaching_where_nothing_listens_is_one_clear_error() -> None:
     address = f"127.0.0.1:{free_port()}"
     with pytest.raises(LaunchError, match=f"the quorum's store at {address} does not answer"):
         DetachedStore.attach(address, os.getpid(), SECRET)
+
+
+def test_a_store_whose_process_is_not_on_this_host_is_not_attached(tmp_path: Path) -> None:
+    """A controller started on another host than the first reaches the old store over
+    the network while that host lives; it must refuse (it cannot watch a process of
+    another host: the job would be failed as its store lost), not attach."""
+    first = DetachedStore.start("127.0.0.1", SECRET, tmp_path / "store.log")
+    try:
+        elsewhere = subprocess.Popen(["true"])  # its pid: no process on this host
+        elsewhere.wait()
+        with pytest.raises(LaunchError, match="not on this controller's host"):
+            DetachedStore.attach(first.address, elsewhere.pid, SECRET)
+        with pytest.raises(LaunchError, match="not on this controller's host"):
+            DetachedStore.attach(first.address, os.getpid(), SECRET)  # no store process
+        assert first.alive
+    finally:
+        first.close()
