@@ -744,7 +744,6 @@ def _host_sources(config: JobConfig, env: Mapping[str, str]) -> HostSources | No
     return HostSources(wanted, config.layout) if wanted.any else None
 
 
-#: torch's variables for NCCL flight-recorder dumps (the file name ends in the rank).
 def _nccl_dump_env(config: JobConfig, env: Mapping[str, str]) -> dict[str, str]:
     """With --nccl-dump-dir, every rank's flight recorder dumps there on a timeout."""
     if config.nccl_dump_dir is None:
