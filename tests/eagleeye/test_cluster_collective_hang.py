@@ -18,6 +18,7 @@ import pytest
 
 from eagleeye.store import RunReader
 from tests.eagleeye.test_cluster_cli import Cluster
+from tests.eagleeye.test_cluster_hang import LOOP_HEAD
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -28,20 +29,7 @@ main(["--steps", sys.argv[1], "--checkpoint-every", "0", "--timeout-s", "150",
       "--preset", "tiny"])
 """
 
-#: a two-rank loop with a hook: each step sleeps 50 ms, then whatever the test adds, then
-#: an all-reduce timed as a collective
-HEAD = """
-import sys, time
-from datetime import timedelta
-import torch
-import torch.distributed as dist
-import eagleeye
-dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-ee = eagleeye.init()
-for i in range(int(sys.argv[1])):
-    ee.step_start(i)
-    time.sleep(0.05)
-"""
+#: the loop's tail: the all-reduce timed as a collective
 TAIL = """
     t = torch.ones(4)
     with ee.collective("all_reduce"):
@@ -52,7 +40,7 @@ dist.destroy_process_group()
 """
 
 PAUSES = (
-    HEAD
+    LOOP_HEAD
     + """    if i == 10 and ee.rank == 0:  # rank 0 validates; rank 1 waits
         with ee.pause("validation"):
             time.sleep(8)
@@ -68,7 +56,7 @@ PAUSES = (
 
 
 BUSY = (
-    HEAD
+    LOOP_HEAD
     + """    if i == 10 and ee.rank == 1:  # 15 s of work, no pause declared; rank 0 waits
         end = time.monotonic() + 15
         while time.monotonic() < end:

@@ -17,7 +17,9 @@ from tests.eagleeye.test_cluster_cli import Cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(240)]
 
-SYNCHRONOUS = """
+#: a two-rank gloo loop with a hook, each step 50 ms of sleep then an all-reduce; the
+#: loop's head, where a test adds what a step does before its all-reduce
+LOOP_HEAD = """
 import sys, time
 from datetime import timedelta
 import torch
@@ -28,12 +30,16 @@ ee = eagleeye.init()
 for i in range(int(sys.argv[1])):
     ee.step_start(i)
     time.sleep(0.05)
-    t = torch.ones(4)
+"""
+SYNCHRONOUS = (
+    LOOP_HEAD
+    + """    t = torch.ones(4)
     dist.all_reduce(t)
     ee.step_end(i, loss=float(t[0]))
 ee.close()
 dist.destroy_process_group()
 """
+)
 
 
 def test_a_stopped_rank_on_host_b_is_one_hang_and_the_job_restarts(tmp_path: Path) -> None:
