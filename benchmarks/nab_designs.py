@@ -66,6 +66,7 @@ from detectors._season import season_length
 from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
 from detectors.eval.nab_artime import ArtimeConfig, ArtimeFamily, artime_scores
+from detectors.eval.nab_artime_confirm import ArtimeConfirmFamily
 from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
 from detectors.eval.nab_artime_rest import ArtimeRestFamily, rest_flags, rest_rows
 from detectors.eval.nab_corpus import NabFile, load_corpus
@@ -326,6 +327,7 @@ def family_loco(root: Path, name: str) -> None:
         "artime_fusion": ArtimeFusionFamily(),
         "artime_rest": ArtimeRestFamily(),
         "artime_rest_probation": ArtimeRestFamily("probation"),
+        "artime_confirm": ArtimeConfirmFamily(),
         "record_file_range": FileRangeRecordFamily(),
     }
     family = families[name]
@@ -353,10 +355,11 @@ def family_loco(root: Path, name: str) -> None:
 
         best = max(table, key=on_itself)
         print(f"ceiling (chosen on its own labels) {cat:<24}{on_itself(best):8.2f}")
-    if isinstance(family, ArtimeFamily):
-        # The published constants on the whole corpus, per category (a screen).
+    if isinstance(family, ArtimeFamily | ArtimeConfirmFamily):
+        # The published (or shipped) constants on the whole corpus, per category (a screen).
+        base = family.published if isinstance(family, ArtimeFamily) else family.shipped
         for p in PROFILES:
-            per = [table[family.published][p.name][i] for i in range(len(files))]
+            per = [table[base][p.name][i] for i in range(len(files))]
             cells = "  ".join(
                 f"{cat} {nab_loco._score([per[i] for i in np.flatnonzero(cats == cat)], p):.2f}"
                 for cat in CATEGORIES
@@ -505,6 +508,7 @@ def main() -> None:
             "artime_fusion",
             "artime_rest",
             "artime_rest_probation",
+            "artime_confirm",
             "record_file_range",
         ),
         default=None,
