@@ -47,7 +47,7 @@ Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--l
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
      likelihood_fusion|extreme_record|artime|artime_probation|artime_running|
      artime_expanding|artime_fusion|artime_rest|artime_rest_probation|record_file_range]
-     [--zero-fp-bound] [--missed] [--artime-screen]
+     [--zero-fp-bound] [--missed] [--artime-screen] [--artime-detections]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from detectors._season import season_length
 from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
 from detectors.eval.nab_artime import ArtimeConfig, ArtimeFamily, artime_scores
-from detectors.eval.nab_artime_confirm import ArtimeConfirmFamily
+from detectors.eval.nab_artime_confirm import ArtimeConfirmFamily, evidence
 from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
 from detectors.eval.nab_artime_rest import ArtimeRestFamily, rest_flags, rest_rows
 from detectors.eval.nab_corpus import NabFile, load_corpus
@@ -462,6 +462,31 @@ def missed_windows(root: Path) -> None:
                 print(f"  {name:<24} in window {top:8.2f}  p99 before {p99:8.2f}")
 
 
+def artime_detections(root: Path) -> None:
+    """Every detection of ``eagleeye eval nab``'s default ARTime after the probation on AWS
+    CloudWatch and ad exchange: file, row, score, true or false positive (with the false
+    positive's cost factor) and the confirmation's evidence (nab_artime_confirm)."""
+    from detectors.eval.nab import _false_positive_cost
+    from detectors.eval.nab_detectors import artime_flags
+
+    for f in load_corpus(root):
+        if nab_loco.category(f.name) not in ("realAWSCloudwatch", "realAdExchange"):
+            continue
+        x, probation = f.values, probation_length(len(f.values))
+        low, high = float(x.min()), float(x.max())
+        scores = artime_scores(x, low, high, probation=probation)
+        for row in np.flatnonzero(artime_flags(x, probation, low, high)):
+            if row < probation:
+                continue
+            cost = _false_positive_cost(int(row), f.windows)
+            verdict = "TP" if cost is None else f"FP {cost:+.2f}"
+            outside, spread = evidence(x, int(row), probation, low, high)
+            print(
+                f"{f.name:<56}{row:6d}  {verdict:<9} score {scores[row]:.3f}  "
+                f"outside {outside:.3f}  spread {spread:.2f}"
+            )
+
+
 def zero_fp_bound(root: Path) -> None:
     """Per category, standard profile: the detectors' flags, and the same with every flag
     outside a window removed."""
@@ -516,8 +541,11 @@ def main() -> None:
     parser.add_argument("--zero-fp-bound", action="store_true")
     parser.add_argument("--missed", action="store_true")
     parser.add_argument("--artime-screen", action="store_true")
+    parser.add_argument("--artime-detections", action="store_true")
     args = parser.parse_args()
-    if args.artime_screen:
+    if args.artime_detections:
+        artime_detections(args.root)
+    elif args.artime_screen:
         artime_screen(args.root)
     elif args.missed:
         missed_windows(args.root)
