@@ -42,11 +42,17 @@ floor and its novelty term), the like-for-like check beside ARTime's file range.
 nab_artime_rest.py); ``artime_rest_probation`` the same with rests of 0 to 0.5
 probations. ``--artime-screen`` screens ARTime with one of its constants changed at a time
 and k-of-n votes of those runs (whole corpus, threshold 0.3, rest 8 blocks).
+``--family artime_confirm`` judges ARTime with a rest and a rule that must confirm each
+detection (evidence in the values, or the file's own score record; detectors/eval/
+nab_artime_confirm.py), the rule a constant the protocol chooses; ``--artime-detections``
+lists every detection of ``eagleeye eval nab``'s default ARTime on AWS CloudWatch and ad
+exchange with its verdict, score and that evidence.
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
      likelihood_fusion|extreme_record|artime|artime_probation|artime_running|
-     artime_expanding|artime_fusion|artime_rest|artime_rest_probation|record_file_range]
+     artime_expanding|artime_fusion|artime_rest|artime_rest_probation|artime_confirm|
+     record_file_range]
      [--zero-fp-bound] [--missed] [--artime-screen] [--artime-detections]
 """
 
@@ -365,6 +371,20 @@ def family_loco(root: Path, name: str) -> None:
                 for cat in CATEGORIES
             )
             print(f"published constants {p.name}: {cells}  all {nab_loco._score(per, p):.2f}")
+    if isinstance(family, ArtimeConfirmFamily):
+        # Each rule beside the shipped detector (threshold 0.3, rest 8), whole corpus,
+        # standard profile, per category (a screen).
+        for rule in family.rules:
+            setting = (*family.shipped[:5], *rule)
+            per = table[setting][STANDARD.name]
+            cells = "  ".join(
+                f"{nab_loco._score([per[i] for i in np.flatnonzero(cats == cat)], STANDARD):6.2f}"
+                for cat in CATEGORIES
+            )
+            fp = sum(s.fp for s in per)
+            rule_text = ",".join(f"{v:g}" for v in rule)
+            whole = nab_loco._score(per, STANDARD)
+            print(f"rule {rule_text:<12}{cells}  all {whole:6.2f}  FP {fp}")
     print(f"{time.perf_counter() - start:.0f} s")
 
 
