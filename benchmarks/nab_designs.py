@@ -46,13 +46,19 @@ and k-of-n votes of those runs (whole corpus, threshold 0.3, rest 8 blocks).
 detection (evidence in the values, or the file's own score record; detectors/eval/
 nab_artime_confirm.py), the rule a constant the protocol chooses; ``--artime-detections``
 lists every detection of ``eagleeye eval nab``'s default ARTime on AWS CloudWatch and ad
-exchange with its verdict, score and that evidence.
+exchange with its verdict, score and that evidence. ``--family artime_adaptive`` judges
+ARTime with a setting chosen per file from its own probation (a strict threshold and rest
+where the fraction of probation points beyond k robust spreads reaches a cut-off; the
+shipped setting elsewhere; detectors/eval/nab_artime_adaptive.py), and prints the files
+each standard fold's rule scores strictly; ``artime_adaptive_jump`` the same with the
+probation's largest step over its median step as a second characteristic the protocol
+may choose.
 
 Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--loco NAME]
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
      likelihood_fusion|extreme_record|artime|artime_probation|artime_running|
      artime_expanding|artime_fusion|artime_rest|artime_rest_probation|artime_confirm|
-     record_file_range]
+     artime_adaptive|artime_adaptive_jump|record_file_range]
      [--zero-fp-bound] [--missed] [--artime-screen] [--artime-detections]
 """
 
@@ -72,6 +78,7 @@ from detectors._season import season_length
 from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
 from detectors.eval.nab_artime import ArtimeConfig, ArtimeFamily, artime_scores
+from detectors.eval.nab_artime_adaptive import ArtimeAdaptiveFamily, choose
 from detectors.eval.nab_artime_confirm import ArtimeConfirmFamily, evidence
 from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
 from detectors.eval.nab_artime_rest import ArtimeRestFamily, rest_flags, rest_rows
@@ -334,6 +341,8 @@ def family_loco(root: Path, name: str) -> None:
         "artime_rest": ArtimeRestFamily(),
         "artime_rest_probation": ArtimeRestFamily("probation"),
         "artime_confirm": ArtimeConfirmFamily(),
+        "artime_adaptive": ArtimeAdaptiveFamily(jump_cuts=()),
+        "artime_adaptive_jump": ArtimeAdaptiveFamily(),
         "record_file_range": FileRangeRecordFamily(),
     }
     family = families[name]
@@ -361,7 +370,19 @@ def family_loco(root: Path, name: str) -> None:
 
         best = max(table, key=on_itself)
         print(f"ceiling (chosen on its own labels) {cat:<24}{on_itself(best):8.2f}")
-    if isinstance(family, ArtimeFamily | ArtimeConfirmFamily):
+    if isinstance(family, ArtimeAdaptiveFamily):
+        # Per standard fold, the files the chosen rule scores with its strict setting.
+        for h in result.held:
+            if h.profile == STANDARD.name and h.setting != family.shipped:
+                kind, k, cut = h.setting[:3]
+                strict = [
+                    f.name.split("/")[1][:-4]
+                    for f in files
+                    if choose(f.values[: probation_length(len(f.values))], kind, k, cut, (1, 1))
+                    == (1, 1)
+                ]
+                print(f"strict with {h.category} held out: {', '.join(strict)}")
+    if isinstance(family, ArtimeFamily | ArtimeConfirmFamily | ArtimeAdaptiveFamily):
         # The published (or shipped) constants on the whole corpus, per category (a screen).
         base = family.published if isinstance(family, ArtimeFamily) else family.shipped
         for p in PROFILES:
@@ -554,6 +575,8 @@ def main() -> None:
             "artime_rest",
             "artime_rest_probation",
             "artime_confirm",
+            "artime_adaptive",
+            "artime_adaptive_jump",
             "record_file_range",
         ),
         default=None,
