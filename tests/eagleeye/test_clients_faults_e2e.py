@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from eagleeye.store import RunReader, newest_run
+from tests.eagleeye.procs import ended
 from tests.eagleeye.test_clients_e2e import CLIENTS, eagleeye_run, spawn_eagleeye
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -134,13 +135,10 @@ def _rank_pids(root: Path, wait_for_step: int | None, timeout_s: float = 120) ->
     raise AssertionError("the ranks never started")
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return status == "Z"
+def _wait_gone(pids: list[int], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(ended(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(240)
@@ -158,7 +156,7 @@ def test_sigterm_with_a_grace_period_lets_the_job_checkpoint_and_leaves_no_proce
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
-    assert all(_gone(pid) for pid in pids)
+    assert all(ended(pid) for pid in pids)
     run = newest_run(tmp_path / "runs")
     with RunReader(run) as reader:
         saved = reader.checkpoints()
@@ -179,7 +177,7 @@ def test_sigterm_with_a_grace_period_asks_a_hooked_loop_to_save_at_one_step(tmp_
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
-    assert all(_gone(pid) for pid in pids)
+    assert all(ended(pid) for pid in pids)
     run = newest_run(tmp_path / "runs")
     logs = [(run / "logs" / "attempt-0" / f"rank-{r}.log").read_text() for r in (0, 1)]
     left = [line for log in logs for line in log.splitlines() if " left at step " in line]
@@ -204,7 +202,7 @@ def test_sigint_ends_every_rank_even_a_stopped_one(tmp_path) -> None:
     job.send_signal(signal.SIGINT)
     out, err = job.communicate(timeout=60)
     assert job.returncode == 128 + signal.SIGINT, err[-2000:]
-    assert all(_gone(pid) for pid in pids)
+    assert all(ended(pid) for pid in pids)
     assert "[rank0]: [rank 0] still working" in out
     assert "stopped by SIGINT" in err
 
@@ -251,8 +249,8 @@ def test_a_run_whose_controller_was_killed_is_resumed_from_its_store(tmp_path) -
     pids = _rank_pids(tmp_path, wait_for_step=25)
     first.kill()  # the controller dies; its ranks die with it
     first.communicate()
-    psutil.wait_procs([psutil.Process(p) for p in pids if not _gone(p)], timeout=10)
-    assert all(_gone(pid) for pid in pids)
+    _wait_gone(pids)  # each may end, and be reaped, at any point of the look
+    assert all(ended(pid) for pid in pids)
     run = newest_run(tmp_path / "runs")
     with RunReader(run) as reader:
         before = len(reader.samples(names=["step_time"]))
