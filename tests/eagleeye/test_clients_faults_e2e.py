@@ -247,7 +247,7 @@ def test_a_run_whose_controller_was_killed_is_resumed_from_its_store(tmp_path) -
         *("--max_iters", "100000", "--eval_interval", "10", "--out_dir", "out"),
     )
     pids = _rank_pids(tmp_path, wait_for_step=25)
-    first.kill()  # the controller dies; its ranks die with it
+    _kill_between_saves(first, pids[0], tmp_path / "out" / "ckpt.pt")
     first.communicate()
     _wait_gone(pids)  # each may end, and be reaped, at any point of the look
     assert all(ended(pid) for pid in pids)
@@ -272,6 +272,35 @@ def test_a_run_whose_controller_was_killed_is_resumed_from_its_store(tmp_path) -
     assert launch["resume_args"] == "--init_from=resume"
     assert "[rank0]: Resuming training from out" in out
     assert "[rank0]: iter 10:" not in out.split("Resuming")[0]  # earlier output not repeated
+
+
+def _kill_between_saves(controller: subprocess.Popen[str], saver: int, ckpt: Path) -> None:
+    """Kills the controller (its ranks die with it) while the rank that saves is stopped
+    outside a save: the script's plain ``torch.save`` killed mid-write would leave a torn
+    ``ckpt.pt`` that no resume can load, whatever Eagle Eye does."""
+    while True:
+        os.kill(saver, signal.SIGSTOP)
+        while _state(saver) not in ("T", "t"):
+            time.sleep(0.01)
+        if str(ckpt) not in _open_files(saver):
+            controller.kill()
+            return
+        os.kill(saver, signal.SIGCONT)  # mid-save: let it finish
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _open_files(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            found.add(os.readlink(fd))
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def _wait_for_samples(run: Path, name: str, more_than: int, timeout_s: float = 120) -> None:
