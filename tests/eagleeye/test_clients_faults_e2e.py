@@ -114,7 +114,7 @@ def _start(root: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def _rank_pids(root: Path, wait_for_step: int | None, timeout_s: float = 120) -> list[int]:
-    """The ranks' pids, once they run (and have reported ``wait_for_step``)."""
+    """The ranks' pids by rank, once they run (and have reported ``wait_for_step``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(0.2)
@@ -131,6 +131,7 @@ def _rank_pids(root: Path, wait_for_step: int | None, timeout_s: float = 120) ->
                 steps = reader.samples(names=["step_time"])
                 if steps.empty or steps["step"].max() < wait_for_step:
                     continue
+        launches = launches.sort_values("subject")  # rank 0 first, whichever started first
         return [int(d["pid"]) for d in launches["detail"]]
     raise AssertionError("the ranks never started")
 
