@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -14,3 +16,16 @@ def ended(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def outliving(pids: Iterable[int], timeout_s: float = 10.0) -> list[int]:
+    """Those of ``pids`` that have not ended within ``timeout_s``. A rank whose agent was
+    just killed gets its SIGKILL from the kernel (the parent-death signal) and ends a
+    moment later, not at once: only one still there after the wait outlived the run."""
+    waiting = list(pids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        waiting = [pid for pid in waiting if not ended(pid)]
+        if not waiting or time.monotonic() >= deadline:
+            return waiting
+        time.sleep(0.05)

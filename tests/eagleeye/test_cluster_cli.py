@@ -19,7 +19,7 @@ import pytest
 
 from eagleeye.store import RunReader
 from ft_runtime.ports import free_port
-from tests.eagleeye.procs import ended
+from tests.eagleeye.procs import outliving
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200)]
 
@@ -104,8 +104,7 @@ class Cluster:
         )
 
     def no_rank_left(self) -> None:
-        for pid in self.pids:  # a zombie of a finished agent is gone
-            assert ended(pid), f"rank process {pid} outlived the run"
+        assert outliving(self.pids) == [], "rank processes outlived the run"
 
     def close(self) -> None:
         for proc in [self.controller, *self.agents]:

@@ -20,7 +20,7 @@ from typing import IO
 import pytest
 
 from ft_runtime.ports import free_port
-from tests.eagleeye.procs import ended
+from tests.eagleeye.procs import ended, outliving
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -144,8 +144,7 @@ class Job:
             proc.wait(timeout=30)
 
     def no_rank_left(self) -> None:
-        for pid in self.pids.values():
-            assert ended(pid), f"rank process {pid} outlived the run"
+        assert outliving(self.pids.values()) == [], "rank processes outlived the run"
 
 
 def alive(pid: int) -> bool:
