@@ -196,6 +196,12 @@ class JobCoordinator:
         self._stopping = reason
         window = GraceWindow.start(stop_grace(self.grace_s, self._stop_grace), self.clock)
         if window.grace_s > 0 and self._listening:
+            # the ranks leave their loops together only at a step named to them all: a
+            # stop that came before any step reached the controller (the ranks listen from
+            # their first step; the hosts' summaries follow) waits for one, a quarter of
+            # the grace period at most. Asked "at once", each rank read the request at a
+            # step of its own and they waited on each other's collectives to the end.
+            window.wait(self._poll, lambda: self._newest_step is not None, share=0.25)
             times = sorted(self._step_times)
             step = request_step(self._newest_step, times[len(times) // 2] if times else None)
             self._event("job", Phase.RUNNING, checkpoint_requested=step, reason=reason)

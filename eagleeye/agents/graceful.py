@@ -22,9 +22,10 @@ class GraceWindow:
     def start(cls, grace_s: float, clock: Callable[[], float]) -> GraceWindow:
         return cls(grace_s, clock(), clock)
 
-    def wait(self, poll: Callable[[], None], done: Callable[[], bool]) -> bool:
-        """Polls until ``done()`` or half the grace period is spent; returns ``done()``."""
-        deadline = self.started + self.grace_s / 2
+    def wait(self, poll: Callable[[], None], done: Callable[[], bool], share: float = 0.5) -> bool:
+        """Polls until ``done()`` or ``share`` of the grace period (half) is spent;
+        returns ``done()``."""
+        deadline = self.started + self.grace_s * share
         while self.clock() < deadline and not done():
             poll()
         return done()

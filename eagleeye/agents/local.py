@@ -170,21 +170,34 @@ class LocalAgents:
         process that ended loses its ranks."""
         assert self.members is not None
         assert self.inner is not None
-        for got in self.members.poll(timeout_s):
-            if isinstance(got, AgentState):
-                self._joined(got)
-            elif isinstance(got, AgentReport):
-                self._report(got)
-        for name, process in list(self.agents.items()):
-            if process.poll() is not None and name not in self._lost:
-                self._lost.add(name)
-                ended = self.inner.host_lost(name)
-                why = f"the local agent ended with status {process.returncode}"
-                if ended:
-                    self.on_event(
-                        f"agent:{name}", Phase.EXITED, {"host": self.hostname, "reason": why}
-                    )
-                self._replace(name, why)
+        got = self.members.poll(timeout_s)
+        gone = [n for n, p in self.agents.items() if p.poll() is not None and n not in self._lost]
+        # What an ended agent sent came before its end, and its end (its ranks killed with
+        # it) before what the others sent since: a rank of theirs that died of it (a
+        # collective's reset) is seen after it, as the cascade it is, not as the first failure.
+        for item in [g for g in got if g.agent in gone]:
+            self._take(item)
+        for name in gone:
+            self._agent_ended(name)
+        for item in [g for g in got if g.agent not in gone]:
+            self._take(item)
+
+    def _take(self, got: AgentState | AgentReport) -> None:
+        if isinstance(got, AgentState):
+            self._joined(got)
+        else:
+            self._report(got)
+
+    def _agent_ended(self, name: str) -> None:
+        """An agent process that ended on its own: its ranks are lost with it."""
+        assert self.inner is not None
+        process = self.agents[name]
+        self._lost.add(name)
+        ended = self.inner.host_lost(name)
+        why = f"the local agent ended with status {process.returncode}"
+        if ended:
+            self.on_event(f"agent:{name}", Phase.EXITED, {"host": self.hostname, "reason": why})
+        self._replace(name, why)
 
     def _replace(self, name: str, why: str) -> None:
         """An agent that ended on its own is started again (its ranks are gone with it; the

@@ -4,8 +4,9 @@
 and admits agents that say ``hello`` with the job's shared secret. It stamps every message
 with the controller's own clock: an agent's heartbeat period is the controller's to judge,
 never the agent's clock. An agent is lost when nothing at all came from it (heartbeats,
-reports, replies to the controller's pings) for ``missed`` periods: the pings are the
-evidence that the silence is the host's, not a quiet moment. A refused message (no or a
+reports, replies to the controller's pings) for ``missed`` periods, and a ping sent a
+period before at least went unanswered: the pings are the evidence that the silence is
+the host's, not a quiet moment nor a stall of the controller's own loop. A refused message (no or a
 wrong secret, a replay, a broken schema) is counted by reason, logged (the first few per
 reason) and never acted on; a sender is never admitted by one. An agent fenced
 (``fence``: its host was lost or evicted, its node rank given to a spare) is never
@@ -127,8 +128,9 @@ class Membership:
         self.refused: Counter[str] = Counter()
         self._seq = 0
         self._sequencer = Sequencer()
-        self._pinged: dict[str, float] = {}
-        self._pings: Counter[str] = Counter()
+        self._pinged: dict[str, float] = {}  # agent -> its last ping in this silence
+        self._first_ping: dict[str, float] = {}  # agent -> its first ping in this silence
+        self._pings: Counter[str] = Counter()  # pings in this silence
         self.fenced: dict[str, str] = {}  # agent -> why: refused, told to stop, for good
         self._fence_told: dict[str, float] = {}  # when a fenced agent was last told to stop
         self._fence_stop: dict[str, dict[str, Any]] = {}  # what a fenced agent is told
@@ -237,7 +239,7 @@ class Membership:
             self._ask_hello(identity, now)
             return None
         state.last_seen = now
-        self._pinged.pop(message.sender, None)
+        self._heard(message.sender)
         if message.kind in ("heartbeat", "pong"):
             return None
         return AgentReport(message.sender, message.kind, message.body, now)
@@ -278,7 +280,7 @@ class Membership:
             state.last_seen = now
         if self._pinged:
             for state in senders:
-                self._pinged.pop(state.agent, None)
+                self._heard(state.agent)
         if not payloads:
             return
         blocks, refused = parse_payloads(payloads)
@@ -320,10 +322,16 @@ class Membership:
             self._lost_connections -= 1
         self.agents[message.sender] = state
         self._by_identity[identity] = state
-        self._pinged.pop(message.sender, None)
+        self._heard(message.sender)
         self.send(message.sender, "welcome", {"period_s": self.period_s})
         log.info("agent %s on %s admitted (node rank %d)", state.agent, state.host, state.node_rank)
         return state
+
+    def _heard(self, agent: str) -> None:
+        """Something came from ``agent``: its silence, and the pings into it, ended."""
+        self._pinged.pop(agent, None)
+        self._first_ping.pop(agent, None)
+        self._pings.pop(agent, None)
 
     def _ask_hello(self, identity: bytes, now: float) -> None:
         """Asks a connection that sent a genuine message but is not admitted to say
@@ -362,7 +370,10 @@ class Membership:
     # ---- judging --------------------------------------------------------------------------
     def lost(self) -> list[AgentLost]:
         """Agents that went silent: pinged after one period of silence, lost after
-        ``missed`` periods with no answer. Each is reported once."""
+        ``missed`` periods with no answer to a ping sent a period before at least. A
+        controller whose own loop stalled (what the agents sent waits unread on its
+        socket) so pings first and judges a period later, after reading what waited; it
+        does not lose every agent at its first look. Each is reported once."""
         now = self.clock()
         lost = []
         for state in self.agents.values():
@@ -374,9 +385,15 @@ class Membership:
                 and now - self._pinged.get(state.agent, 0.0) >= self.period_s
             ):
                 self._pinged[state.agent] = now
+                self._first_ping.setdefault(state.agent, now)
                 self._pings[state.agent] += 1
                 self.send(state.agent, "ping", {})
-            if silent >= self.missed * self.period_s and self._pings[state.agent] > 0:
+            asked = self._first_ping.get(state.agent)
+            if (
+                silent >= self.missed * self.period_s
+                and asked is not None
+                and now - asked >= self.period_s
+            ):
                 state.lost_at = now
                 self._lost_connections += self._by_identity.get(state.identity) is state
                 lost.append(

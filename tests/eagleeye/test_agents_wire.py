@@ -107,3 +107,25 @@ def test_an_agent_is_lost_after_missed_periods_on_the_controllers_clock() -> Non
     assert members.lost() == []  # reported once
     assert members.alive() == []
     members.close()
+
+
+def test_a_controller_whose_loop_stalled_pings_before_it_judges_a_silence() -> None:
+    """The controller's own loop late by several periods (the agent's heartbeats wait
+    unread on its socket): its first look pings and loses nobody; once it has read what
+    waited, the agent is alive. (It was lost at that first look, pinged that same instant.)"""
+    now = [1000.0]
+    members = Membership(SECRET, period_s=1.0, missed=3, clock=lambda: now[0])
+    link = AgentLink(members.address, SECRET, agent="c", node_rank=0, period_s=0.05).start()
+    try:
+        admitted = wait_for(lambda: members.poll(0.05))
+        assert isinstance(admitted[0], AgentState)
+        assert wait_for(link.welcomed.is_set)
+        now[0] += 5.0  # the stall: five periods with nothing read
+        assert members.lost() == []  # pinged now: no answer could have come
+        members.poll(0.2)  # what waited: heartbeats, then the pong
+        now[0] += 1.0
+        assert members.lost() == []
+        assert [a.agent for a in members.alive()] == ["c"]
+    finally:
+        link.close()
+        members.close()

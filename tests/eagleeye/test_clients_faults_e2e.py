@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from eagleeye.store import RunReader, newest_run
+from tests.eagleeye.procs import ended
 from tests.eagleeye.test_clients_e2e import CLIENTS, eagleeye_run, spawn_eagleeye
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -113,7 +114,7 @@ def _start(root: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def _rank_pids(root: Path, wait_for_step: int | None, timeout_s: float = 120) -> list[int]:
-    """The ranks' pids, once they run (and have reported ``wait_for_step``)."""
+    """The ranks' pids by rank, once they run (and have reported ``wait_for_step``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(0.2)
@@ -130,17 +131,15 @@ def _rank_pids(root: Path, wait_for_step: int | None, timeout_s: float = 120) ->
                 steps = reader.samples(names=["step_time"])
                 if steps.empty or steps["step"].max() < wait_for_step:
                     continue
+        launches = launches.sort_values("subject")  # rank 0 first, whichever started first
         return [int(d["pid"]) for d in launches["detail"]]
     raise AssertionError("the ranks never started")
 
 
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return status == "Z"
+def _wait_gone(pids: list[int], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(ended(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(240)
@@ -158,7 +157,7 @@ def test_sigterm_with_a_grace_period_lets_the_job_checkpoint_and_leaves_no_proce
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
-    assert all(_gone(pid) for pid in pids)
+    assert all(ended(pid) for pid in pids)
     run = newest_run(tmp_path / "runs")
     with RunReader(run) as reader:
         saved = reader.checkpoints()
@@ -179,7 +178,7 @@ def test_sigterm_with_a_grace_period_asks_a_hooked_loop_to_save_at_one_step(tmp_
     job.send_signal(signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 128 + signal.SIGTERM, err[-2000:]
-    assert all(_gone(pid) for pid in pids)
+    assert all(ended(pid) for pid in pids)
     run = newest_run(tmp_path / "runs")
     logs = [(run / "logs" / "attempt-0" / f"rank-{r}.log").read_text() for r in (0, 1)]
     left = [line for log in logs for line in log.splitlines() if " left at step " in line]
@@ -204,7 +203,7 @@ def test_sigint_ends_every_rank_even_a_stopped_one(tmp_path) -> None:
     job.send_signal(signal.SIGINT)
     out, err = job.communicate(timeout=60)
     assert job.returncode == 128 + signal.SIGINT, err[-2000:]
-    assert all(_gone(pid) for pid in pids)
+    assert all(ended(pid) for pid in pids)
     assert "[rank0]: [rank 0] still working" in out
     assert "stopped by SIGINT" in err
 
@@ -249,10 +248,10 @@ def test_a_run_whose_controller_was_killed_is_resumed_from_its_store(tmp_path) -
         *("--max_iters", "100000", "--eval_interval", "10", "--out_dir", "out"),
     )
     pids = _rank_pids(tmp_path, wait_for_step=25)
-    first.kill()  # the controller dies; its ranks die with it
+    _kill_between_saves(first, pids[0], tmp_path / "out" / "ckpt.pt")
     first.communicate()
-    psutil.wait_procs([psutil.Process(p) for p in pids if not _gone(p)], timeout=10)
-    assert all(_gone(pid) for pid in pids)
+    _wait_gone(pids)  # each may end, and be reaped, at any point of the look
+    assert all(ended(pid) for pid in pids)
     run = newest_run(tmp_path / "runs")
     with RunReader(run) as reader:
         before = len(reader.samples(names=["step_time"]))
@@ -274,6 +273,35 @@ def test_a_run_whose_controller_was_killed_is_resumed_from_its_store(tmp_path) -
     assert launch["resume_args"] == "--init_from=resume"
     assert "[rank0]: Resuming training from out" in out
     assert "[rank0]: iter 10:" not in out.split("Resuming")[0]  # earlier output not repeated
+
+
+def _kill_between_saves(controller: subprocess.Popen[str], saver: int, ckpt: Path) -> None:
+    """Kills the controller (its ranks die with it) while the rank that saves is stopped
+    outside a save: the script's plain ``torch.save`` killed mid-write would leave a torn
+    ``ckpt.pt`` that no resume can load, whatever Eagle Eye does."""
+    while True:
+        os.kill(saver, signal.SIGSTOP)
+        while _state(saver) not in ("T", "t"):
+            time.sleep(0.01)
+        if str(ckpt) not in _open_files(saver):
+            controller.kill()
+            return
+        os.kill(saver, signal.SIGCONT)  # mid-save: let it finish
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _open_files(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            found.add(os.readlink(fd))
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def _wait_for_samples(run: Path, name: str, more_than: int, timeout_s: float = 120) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from eagleeye.store import RunReader
 from ft_runtime.ports import free_port
+from tests.eagleeye.procs import outliving
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200)]
 
@@ -103,13 +104,7 @@ class Cluster:
         )
 
     def no_rank_left(self) -> None:
-        for pid in self.pids:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue
-            with open(f"/proc/{pid}/stat") as f:  # a zombie of a finished agent is gone
-                assert f.read().split()[2] == "Z", f"rank process {pid} outlived the run"
+        assert outliving(self.pids) == [], "rank processes outlived the run"
 
     def close(self) -> None:
         for proc in [self.controller, *self.agents]:

@@ -24,6 +24,7 @@ import pytest
 from eagleeye.store import RunReader
 from ft_runtime.ports import free_port
 from tests.eagleeye.cluster_replica_helpers import SCRIPT, answered, steps
+from tests.eagleeye.procs import outliving
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 EAGLEEYE = [sys.executable, "-m", "eagleeye"]
@@ -235,13 +236,7 @@ class Job:
         return detail
 
     def no_rank_left(self, *pids: int) -> None:
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue
-            with open(f"/proc/{pid}/stat") as f:
-                assert f.read().split()[2] == "Z", f"rank process {pid} outlived the run"
+        assert outliving(pids) == [], "rank processes outlived the run"
 
 
 def test_a_lost_host_restarts_only_its_replica_on_the_spare(tmp_path: Path) -> None:

@@ -17,6 +17,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300
 
 LOOP = (Path(__file__).parents[1] / "fixtures" / "scripts" / "hooked_loop.py").read_text()
 GRACE = ("--grace-period", "40")
+# listens before its first step, then waits: a stop comes before any step is known
+LISTENS_FIRST = LOOP.replace("import os\n", "import os\nimport time\n").replace(
+    "    step = 0\n",
+    "    ee.checkpoint_requested()\n    time.sleep(2.0)\n    step = 0\n",
+)
 
 
 def listening(cluster: Cluster) -> None:
@@ -74,4 +79,25 @@ def test_sigterm_to_an_agent_checkpoints_every_host_then_stops(tmp_path: Path) -
     finally:
         cluster.close()
     stopped_after_checkpoints(tmp_path, "SIGTERM to the agent")
+    cluster.no_rank_left()
+
+
+def test_a_stop_before_any_step_is_known_names_one_step_to_every_rank(tmp_path: Path) -> None:
+    """Asked "at once" (no step known yet), each rank read the request at a step of its
+    own and the two waited on each other's collectives to the end of the grace period,
+    saving nothing: the controller waits for a step first, then names one."""
+    assert "time.sleep(2.0)" in LISTENS_FIRST
+    cluster = Cluster(tmp_path, "0", script=LISTENS_FIRST, controller=GRACE)
+    try:
+        listening(cluster)
+        cluster.controller.send_signal(signal.SIGTERM)  # the ranks have not stepped yet
+        asked = cluster.read(lambda i: "checkpoint_requested" in i.get("detail", {}))
+        assert isinstance(asked["detail"]["checkpoint_requested"], int)
+        end = cluster.ended()
+        assert (end["phase"], end["detail"]["reason"]) == ("failed", "stopped by SIGTERM")
+        assert cluster.controller.wait(timeout=60) == 1
+        assert [a.wait(timeout=60) for a in cluster.agents] == [0, 0]
+    finally:
+        cluster.close()
+    stopped_after_checkpoints(tmp_path, "stopped by SIGTERM")
     cluster.no_rank_left()

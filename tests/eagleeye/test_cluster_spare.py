@@ -9,7 +9,6 @@ XID finding and its `evict` action naming the spare."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from eagleeye.store import RunReader
 from ft_runtime.ports import free_port
+from tests.eagleeye.procs import outliving
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200)]
 
@@ -126,10 +126,4 @@ def test_an_evicted_host_is_replaced_by_the_spare_and_the_job_succeeds(tmp_path:
         actions = run.actions()
     assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [("evict", "xid")]
     assert f"node rank 1 moved to the spare {took}" in actions["detail"][0]
-    for pid in pids:  # no rank outlived the run (a zombie of an ended agent is gone)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        with open(f"/proc/{pid}/stat") as f:
-            assert f.read().split()[2] == "Z", f"rank process {pid} outlived the run"
+    assert outliving(pids) == [], "rank processes outlived the run"

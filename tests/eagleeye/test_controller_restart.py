@@ -9,7 +9,6 @@ the run never admitted) are refused by the restarted controller. No process is l
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -21,6 +20,7 @@ from typing import IO
 import pytest
 
 from ft_runtime.ports import free_port
+from tests.eagleeye.procs import ended, outliving
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -144,22 +144,11 @@ class Job:
             proc.wait(timeout=30)
 
     def no_rank_left(self) -> None:
-        for pid in self.pids.values():
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                continue
-            with open(f"/proc/{pid}/stat") as f:
-                assert f.read().split()[2] == "Z", f"rank process {pid} outlived the run"
+        assert outliving(self.pids.values()) == [], "rank processes outlived the run"
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
+    return not ended(pid)  # one look: its agent may reap it at any time
 
 
 def until(what, timeout_s: float = 90.0) -> None:

@@ -91,7 +91,9 @@ def test_restored_agents_get_a_fresh_heartbeat_window_on_the_new_clock() -> None
             {"old": {"fenced": "lost", "rejoin": "h-spare"}},
         )
         assert members.lost() == []  # no false host loss right after the restart
-        now[0] += 2.99
+        now[0] += 1.0
+        assert members.lost() == []  # a period of silence: pinged (a loss needs a ping)
+        now[0] += 1.99
         assert members.lost() == []
         now[0] += 0.01
         assert [g.agent for g in members.lost()] == ["a"]  # never came back: lost
