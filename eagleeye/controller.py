@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -37,7 +36,12 @@ from eagleeye.injector import OutsideInjector
 from eagleeye.procwatch import ProcessWatch
 from eagleeye.resume import KnownCheckpoints
 from eagleeye.stacks import HangStacks, StackCapture
-from eagleeye.stopping import EVENT_LISTENING, request_checkpoint, request_step
+from eagleeye.stopping import (
+    EVENT_LISTENING,
+    request_checkpoint,
+    request_step,
+    typical_step_s,
+)
 from eagleeye.store import RunStore
 from ft_runtime.base import Supervisor
 from ft_runtime.types import LifecycleEvent, Phase
@@ -201,8 +205,8 @@ class Controller:
         assert self.run_dir is not None
         asked = self.clock()
         newest = max(self._last_step.values(), default=None)
-        step_time = statistics.median(self._step_times) if self._step_times else None
-        request_checkpoint(self.run_dir, request.cause, request_step(newest, step_time))
+        step = request_step(newest, typical_step_s(self._step_times))
+        request_checkpoint(self.run_dir, request.cause, step)
         saved: set[int] = set()
         everyone_listens = self._listening >= set(self.supervisor.pids())
         while self.clock() < deadline and self.supervisor.alive() > 0:

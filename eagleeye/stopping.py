@@ -6,7 +6,7 @@ for their checkpoints, then sends SIGTERM to every rank (stopped ranks continued
 so a script's own SIGTERM handler can save too, and SIGKILL to whatever is left when the
 grace period ends.
 
-The request names a step a little ahead of the newest one reported (about a second of
+The request names a step a little ahead of the newest one reported (about 1.5 s of
 training), and a loop is asked at that step, not when it happens to see the file: ranks
 that train in lockstep must leave their loop at the same step, or one waits forever in a
 collective that the others have left.
@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from eagleeye.config import ENV_RUN_DIR
@@ -28,8 +28,10 @@ EVENT_LISTENING = "event.stop_listener"
 """Telemetry a rank sends the first time its loop asks whether a checkpoint is requested."""
 
 
-LEAD_S = 1.0
-"""How far ahead (in training time) of the newest reported step the checkpoint is asked."""
+LEAD_S = 1.5
+"""How far ahead (in training time) of the newest reported step the checkpoint is asked:
+the request reaches every rank's loop through its host's agent and a look at the file
+every 0.2 s, and a rank that reads it only past the step saves at a step of its own."""
 
 
 def request_checkpoint(run_dir: Path, cause: str, at_step: int | None = None) -> None:
@@ -51,6 +53,14 @@ def request_step(
     if step_time_s is None or not math.isfinite(step_time_s) or step_time_s <= 0:
         return newest + 3
     return newest + max(3, min(100_000, math.ceil(lead_s / step_time_s)))
+
+
+def typical_step_s(step_times: Iterable[float]) -> float | None:
+    """The step time to measure the lead in: the lower quartile of the recent ones. The
+    first steps (warm-up) and the slow ones of a loaded host lengthen a median, and a lead
+    counted in steps too long falls short of the time the request needs to arrive."""
+    times = sorted(t for t in step_times if math.isfinite(t) and t > 0)
+    return times[len(times) // 4] if times else None
 
 
 class CheckpointRequest:

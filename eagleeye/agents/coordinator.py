@@ -72,7 +72,7 @@ from eagleeye.agents.stopped import StoppedRankHang
 from eagleeye.agents.waits import CollectiveWaitHang, limits_body
 from eagleeye.errors import EagleEyeError
 from eagleeye.ingest import ingest_samples
-from eagleeye.stopping import EVENT_LISTENING, request_step
+from eagleeye.stopping import EVENT_LISTENING, request_step, typical_step_s
 from eagleeye.store import RunStore
 from ft_runtime.layout import JobLayout
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -202,8 +202,7 @@ class JobCoordinator:
             # the grace period at most. Asked "at once", each rank read the request at a
             # step of its own and they waited on each other's collectives to the end.
             window.wait(self._poll, lambda: self._newest_step is not None, share=0.25)
-            times = sorted(self._step_times)
-            step = request_step(self._newest_step, times[len(times) // 2] if times else None)
+            step = request_step(self._newest_step, typical_step_s(self._step_times))
             self._event("job", Phase.RUNNING, checkpoint_requested=step, reason=reason)
             self._saved.clear()
             for agent in self.members.alive():

@@ -21,7 +21,12 @@ from eagleeye.failures import CrashLoop, RankFailure, rank_error
 from eagleeye.injector import FaultFired, OutsideInjector
 from eagleeye.rank_output import RankOutput, parse_ranks
 from eagleeye.resume import KnownCheckpoints
-from eagleeye.stopping import CheckpointRequest, request_checkpoint, request_step
+from eagleeye.stopping import (
+    CheckpointRequest,
+    request_checkpoint,
+    request_step,
+    typical_step_s,
+)
 from eagleeye.store import RunReader
 from ft_runtime.faults import EVENT_INJECTOR_ARMED, FaultSpec, parse_specs
 
@@ -237,12 +242,20 @@ def test_an_unreadable_checkpoint_request_asks_at_once(tmp_path) -> None:
     assert CheckpointRequest({"EAGLEEYE_RUN_DIR": str(tmp_path)}).requested(3)
 
 
-def test_the_step_asked_for_is_about_a_second_of_training_ahead() -> None:
+def test_the_step_asked_for_is_a_second_and_a_half_of_training_ahead() -> None:
     assert request_step(None, 0.01) is None
-    assert request_step(100, 0.01) == 200
+    assert request_step(100, 0.01) == 250
     assert request_step(100, 5.0) == 103  # slow steps: still a few steps of margin
     assert request_step(100, None) == 103
     assert request_step(100, math.nan) == 103
+
+
+def test_the_lead_is_counted_in_the_fast_steps_not_the_warm_up() -> None:
+    warm_up, steady = [2.0, 1.5, 0.9], [0.01] * 3  # a median would take 0.9 s a step
+    assert typical_step_s([*warm_up, *steady]) == 0.01
+    assert request_step(100, typical_step_s([*warm_up, *steady])) == 250
+    assert typical_step_s([math.nan, -1.0, 0.0]) is None  # nothing usable: a few steps
+    assert typical_step_s([]) is None
 
 
 def test_time_faults_are_only_the_ones_fired_from_outside() -> None:
