@@ -31,9 +31,9 @@ ASLEEP = (
 """
     + TAIL
 )
-SLEEP_LINE = ASLEEP.splitlines().index(
-    "        time.sleep(100)  # asleep before the all-reduce"
-) + 1
+SLEEP_LINE = (
+    ASLEEP.splitlines().index("        time.sleep(100)  # asleep before the all-reduce") + 1
+)
 HOST_B = ("--hostname", "host-b")  # node rank 1's agent names its host so
 
 
