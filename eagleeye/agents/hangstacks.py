@@ -125,6 +125,13 @@ class StackGather:
 
     def gather(self, nodes: Mapping[int, AgentState], layout: JobLayout) -> Gathered:
         """Every rank's stacks: from its host's agent, else a row naming why there is none."""
+        if self.wait_s <= 0:
+            unasked = "no stacks: not asked for (the controller waits 0 s for them)"
+            none = (
+                _none(s.rank, nodes[s.node_rank].host if s.node_rank in nodes else "", unasked)
+                for s in layout.ranks()
+            )
+            return Gathered(tuple(none), ())
         self._request += 1
         # the agent's capture ends well before the wait, so its answers can arrive in time
         ask = StackRequest(self._request, min(self.wait_s * 0.6, MAX_CAPTURE_S), self.max_chars)

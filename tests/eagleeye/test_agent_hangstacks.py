@@ -189,6 +189,18 @@ def test_a_lost_agent_is_not_waited_for(cluster) -> None:
     assert got.stacks[0].text == "no stacks: the agent a of host-a is lost"
 
 
+def test_a_wait_of_zero_asks_no_agent(cluster) -> None:
+    members, nodes, _ = cluster
+    got = StackGather(members, wait_s=0.0).gather(nodes, LAYOUT)
+    assert [(s.rank, s.host, s.method) for s in got.stacks] == [
+        (0, "host-a", "none"),
+        (1, "host-a", "none"),
+        (2, "host-b", "none"),
+        (3, "host-b", "none"),
+    ]
+    assert "not asked for" in got.stacks[0].text
+
+
 @pytest.mark.parametrize(
     "body",
     [

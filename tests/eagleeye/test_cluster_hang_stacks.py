@@ -52,7 +52,9 @@ def test_a_hang_across_hosts_stores_every_ranks_stack_with_its_host(tmp_path: Pa
         extra=HOST_B,
         nproc=2,
         script=ASLEEP,
-        controller=("--remediate", "--hang-idle-s", "3"),
+        # a long wait: every host answers, however loaded the machine (the capture may
+        # take 0.6 of it)
+        controller=("--remediate", "--hang-idle-s", "3", "--stacks-wait", "15"),
     )
     try:
         cluster.launched({0, 1, 2, 3}, 0)
