@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -121,7 +122,9 @@ class StackGather:
         self.members = members
         self.wait_s = wait_s
         self.max_chars = max_chars
-        self._request = 0
+        # numbered from a random start: a late answer to an earlier controller of the
+        # job (restarted from its run store) is never taken for this one's
+        self._request = secrets.randbelow(1 << 48)
 
     def gather(self, nodes: Mapping[int, AgentState], layout: JobLayout) -> Gathered:
         """Every rank's stacks: from its host's agent, else a row naming why there is none."""

@@ -87,7 +87,7 @@ def test_a_hang_across_hosts_stores_every_ranks_stack_with_its_host(tmp_path: Pa
 
 def test_an_agent_that_does_not_answer_costs_the_wait_not_the_restart(tmp_path: Path) -> None:
     # a long heartbeat: host A's agent, stopped, is not lost while the test holds it
-    controller = ("--remediate", "--heartbeat", "10")
+    controller = ("--remediate", "--heartbeat", "20")
     cluster = Cluster(tmp_path, "120", extra=HOST_B, script=SYNCHRONOUS, controller=controller)
     agent_a = cluster.agents[0]
     try:
