@@ -84,8 +84,9 @@ class LiveLog:
         self.console.print(f"{stamp} stacks of every rank (RunReader(...).stacks()):")
         for stack in item.stacks:
             where = top_frame(stack.text) if stack.method != "none" else stack.text
+            host = f" on {stack.host}" if stack.host else ""
             self.console.print(
-                f"          rank {stack.rank} [{_STATES.get(stack.state, stack.state)}] "
+                f"          rank {stack.rank}{host} [{_STATES.get(stack.state, stack.state)}] "
                 f"{stack.method}: {where}",
                 markup=False,
             )

@@ -6,6 +6,9 @@ it, so it works on a stopped rank too (it needs ptrace rights: root, or
 rank's own faulthandler (armed by ``eagleeye.stackdump``) is signalled to write them to its
 file; a stopped rank cannot answer that, and is reported without a stack. Every rank is
 captured at once (in parallel, ``timeout_s`` in all), before remediation touches them.
+Across hosts each agent captures its own ranks the same way and sends them to the
+controller (``eagleeye.agents.hangstacks``), each rank's text cut to ``MAX_STACK_CHARS``
+(``truncated``) and named with its host.
 
 >>> top_frame('Thread 7 (idle): "MainThread"\\n    wait (train.py:12)\\n    <module> (train.py:30)')
 'wait (train.py:12)'
@@ -26,17 +29,22 @@ from detectors.types import Finding
 from eagleeye.stackdump import STACK_SIGNAL, stack_file
 from ft_runtime import procstat
 
+#: The most characters of one rank's stacks kept (sent across hosts, stored).
+MAX_STACK_CHARS = 32_000
+
 
 @dataclass(frozen=True, slots=True)
 class RankStack:
     """One rank's stacks: how they were read (``py-spy``, ``faulthandler`` or ``none``),
-    the process state when they were (``T`` stopped, ``S`` sleeping, ...), and the text."""
+    the process state when they were (``T`` stopped, ``S`` sleeping, ...), the text, and
+    the host they were read on (``""``: this machine, ``eagleeye run``)."""
 
     rank: int
     pid: int
     method: str
     state: str
     text: str
+    host: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,40 @@ class HangStacks:
 
     finding: Finding
     stacks: tuple[RankStack, ...]
+
+    def to_json(self) -> dict[str, object]:
+        """The finding and where each rank stands (its innermost frame, or why none was
+        read); the full texts are in the run store (``RunReader.stacks()``)."""
+        return {
+            "finding": self.finding.to_json(),
+            "stacks": [
+                {
+                    "rank": s.rank,
+                    "host": s.host,
+                    "pid": s.pid,
+                    "method": s.method,
+                    "state": s.state,
+                    "where": top_frame(s.text) if s.method != "none" else s.text,
+                }
+                for s in self.stacks
+            ],
+        }
+
+
+def truncated(text: str, limit: int = MAX_STACK_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters (its head: the threads first listed),
+    saying so on its last line.
+
+    >>> truncated("x" * 100, 60).splitlines()[-1]
+    '[truncated: 100 characters, 23 kept]'
+    >>> len(truncated("x" * 100, 60))
+    60
+    """
+    if len(text) <= limit:
+        return text
+    note = f"\n[truncated: {len(text)} characters, {{kept}} kept]"
+    kept = max(limit - len(note.format(kept=limit)), 0)
+    return text[:kept] + note.format(kept=kept)
 
 
 def find_py_spy() -> str | None:

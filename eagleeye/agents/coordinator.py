@@ -26,7 +26,11 @@ telemetry arrives reduced on the hosts (``SummaryIntake``) and is judged by
 ``reduced_detectors`` (``eagleeye.agents.judging``, shared with replica recovery). A hung
 rank is judged from its host's word: a stopped rank (``StoppedRankHang``), a rank blocked
 outside the collective the others wait in (``CollectiveWaitHang``: the launch carries the
-hang limits the agents time their progress reports from).
+hang limits the agents time their progress reports from). Before a hang is answered, each
+agent of the job reads its ranks' stacks (``eagleeye.agents.hangstacks``): they are stored
+with the finding, each naming its host, and the policy's action waits for them or
+``stack_wait_s``, whichever comes first (a rank whose agent did not answer is recorded
+without a stack, and why).
 Findings from outside (Alertmanager's webhook, ``inbox``) placed
 on the job's ranks or nodes are answered the same way; one on a host the job does not
 run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
@@ -63,6 +67,7 @@ from eagleeye.agents.eviction import (
     spare_refusal,
 )
 from eagleeye.agents.graceful import GraceWindow, leaving_grace, stop_grace
+from eagleeye.agents.hangstacks import STACK_WAIT_S, STACKS, StackGather
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.judging import ReducedJudge, job_frames
 from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
@@ -72,6 +77,7 @@ from eagleeye.agents.stopped import StoppedRankHang
 from eagleeye.agents.waits import CollectiveWaitHang, limits_body
 from eagleeye.errors import EagleEyeError
 from eagleeye.ingest import ingest_samples
+from eagleeye.stacks import HangStacks
 from eagleeye.stopping import EVENT_LISTENING, request_step, typical_step_s
 from eagleeye.store import RunStore
 from ft_runtime.layout import JobLayout
@@ -144,9 +150,13 @@ class JobCoordinator:
     _exits_seen: set[tuple[int, int]] = field(default_factory=set)  # (attempt, rank) handled
     _journal_due: bool = False  # ranks' exits since the journal was last written
     _evicted: dict[str, str] = field(default_factory=dict)  # host -> why it was evicted
+    stack_wait_s: float = STACK_WAIT_S  # a hang's action waits this long at most for stacks
+    _gather: StackGather = field(init=False)  # asks the agents for their ranks' stacks
+    _held: list[AgentState | AgentReport] = field(default_factory=list)  # came meanwhile
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
+        self._gather = StackGather(self.members, self.stack_wait_s)
         self._judge = ReducedJudge(self.store)
         self._stops = StoppedRankHang(self.layout.world_size)
         self._waits = CollectiveWaitHang(self.layout.world_size, self.hang)
@@ -211,7 +221,8 @@ class JobCoordinator:
         return self._end(Phase.FAILED, reason, grace_s=window.left())  # None: the agents'
 
     def _poll(self) -> None:
-        for got in self.members.poll(timeout_s=0.05):
+        held, self._held = self._held, []  # what came while a hang's stacks were awaited
+        for got in [*held, *self.members.poll(timeout_s=0.0 if held else 0.05)]:
             if isinstance(got, AgentState):
                 self._joined(got)
             elif isinstance(got, AgentReport):
@@ -254,11 +265,35 @@ class JobCoordinator:
 
     def _answer(self, finding: Finding) -> None:
         """A finding: stored, shown, and answered by the policy (its decisions stored and
-        shown; executed through ``execute`` unless a dry run)."""
+        shown; executed through ``execute`` unless a dry run). A hang's stacks are read
+        first, before anything acts on its ranks."""
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
+        if finding.kind == "hang":
+            self._capture_stacks(finding, finding_id)
         for decision in self.remediator.handle(finding):
             self._decided(decision, finding_id)
+
+    def _capture_stacks(self, finding: Finding, finding_id: int) -> None:
+        """Every rank's stacks, read by its host's agent (or why none were), stored with
+        the finding as ``eagleeye run`` stores them, each naming its host. What the
+        agents sent meanwhile is handled at the next poll, in order."""
+        got = self._gather.gather(self._by_node, self.layout)
+        self._held.extend(got.held)
+        now = self.clock()
+        for stack in got.stacks:
+            self.store.add_stack(
+                now,
+                finding_id,
+                stack.rank,
+                attempt=self.attempt,
+                pid=stack.pid,
+                method=stack.method,
+                state=stack.state,
+                text=stack.text,
+                host=stack.host,
+            )
+        self.on_update(HangStacks(finding, got.stacks))
 
     def _decided(self, decision: Decision, finding_id: int | None) -> None:
         self.store.add_outcome(decision.outcome, finding_id, decision.dry_run, decision.decided_at)
@@ -323,6 +358,8 @@ class JobCoordinator:
                 self._stop_grace = leaving_grace(self.grace_s, report.body.get("grace_s"))
         elif report.kind == "outcome":
             self.on_update(report)
+        elif report.kind == STACKS:  # after its hang was acted on
+            self._gather.late(report)
 
     def _host_samples(self, report: AgentReport) -> None:
         """A host's samples: stored, and read by the host rules (an XID, an ECC error, a

@@ -1,6 +1,7 @@
 """An agent's work on its host: start the host's ranks with torchrun's environment, watch
 them, and do what the controller asks (launch, restart, kill, stop, checkpoint before a
-stop), reporting each rank's launch and exit and each action's outcome. With snapshots
+stop, and read its ranks' stacks when the controller judges a hang), reporting each rank's
+launch and exit and each action's outcome. With snapshots
 on, the host's snapshot holder (``eagleeye.agents.snapshots``) runs beside its ranks and
 backs up to another host's. The ranks'
 telemetry comes to the agent (``HostTelemetry``): kept raw on the host, sent to the
@@ -42,6 +43,7 @@ from typing import Any
 from collector.types import Sample
 from detectors.errors import DetectorError
 from detectors.progress import HangLimits
+from eagleeye.agents.hangstacks import STACKS, StackRequest, answer
 from eagleeye.agents.link import AgentLink
 from eagleeye.agents.ranktelemetry import HostTelemetry
 from eagleeye.agents.snapshots import HostHolder
@@ -141,6 +143,9 @@ class HostAgent:
                         self._rejoin(rejoin, str(message.body["fenced"]))
                         break  # what else came on the fenced link is not for the spare
                     return self._stopped(message.body)
+                if message.kind == STACKS:
+                    self._stacks(message.body)
+                    continue
                 self._act(message.kind, message.body)
             self._watch()
             self._forward()
@@ -243,6 +248,23 @@ class HostAgent:
         else:
             status = "unknown action"
         self.link.report("outcome", {"action": kind, "status": status, **dict(body)})
+
+    def _stacks(self, body: Mapping[str, Any]) -> None:
+        """The controller judged a hang: this host's ranks' stacks, read at once and
+        answered one message per rank (``eagleeye.agents.hangstacks``), before whatever
+        the controller sends next (a restart) is taken. A request that breaks the schema
+        is refused, said in an outcome, and nothing is read."""
+        try:
+            request = StackRequest.parse(body)
+        except ValueError as exc:
+            log.warning("refused the controller's stacks request: %s", exc)
+            self.link.report("outcome", {"action": STACKS, "status": f"refused: {exc}"})
+            return
+        live = {r: held.proc.pid for r, held in self._ranks.items() if held.proc.poll() is None}
+        ranks = [spec.rank for spec in self.specs] if self.node_rank >= 0 else []
+        run_dir = self.log_dir.resolve()
+        for reply in answer(request, ranks, live, run_dir, self.link.host):
+            self.link.report(STACKS, reply)
 
     def _launch(self, attempt: int, master_addr: str, master_port: int) -> None:
         folder = self.log_dir / f"attempt-{attempt}"

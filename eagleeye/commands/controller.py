@@ -127,6 +127,15 @@ def add_parser(sub: Any) -> None:
     )
     add_tls(g)
     add_hang_arguments(c, CLUSTER_LIMITS, instrument=False, about=CLUSTER_HANGS)
+    c.add_argument(
+        "--stacks-wait",
+        type=seconds,
+        default=None,
+        metavar="S",
+        help="with --recovery job, the longest a hang's action waits for every host's "
+        "stacks of its ranks (a host that has not answered by then has its ranks recorded "
+        "without stacks; 0: none are asked for) (default: 5)",
+    )
     c.set_defaults(func=_controller)
 
 
@@ -198,6 +207,7 @@ def _coordinate(
     from eagleeye.agents import Membership, read_secret
     from eagleeye.agents import resume as journal
     from eagleeye.agents.coordinator import JobCoordinator
+    from eagleeye.agents.hangstacks import STACK_WAIT_S
     from eagleeye.agents.places import AgentPlaces
     from eagleeye.store import DB_NAME, RunStore, create_run_dir
     from ft_runtime.types import Phase
@@ -248,6 +258,7 @@ def _coordinate(
         on_joined=places.admit,
         journal=lambda job: journal.save(store, job),
         hang=hang_limits(args),
+        stack_wait_s=STACK_WAIT_S if args.stacks_wait is None else args.stacks_wait,
     )
     if state is not None:
         journal.restore(coordinator, state)

@@ -15,6 +15,7 @@ import pandas as pd
 
 from eagleeye.errors import StoreError
 from eagleeye.store.schema import SCHEMA_VERSION
+from eagleeye.store.stacktext import split_host
 from eagleeye.store.writer import DB_NAME
 
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table'"
@@ -160,10 +161,18 @@ class RunReader:
 
     def stacks(self, finding_id: int | None = None) -> pd.DataFrame:
         """Ranks' stacks captured on hangs: time, finding_id, rank, attempt, pid, method
-        (py-spy, faulthandler or none), state (of the process: T stopped, ...) and text."""
+        (py-spy, faulthandler or none), state (of the process: T stopped, ...), text, and
+        host (where they were read, across hosts; "" for ``eagleeye run``'s)."""
         if finding_id is None:
-            return self.query("SELECT * FROM stacks ORDER BY id")
-        return self.query("SELECT * FROM stacks WHERE finding_id = ? ORDER BY id", [finding_id])
+            frame = self.query("SELECT * FROM stacks ORDER BY id")
+        else:
+            frame = self.query(
+                "SELECT * FROM stacks WHERE finding_id = ? ORDER BY id", [finding_id]
+            )
+        split = [split_host(str(text)) for text in frame["text"]]
+        frame["host"] = [host for host, _ in split]
+        frame["text"] = [text for _, text in split]
+        return frame
 
     def memberships(self) -> pd.DataFrame:
         """The quorum coordinator's decisions: time, epoch, members, joining, expected."""

@@ -24,6 +24,7 @@ from collector.types import Sample
 from detectors.types import Finding
 from eagleeye.errors import StoreError
 from eagleeye.store.schema import migrate
+from eagleeye.store.stacktext import with_host
 from ft_runtime.types import LifecycleEvent, Outcome
 
 log = logging.getLogger(__name__)
@@ -265,8 +266,11 @@ class RunStore:
         method: str,
         state: str,
         text: str,
+        host: str = "",
     ) -> None:
-        """One rank's stacks, captured for a finding (a hang)."""
+        """One rank's stacks, captured for a finding (a hang); ``host``: where they were
+        read, across hosts (``stacktext``: stored as the text's first line)."""
+        text = with_host(text, host)
         self._put(_SQL_STACK, (time, finding_id, rank, attempt, pid, method, state, text))
 
     def set_meta(self, key: str, value: Any) -> None:
