@@ -4,7 +4,8 @@ driven by hand (``tests.eagleeye.test_spares``). With a spare waiting the leavin
 drained: every host is asked for a checkpoint first when its grace period allows, the
 leaving agent is told it was drained (no rejoin, no eviction), the spare takes its node
 rank and every host restarts as the next attempt; the store has an ``evict`` action with
-the reason, and no finding. The drained host may come back as a spare without
+the reason, and no finding; a dry run (no ``--remediate``) drains too, as a lost host is
+replaced. The drained host may come back as a spare without
 ``readmit``. With no spare, or the restart budget spent, the job stops as before; a spare
 that leaves is dropped and the job goes on."""
 
@@ -17,7 +18,8 @@ from typing import Any
 from eagleeye.stopping import EVENT_LISTENING
 from eagleeye.store import RunReader
 from ft_runtime.types import LifecycleEvent, Phase
-from tests.eagleeye.test_spares import Host, pump, restarted, two_hosts_and_a_spare
+from remediation.remediator import Remediator
+from tests.eagleeye.test_spares import Host, Job, pump, restarted, two_hosts_and_a_spare
 
 
 def event(name: str, rank: int, value: float = 0.0, **labels: str) -> dict[str, Any]:
@@ -153,3 +155,27 @@ def _spare_events(job: Any, agent: str) -> list[LifecycleEvent]:
 
 def _listening(job: Any) -> list[LifecycleEvent]:
     return [e for e in job.events if e.detail.get("listening")]
+
+
+def test_a_dry_run_drains_too_as_a_lost_host_is_replaced(tmp_path: Path) -> None:
+    # without --remediate the policy's actions are only decided; a host going away is no
+    # policy decision: its node rank goes to the spare all the same
+    job = Job(tmp_path)
+    job.coordinator.remediator = Remediator(job.coordinator.policy, job.coordinator, True)
+    nodes = [Host(job.members.address, f"h{n}", n) for n in range(2)]
+    spare = Host(job.members.address, "hs", -1, spare=True)
+    hosts = [*nodes, spare]
+    job.start()
+    try:
+        pump(hosts, lambda: all(h.kinds("launch") for h in nodes))
+        leave(nodes[1])
+        pump(hosts, lambda: restarted(spare, 1) and restarted(nodes[0], 1))
+        finish(job, hosts, 1, {0: nodes[0], 1: spare})
+        assert job.result == [Phase.SUCCEEDED]
+    finally:
+        job.close()
+        for host in hosts:
+            host.close()
+    with RunReader(job.run_dir) as run:
+        actions = run.actions()
+    assert list(zip(actions["kind"], actions["dry_run"], strict=True)) == [("evict", 0)]
