@@ -40,14 +40,13 @@ its agent ends as told (``drained``), and a spare on that host is admitted later
 ``readmit``. A spare that leaves is dropped, and the job goes on. Like a lost host's
 replacement, a drain is no decision of the policy (a dry run drains too): the host is
 going either way. With no spare, or no restart left, the job stops as on a stop request.
-With ``snapshots`` on, every launch
-carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``); when a
-spare takes a node rank, its holder takes that node's place in the ring the restart
-carries. With a ``journal`` (the run store's, ``eagleeye.agents.resume``) the state
-a restarted controller needs is written before every launch and end, and after each
-poll in which ranks exited; a controller restarted on the run (``resume.restore``)
-adopts the agents' running ranks as they say ``hello`` again
-(``eagleeye.agents.adoption``).
+With ``snapshots`` on, every launch carries the ring of the agents' snapshot holders
+(``eagleeye.agents.snapshots``); when a spare takes a node rank, its holder takes that
+node's place in the ring the restart carries. With a ``journal`` (the run store's,
+``eagleeye.agents.resume``) the state a restarted controller needs is written before
+every launch and end, and after each poll in which ranks exited; a controller restarted
+on the run (``resume.restore``) adopts the agents' running ranks as they say ``hello``
+again (``eagleeye.agents.adoption``).
 """
 
 from __future__ import annotations
