@@ -34,14 +34,23 @@ without a stack, and why).
 Findings from outside (Alertmanager's webhook, ``inbox``) placed
 on the job's ranks or nodes are answered the same way; one on a host the job does not
 run on is recorded only. A stop (a signal to the controller or an agent) asks the loops
-for a checkpoint first when there is a grace period. With ``snapshots`` on, every launch
-carries the ring of the agents' snapshot holders (``eagleeye.agents.snapshots``); when a
-spare takes a node rank, its holder takes that node's place in the ring the restart
-carries. With a ``journal`` (the run store's, ``eagleeye.agents.resume``) the state
-a restarted controller needs is written before every launch and end, and after each
-poll in which ranks exited; a controller restarted on the run (``resume.restore``)
-adopts the agents' running ranks as they say ``hello`` again
-(``eagleeye.agents.adoption``).
+for a checkpoint first when there is a grace period. An agent of a node rank that leaves
+on its own signal (``leaving``: a scheduler's preemption, a node drain) while a spare
+waits is drained instead of stopping the job (``_drain``): the checkpoint first, as for a
+stop, when its grace period allows; then, as for a lost host, the spare takes its node
+rank and every host restarts as the next attempt (from that checkpoint, which the ranks
+load), recorded as an ``evict`` action with the reason. The leaving host is no suspect:
+its agent ends as told (``drained``), and a spare on that host is admitted later without
+``readmit``. A spare that leaves is dropped, and the job goes on. Like a lost host's
+replacement, a drain is no decision of the policy (a dry run drains too): the host is
+going either way. With no spare, or no restart left, the job stops as on a stop request.
+With ``snapshots`` on, every launch carries the ring of the agents' snapshot holders
+(``eagleeye.agents.snapshots``); when a spare takes a node rank, its holder takes that
+node's place in the ring the restart carries. With a ``journal`` (the run store's,
+``eagleeye.agents.resume``) the state a restarted controller needs is written before
+every launch and end, and after each poll in which ranks exited; a controller restarted
+on the run (``resume.restore``) adopts the agents' running ranks as they say ``hello``
+again (``eagleeye.agents.adoption``).
 """
 
 from __future__ import annotations
@@ -153,6 +162,7 @@ class JobCoordinator:
     stack_wait_s: float = STACK_WAIT_S  # a hang's action waits this long at most for stacks
     _gather: StackGather = field(init=False)  # asks the agents for their ranks' stacks
     _held: list[AgentState | AgentReport] = field(default_factory=list)  # came meanwhile
+    _leaving: _Leaving | None = None  # a node rank's agent that left on a signal, to drain
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
@@ -191,6 +201,8 @@ class JobCoordinator:
         while self.phase is Phase.RUNNING and self.clock() < end:
             if self._stop is not None:
                 return self._stop_job(f"stopped by {self._stop}")
+            if self._leaving is not None:
+                self._drain(self._leaving)
             self._poll()
             for gone in self.members.lost():
                 self._host_lost(gone)
@@ -205,20 +217,80 @@ class JobCoordinator:
         half the grace period is spent. The ranks get what is left to end."""
         self._stopping = reason
         window = GraceWindow.start(stop_grace(self.grace_s, self._stop_grace), self.clock)
-        if window.grace_s > 0 and self._listening:
-            # the ranks leave their loops together only at a step named to them all: a
-            # stop that came before any step reached the controller (the ranks listen from
-            # their first step; the hosts' summaries follow) waits for one, a quarter of
-            # the grace period at most. Asked "at once", each rank read the request at a
-            # step of its own and they waited on each other's collectives to the end.
-            window.wait(self._poll, lambda: self._newest_step is not None, share=0.25)
-            step = request_step(self._newest_step, typical_step_s(self._step_times))
-            self._event("job", Phase.RUNNING, checkpoint_requested=step, reason=reason)
-            self._saved.clear()
-            for agent in self.members.alive():
-                self.members.send(agent.agent, "checkpoint", {"cause": reason, "step": step})
-            window.wait(self._poll, lambda: self._listening <= self._saved)
+        self._checkpoint_first(reason, window, lambda: False)
         return self._end(Phase.FAILED, reason, grace_s=window.left())  # None: the agents'
+
+    def _checkpoint_first(
+        self, reason: str, window: GraceWindow, cut_short: Callable[[], bool]
+    ) -> None:
+        """With a grace period and loops that listen: every agent asked for a checkpoint
+        at one step, waited for until each listening rank saved, ``cut_short()`` or half
+        the grace period is spent (``_stopping`` set: the ranks' exits are no failure)."""
+        if window.grace_s <= 0 or not self._listening:
+            return
+        # the ranks leave their loops together only at a step named to them all: a stop
+        # that came before any step reached the controller (the ranks listen from their
+        # first step; the hosts' summaries follow) waits for one, a quarter of the grace
+        # period at most. Asked "at once", each rank read the request at a step of its own
+        # and they waited on each other's collectives to the end.
+        window.wait(self._poll, lambda: self._newest_step is not None or cut_short(), share=0.25)
+        step = request_step(self._newest_step, typical_step_s(self._step_times))
+        self._event("job", Phase.RUNNING, checkpoint_requested=step, reason=reason)
+        self._saved.clear()
+        for agent in self.members.alive():
+            self.members.send(agent.agent, "checkpoint", {"cause": reason, "step": step})
+        window.wait(self._poll, lambda: self._listening <= self._saved or cut_short())
+
+    def _left(self, agent: str, cause: str, grace_s: float) -> None:
+        """An agent left on its own signal: a spare is dropped (the job goes on); a node
+        rank's host is drained when a spare waits and a restart is left (``_drain``, from
+        the job's loop); else the job stops, after a checkpoint within ``grace_s``."""
+        if self._spares.drop(agent):
+            self.members.fence(agent, f"{cause} to the spare {agent}", key="drained")
+            return
+        node = next((n for n, a in self._by_node.items() if a.agent == agent), None)
+        if (
+            node is not None
+            and self._leaving is None
+            and self.phase is Phase.RUNNING
+            and self.attempt < self.max_restarts
+            and self._spares.ready()
+        ):
+            state = self._by_node[node]
+            self._leaving = _Leaving(agent, state.host, node, cause, grace_s)
+            self._stopping = f"host {state.host} left on {cause}"  # its exits: no failure
+            return
+        self._stop = f"{cause} to the agent {agent}"
+        self._stop_grace = grace_s
+
+    def _drain(self, leaving: _Leaving) -> None:
+        """A node rank's agent left on a signal with a spare waiting: every host asked for
+        a checkpoint first (within the agent's grace period, as for a stop); then its
+        ranks are ended (its agent fenced, told it was drained), the spare takes its node
+        rank and every host restarts as the next attempt (``_replace``, the lost host's
+        path); recorded as an ``evict`` action with the reason. A stop asked meanwhile
+        wins (the job's loop stops it). Nothing else acts meanwhile (``execute``)."""
+        reason = f"host {leaving.host} left on {leaving.cause}"
+        window = GraceWindow.start(leaving.grace_s, self.clock)
+        self._checkpoint_first(reason, window, lambda: self._stop is not None)
+        self._stopping = None
+        self._leaving = None
+        if self._stop is not None or self.phase is not Phase.RUNNING:
+            return
+        action = Action(
+            ActionKind.EVICT,
+            f"node:node{leaving.node}",
+            f"{reason} (agent {leaving.agent}, node rank {leaving.node})",
+            f"drain:{leaving.agent}",
+        )
+        decided = self.clock()
+        done = self._replace(leaving.agent, leaving.node, reason, drained=True)
+        if done is None:
+            return  # out of the job already (lost meanwhile): answered there
+        status = OutcomeStatus.DONE if self.phase is Phase.RUNNING else OutcomeStatus.FAILED
+        outcome = Outcome(action, status, done, self.clock())
+        self.store.add_outcome(outcome, None, False, decided)
+        self.on_update(outcome)
 
     def _poll(self) -> None:
         held, self._held = self._held, []  # what came while a hang's stacks were awaited
@@ -354,8 +426,8 @@ class JobCoordinator:
             cause = str(report.body.get("cause", "a signal"))
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
             if self._stop is None:
-                self._stop = f"{cause} to the agent {report.agent}"
-                self._stop_grace = leaving_grace(self.grace_s, report.body.get("grace_s"))
+                grace = leaving_grace(self.grace_s, report.body.get("grace_s"))
+                self._left(report.agent, cause, grace)
         elif report.kind == "outcome":
             self.on_update(report)
         elif report.kind == STACKS:  # after its hang was acted on
@@ -392,6 +464,9 @@ class JobCoordinator:
             return Outcome(action, OutcomeStatus.SKIPPED, why, now)
         if self.phase is not Phase.RUNNING:
             why = f"the job is not running ({self.phase.value})"
+            return Outcome(action, OutcomeStatus.SKIPPED, why, now)
+        if self._leaving is not None:
+            why = f"{self._leaving.agent} is being drained to a spare (it left on a signal)"
             return Outcome(action, OutcomeStatus.SKIPPED, why, now)
         self._done_keys.add(action.key)
         if action.kind is ActionKind.EVICT:
@@ -542,7 +617,9 @@ class JobCoordinator:
         detail = spare_detail(agent, self._evicted)
         self._event(f"agent:{agent.agent}", Phase.RUNNING, host=agent.host, spare=True, **detail)
 
-    def _replace(self, agent: str, node: int, reason: str, rejoin: bool = False) -> str | None:
+    def _replace(
+        self, agent: str, node: int, reason: str, rejoin: bool = False, drained: bool = False
+    ) -> str | None:
         """The host of ``node`` lost or evicted: fenced for good; the first spare alive
         takes its node rank and every host restarts as the next attempt (the ranks of the
         attempt that was running are ended), within the restart budget. With no spare, or
@@ -550,13 +627,16 @@ class JobCoordinator:
         and the job going on, the fenced host's stop names a new agent under which it
         joins again as a spare once its ranks ended (with snapshots too: its holder ends
         with its ranks, and the spare's holder starts fresh when it is given a node rank).
-        An evicted host's stop says so (``evicted``): its agent stays out. Returns what
+        An evicted host's stop says so (``evicted``): its agent stays out; a ``drained``
+        one's says it was drained (its agent left on a signal). Returns what
         was done (None: the host was out of the job already, a second finding on it)."""
         held = self._by_node.get(node)
         if agent in self.members.fenced or held is None or held.agent != agent:
             return None
         budget = self.attempt < self.max_restarts
-        spare = self._spares.take_over(self._by_node, node, reason, lost=rejoin, goes_on=budget)
+        spare = self._spares.take_over(
+            self._by_node, node, reason, lost=rejoin, goes_on=budget, drained=drained
+        )
         if spare is None:
             self._end(Phase.FAILED, reason)
             return "no spare host: stopped"
@@ -595,6 +675,17 @@ class JobCoordinator:
         event = LifecycleEvent(subject, phase, self.clock(), self.attempt, detail)
         self.store.add_event(event)
         self.on_update(event)
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaving:
+    """A node rank's agent that left on its own signal, to be drained to a spare."""
+
+    agent: str
+    host: str
+    node: int
+    cause: str  # the signal's name
+    grace_s: float  # what its grace period gives the checkpoint and the ranks
 
 
 __all__ = ["JobCoordinator", "readmit_refusal"]

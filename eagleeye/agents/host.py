@@ -19,6 +19,8 @@ ranks all the same, and says why (``ended_by``); when it names an agent to ``rej
 as (a lost host's, the job going on), the agent, its ranks ended, joins again as that
 spare on a new link instead of ending. An evicted host's stop (``evicted``: suspected
 hardware) ends the agent with what to do: check the host, then readmit it as a spare.
+A leaving agent (a signal) whose node rank the controller gave to a spare is told it was
+``drained``: it ends its ranks and ends; its host may join again as a spare.
 
 The agent tells its link what it runs (``AgentLink.declare``: the attempt, each rank's
 pid, the exit code of each that ended), which a controller that asks for a hello again
@@ -215,6 +217,8 @@ class HostAgent:
             )
         elif "fenced" in body:
             self.ended_by = f"fenced by the controller ({body['fenced']}); its ranks ended"
+        elif "drained" in body:  # it left on a signal; a spare took its node rank
+            self.ended_by = f"drained by the controller ({body['drained']}); its ranks ended"
         return 0
 
     def _act(self, kind: str, body: Mapping[str, Any]) -> None:

@@ -13,7 +13,8 @@ reason) and never acted on; a sender is never admitted by one. An agent fenced
 admitted again: whatever it sends later is refused (reason ``fenced``) and answered with
 a ``stop``, so a host whose link comes back ends its ranks; the stop may name a new agent
 under which it is to say ``hello`` again as a spare (``rejoin``) once they ended, or say
-that the host was evicted (``evicted``: its agent stays out). A spare
+that the host was evicted (``evicted``: its agent stays out); an agent that left on a
+signal and whose node rank went to a spare is told it was ``drained``. A spare
 (an agent that says ``hello`` without a node rank, ``node_rank`` -1) is given one with
 ``assign``.
 

@@ -34,8 +34,12 @@ as a lost host's (a spare takes its node rank and only its replicas restart ther
 no spare they end and the others go on), except that the evicted host (suspected
 hardware) stays out: its agent ends, and a spare on that host is refused unless it says
 ``readmit`` (``eagleeye.agents.eviction``). Every other action goes to the supervisor.
-The job ends when the supervisor says so (the healthy replicas finished, or too few left
-and no budget); every agent is then told to stop.
+An agent of a node rank that leaves on its own signal (a preemption, a node drain)
+while a spare waits is drained the same way (``_drain``: no checkpoint is needed, its
+replicas catch up from a healthy one; the host is no suspect, and may join again as a
+spare); with no spare the job stops, after the replicas' checkpoint when there is a
+grace period. The job ends when the supervisor says so (the healthy replicas finished,
+or too few left and no budget); every agent is then told to stop.
 """
 
 from __future__ import annotations
@@ -429,7 +433,7 @@ class ReplicaCoordinator:
         elif report.kind == "leaving":
             cause = str(body.get("cause", "a signal"))
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
-            if self._stop is None:
+            if self._stop is None and not self._drain(report.agent, cause):
                 self._stop = f"{cause} to the agent {report.agent}"
                 self._stop_grace = leaving_grace(self.grace_s, body.get("grace_s"))
         elif report.kind == "outcome":
@@ -498,7 +502,39 @@ class ReplicaCoordinator:
         if status is OutcomeStatus.FAILED:
             self._end(Phase.FAILED, why)
 
-    def _take_over(self, node: int, reason: str, lost: bool) -> tuple[OutcomeStatus, str]:
+    def _drain(self, agent: str, cause: str) -> bool:
+        """An agent that left on its own signal: a spare is dropped (the job goes on); a
+        node rank's host, with a spare waiting, is drained as a lost host is replaced
+        (``_take_over``: its ranks ended, told it was drained, only its replicas restart
+        on the spare and catch up from a healthy one; no checkpoint is needed), recorded
+        as an ``evict`` action with the reason. False: no spare (the job stops)."""
+        if self._spares.drop(agent):
+            self.members.fence(agent, f"{cause} to the spare {agent}", key="drained")
+            return True
+        node = next((n for n, a in self._by_node.items() if a.agent == agent), None)
+        if (
+            node is None
+            or self.supervisor is None
+            or self.phase is not Phase.RUNNING
+            or agent in self.members.fenced
+            or not self._spares.ready()
+        ):
+            return False
+        decided = self.clock()
+        reason = f"host {self._by_node[node].host} left on {cause}"
+        status, why = self._take_over(node, reason, lost=False, drained=True)
+        why_moved = f"{reason} (agent {agent}, node rank {node})"
+        action = Action(ActionKind.EVICT, f"node:node{node}", why_moved, f"drain:{agent}")
+        outcome = Outcome(action, status, why, self.clock())
+        self.store.add_outcome(outcome, None, False, decided)
+        self.on_update(outcome)
+        if status is OutcomeStatus.FAILED:
+            self._end(Phase.FAILED, why)
+        return True
+
+    def _take_over(
+        self, node: int, reason: str, lost: bool, drained: bool = False
+    ) -> tuple[OutcomeStatus, str]:
         """The host of node rank ``node`` out of the job (lost, or evicted), fenced: its
         ranks count as ended, its node rank is given to a spare on which only its replicas
         restart (they catch up from a healthy one). With no spare its replicas end and the
@@ -507,7 +543,7 @@ class ReplicaCoordinator:
         assert self.supervisor is not None
         agent = self._by_node[node].agent
         ended = self.launcher.host_lost(agent)  # exits the supervisor reads next
-        spare = self._spares.take_over(self._by_node, node, reason, lost)
+        spare = self._spares.take_over(self._by_node, node, reason, lost, drained=drained)
         if spare is None:  # their exits drop their replicas; nothing restarts them
             self._on_lost_hosts.update(ended)
             return (

@@ -2,11 +2,12 @@
 
 An agent started with ``--spare`` says ``hello`` without a node rank (``node_rank`` -1):
 admitted with the job's secret like any agent, it runs no ranks and is watched for loss
-like the others. When a node rank's host is lost or evicted, the controller gives that
-node rank to the spare that joined first and is still alive (``Spares.take``), and fences
-the host it replaces (``Membership.fence``). With snapshots across hosts
-(``--snapshots``) the spare's holder takes the node's place in the holders' ring: the
-spare must declare one in its hello, else it is refused (``NO_HOLDER_REFUSAL``).
+like the others. When a node rank's host is lost or evicted, or its agent leaves on a
+signal (drained), the controller gives that node rank to the spare that joined first and
+is still alive (``Spares.take``), and fences the host it replaces (``Membership.fence``).
+With snapshots across hosts (``--snapshots``) the spare's holder takes the node's place
+in the holders' ring: the spare must declare one in its hello, else it is refused
+(``NO_HOLDER_REFUSAL``).
 """
 
 from __future__ import annotations
@@ -49,12 +50,19 @@ class Spares:
         """Forgets a spare (it was lost); False when ``agent`` was no waiting spare."""
         return self._waiting.pop(agent, None) is not None
 
+    def ready(self) -> bool:
+        """Whether a spare is waiting, alive and not fenced (``take`` would give one)."""
+        return any(self._usable(name, state) for name, state in self._waiting.items())
+
+    def _usable(self, name: str, state: AgentState) -> bool:
+        current = self.members.agents.get(name)
+        return current is state and state.lost_at is None and name not in self.members.fenced
+
     def take(self) -> AgentState | None:
         """The first spare still alive and not fenced, no longer waiting; None if none."""
         for name, state in list(self._waiting.items()):
             del self._waiting[name]  # used now, or gone
-            current = self.members.agents.get(name)
-            if current is state and state.lost_at is None and name not in self.members.fenced:
+            if self._usable(name, state):
                 return state
         return None
 
@@ -65,18 +73,24 @@ class Spares:
         reason: str,
         lost: bool,
         goes_on: bool = True,
+        drained: bool = False,
     ) -> AgentState | None:
         """The host of node rank ``node`` (in ``by_node``) out of the job for good, fenced
         for ``reason``: lost (when the job goes on with a spare, its stop names a new agent
-        under which it joins again as a spare once its ranks ended) or evicted (suspected
-        hardware: it stays out). The first spare alive is taken; unless the job cannot go
+        under which it joins again as a spare once its ranks ended), evicted (suspected
+        hardware: it stays out) or ``drained`` (its agent left on a signal: its stop says
+        so, and the host may join again as a spare, no readmission asked). The first
+        spare alive is taken; unless the job cannot go
         on (``goes_on`` false: it is put back, first in line) it holds ``node`` from now
         on, in ``by_node`` and in the membership. Returns the spare taken; None if none."""
         held = by_node[node]
         spare = self.take()
         usable = spare is not None and goes_on
         again = self.members.new_name(held.host) if lost and usable else None
-        self.members.fence(held.agent, reason, rejoin=again, evicted=not lost)
+        if drained:
+            self.members.fence(held.agent, reason, key="drained")
+        else:
+            self.members.fence(held.agent, reason, rejoin=again, evicted=not lost)
         if spare is not None and usable:
             self.members.assign(spare.agent, node)
             by_node[node] = spare

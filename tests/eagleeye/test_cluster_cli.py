@@ -43,6 +43,7 @@ class Cluster:
         nproc: int = 1,
         script: str = RANK,
         controller: tuple[str, ...] = (),
+        agent_errors: bool = False,
     ) -> None:
         (tmp / "secret").write_text("0123456789abcdef0123456789abcdef\n")
         (tmp / "rank.py").write_text(script)
@@ -58,12 +59,14 @@ class Cluster:
             text=True,
         )
         self.read(lambda i: "listening" in i)
+        # with agent_errors, each agent's stderr goes to agent-N.err (what it says at its end)
+        self.errors = [(tmp / f"agent-{n}.err").open("w") for n in range(2) if agent_errors]
         self.agents = [
             subprocess.Popen(
                 [*EAGLEEYE, "agent", "--controller", self.listen, "--node-rank", str(n), *common]
                 + ["--no-host-metrics", *(extra if n == 1 else ())]
                 + ["--log-dir", str(tmp / f"logs{n}"), str(tmp / "rank.py"), seconds],
-                stderr=subprocess.DEVNULL,
+                stderr=self.errors[n] if agent_errors else subprocess.DEVNULL,
             )
             for n in range(2)
         ]
@@ -111,6 +114,8 @@ class Cluster:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
+        for errors in self.errors:
+            errors.close()
 
 
 def test_a_failed_rank_restarts_the_job_on_every_agent(tmp_path: Path) -> None:
