@@ -176,14 +176,15 @@ class AgentLauncher:
         self._pids[rank] = pid
         return True
 
-    def exited(self, agent: str, rank: int, code: int, generation: int) -> bool:
-        """A rank's process ended on ``agent``; False when it was not the rank's current
-        one (an earlier generation, another host's) or its end was counted already."""
+    def exited(self, agent: str, rank: int, code: int, generation: int, ago_s: float = 0.0) -> bool:
+        """A rank's process ended on ``agent``, ``ago_s`` before its report came; False
+        when it was not the rank's current one (an earlier generation, another host's)
+        or its end was counted already."""
         if self._where.get(rank) != agent or self._generation.get(rank) != generation:
             return False
         if rank in self._ended:
             return False
-        self._end(rank, code)
+        self._end(rank, code, ago_s)
         return True
 
     def host_lost(self, agent: str) -> list[int]:
@@ -199,6 +200,6 @@ class AgentLauncher:
         """The ranks whose current process runs on ``agent``."""
         return sorted(r for r, a in self._where.items() if a == agent)
 
-    def _end(self, rank: int, code: int) -> None:
+    def _end(self, rank: int, code: int, ago_s: float = 0.0) -> None:
         self._ended.add(rank)
-        self._exits.append(RankExit(rank, self._generation[rank], code, self.clock()))
+        self._exits.append(RankExit(rank, self._generation[rank], code, self.clock() - ago_s))

@@ -79,7 +79,13 @@ from eagleeye.agents.graceful import GraceWindow, leaving_grace, stop_grace
 from eagleeye.agents.hangstacks import STACK_WAIT_S, STACKS, StackGather
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.judging import ReducedJudge, job_frames
-from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
+from eagleeye.agents.membership import (
+    AgentLost,
+    AgentReport,
+    AgentState,
+    Membership,
+    first_ended_first,
+)
 from eagleeye.agents.snapshots import ring_of
 from eagleeye.agents.spares import NO_HOLDER_REFUSAL, Spares, is_spare
 from eagleeye.agents.stopped import StoppedRankHang
@@ -294,7 +300,7 @@ class JobCoordinator:
 
     def _poll(self) -> None:
         held, self._held = self._held, []  # what came while a hang's stacks were awaited
-        for got in [*held, *self.members.poll(timeout_s=0.0 if held else 0.05)]:
+        for got in first_ended_first([*held, *self.members.poll(timeout_s=0.0 if held else 0.05)]):
             if isinstance(got, AgentState):
                 self._joined(got)
             elif isinstance(got, AgentReport):

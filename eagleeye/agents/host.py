@@ -36,6 +36,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +71,17 @@ class _Rank:
     proc: subprocess.Popen[bytes]
     attempt: int
     reported: bool = False
+    ended_at: float | None = None  # time.monotonic() when its process ended (its waiter's)
+
+    def __post_init__(self) -> None:
+        name = f"wait-rank-{self.spec.rank}"
+        threading.Thread(target=self._wait, daemon=True, name=name).start()
+
+    def _wait(self) -> None:
+        """Notes the moment the process ends, so exits seen in one look are reported in
+        the order they happened (a killed rank before the peers its loss ended)."""
+        self.proc.wait()
+        self.ended_at = time.monotonic()
 
 
 @dataclass
@@ -457,15 +469,19 @@ class HostAgent:
 
     def _watch(self) -> None:
         live: dict[int, tuple[int, int]] = {}
+        ended: list[_Rank] = []
         for rank in self._ranks.values():
-            code = rank.proc.poll()
-            if code is None:
+            if rank.proc.poll() is None:
                 live[rank.spec.rank] = (rank.proc.pid, rank.attempt)
             elif not rank.reported:
-                rank.reported = True
-                body = {"rank": rank.spec.rank, "code": code, "attempt": rank.attempt}
-                self._declare()
-                self.link.report("exit", body)
+                ended.append(rank)
+        now = time.monotonic()
+        for rank in sorted(ended, key=lambda r: now if r.ended_at is None else r.ended_at):
+            rank.reported = True
+            body = {"rank": rank.spec.rank, "code": rank.proc.returncode, "attempt": rank.attempt}
+            body["ended_s_ago"] = round(now - (now if rank.ended_at is None else rank.ended_at), 4)
+            self._declare()
+            self.link.report("exit", body)
         node = f"node{self.node_rank}"
         self._proc_samples += self._looks.look(live, node, time.time())
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from eagleeye.agents.agentlauncher import AgentLauncher
-from eagleeye.agents.membership import AgentReport, AgentState, Membership
+from eagleeye.agents.membership import AgentReport, AgentState, Membership, ended_ago_s
 from eagleeye.agents.stopped import STOPPED
 from eagleeye.errors import EagleEyeError
 from ft_runtime import procstat
@@ -235,7 +235,7 @@ class LocalAgents:
                 self.on_event(f"rank:{rank}", Phase.RUNNING, detail)
         elif report.kind == "exit":
             rank, code, attempt = int(body["rank"]), int(body["code"]), int(body["attempt"])
-            self.inner.exited(report.agent, rank, code, attempt)
+            self.inner.exited(report.agent, rank, code, attempt, ended_ago_s(body))
         elif report.kind == "samples":
             for row in body.get("samples", []):
                 labels = row.get("labels", {}) if isinstance(row, dict) else {}

@@ -99,6 +99,37 @@ class AgentReport:
     at: float
 
 
+MAX_ENDED_AGO_S = 60.0
+
+
+def ended_ago_s(body: Mapping[str, Any]) -> float:
+    """How long before its report a rank's process ended (``ended_s_ago``, measured by
+    its agent's waiter on the agent's own clock): a number in [0, 60] s, else 0."""
+    ago = body.get("ended_s_ago")
+    if isinstance(ago, bool) or not isinstance(ago, int | float) or not math.isfinite(ago):
+        return 0.0
+    return min(max(float(ago), 0.0), MAX_ENDED_AGO_S)
+
+
+def first_ended_first(
+    items: list[AgentState | AgentReport],
+) -> list[AgentState | AgentReport]:
+    """The items of one poll with their rank exits in the order the processes ended (the
+    others keep their places). A rank killed takes its peers down a moment later (their
+    collective resets); reported in one look, or by two hosts in one poll, in the order
+    they arrived, a peer could be taken for the job's first failure."""
+    slots = [i for i, x in enumerate(items) if isinstance(x, AgentReport) and x.kind == "exit"]
+    exits = sorted((cast(AgentReport, items[i]) for i in slots), key=_age, reverse=True)
+    ordered = list(items)
+    for slot, got in zip(slots, exits, strict=True):
+        ordered[slot] = got
+    return ordered
+
+
+def _age(report: AgentReport) -> float:
+    return ended_ago_s(report.body)
+
+
 class Membership:
     """Args:
     secret: the job's shared secret.

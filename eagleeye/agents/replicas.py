@@ -67,7 +67,13 @@ from eagleeye.agents.eviction import (
 from eagleeye.agents.graceful import GraceWindow, leaving_grace, stop_grace
 from eagleeye.agents.intake import SummaryIntake
 from eagleeye.agents.judging import ReducedJudge, job_frames
-from eagleeye.agents.membership import AgentLost, AgentReport, AgentState, Membership
+from eagleeye.agents.membership import (
+    AgentLost,
+    AgentReport,
+    AgentState,
+    Membership,
+    ended_ago_s,
+)
 from eagleeye.agents.spares import Spares, is_spare
 from eagleeye.agents.stopped import STOPPED
 from eagleeye.detection import fenced_hang
@@ -427,7 +433,7 @@ class ReplicaCoordinator:
                 self._event(f"rank:{rank}", Phase.RUNNING, agent=report.agent, host=host, pid=pid)
         elif report.kind == "exit":
             rank, code, attempt = int(body["rank"]), int(body["code"]), int(body["attempt"])
-            self.launcher.exited(report.agent, rank, code, attempt)
+            self.launcher.exited(report.agent, rank, code, attempt, ended_ago_s(body))
         elif report.kind == "samples":
             self._host_samples(report)
         elif report.kind == "leaving":
