@@ -214,7 +214,9 @@ class Holders:
         try:
             with ExitStack() as stack:
                 for p in self.processes:
-                    stack.callback(p.stop)
+                    stack.callback(p.wait)
+                for p in self.processes:  # all at once: each one's stop takes a while
+                    p.terminate()
         finally:
             self._remove_segments()
 

@@ -218,7 +218,10 @@ class AlertWebhook:
             self._server.socket = tls.wrap_socket(
                 self._server.socket, server_side=True, do_handshake_on_connect=False
             )
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # stop() waits for the loop to see it: one poll, a tenth of a second, not half
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -114,9 +114,13 @@ class HolderProcess:
 
     def stop(self) -> None:
         """SIGTERM: a clean shutdown that deletes the node's segments."""
+        self.terminate()
+        self.wait()
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (stop several at once, then :meth:`wait` for each)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-        self.wait()
 
     def wait(self) -> None:
         """Waits for the process to exit after :meth:`stop`, killing it after 30 s."""
