@@ -32,6 +32,15 @@ def listening(cluster: Cluster) -> None:
         seen.add(str(item["subject"]))
 
 
+def stopped_by_the_controllers_sigterm(cluster: Cluster) -> None:
+    """The job ended on the controller's SIGTERM: the controller left with 1, each agent
+    with 0 (told to stop)."""
+    end = cluster.ended()
+    assert (end["phase"], end["detail"]["reason"]) == ("failed", "stopped by SIGTERM")
+    assert cluster.controller.wait(timeout=60) == 1
+    assert [a.wait(timeout=60) for a in cluster.agents] == [0, 0]
+
+
 def stopped_after_checkpoints(tmp: Path, cause: str) -> None:
     with RunReader(tmp / "runs" / "r") as run:
         saved = run.query("SELECT rank, step, time FROM checkpoints ORDER BY rank")
@@ -56,10 +65,7 @@ def test_sigterm_to_the_controller_checkpoints_then_stops_every_rank(tmp_path: P
     try:
         listening(cluster)
         cluster.controller.send_signal(signal.SIGTERM)
-        end = cluster.ended()
-        assert (end["phase"], end["detail"]["reason"]) == ("failed", "stopped by SIGTERM")
-        assert cluster.controller.wait(timeout=60) == 1
-        assert [a.wait(timeout=60) for a in cluster.agents] == [0, 0]
+        stopped_by_the_controllers_sigterm(cluster)
     finally:
         cluster.close()
     stopped_after_checkpoints(tmp_path, "stopped by SIGTERM")
@@ -93,10 +99,7 @@ def test_a_stop_before_any_step_is_known_names_one_step_to_every_rank(tmp_path: 
         cluster.controller.send_signal(signal.SIGTERM)  # the ranks have not stepped yet
         asked = cluster.read(lambda i: "checkpoint_requested" in i.get("detail", {}))
         assert isinstance(asked["detail"]["checkpoint_requested"], int)
-        end = cluster.ended()
-        assert (end["phase"], end["detail"]["reason"]) == ("failed", "stopped by SIGTERM")
-        assert cluster.controller.wait(timeout=60) == 1
-        assert [a.wait(timeout=60) for a in cluster.agents] == [0, 0]
+        stopped_by_the_controllers_sigterm(cluster)
     finally:
         cluster.close()
     stopped_after_checkpoints(tmp_path, "stopped by SIGTERM")

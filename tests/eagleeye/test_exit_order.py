@@ -12,10 +12,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from eagleeye.agents.host import HostAgent
 from eagleeye.agents.membership import AgentReport, AgentState, ended_ago_s, first_ended_first
+from tests.eagleeye.test_local_agent_start import _Reports
 
 # exits 1 on SIGUSR1, as a rank whose peer vanished mid-collective fails
 RANK = (
@@ -23,19 +23,6 @@ RANK = (
     "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(1))\n"
     "while True: time.sleep(0.05)\n"
 )
-
-
-class _Reports:
-    """The agent's link as far as starting and watching ranks use it: what it reports."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def report(self, kind: str, body: dict[str, Any]) -> None:
-        self.sent.append((kind, body))
-
-    def declare(self, node_rank: int | None = None, **declared: Any) -> None:
-        """What the agent runs, said in a hello again: not a report."""
 
 
 def _reaped(agent: HostAgent, rank: int) -> None:
