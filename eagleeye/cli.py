@@ -7,6 +7,7 @@ Errors that come from bad input print one line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -46,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"eagleeye {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of standard output left (`| head`): nothing more to write, and nothing
+        # wrong with the command. Output goes nowhere from here so the exit is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 VALUE_FLAGS = ("--resume-args",)

@@ -11,13 +11,14 @@ from typing import Any, TextIO
 import pandas as pd
 
 from detectors.config import DetectorsConfig
+from detectors.errors import DetectorError
 from detectors.eval.generators import Shape, make_trace
 from detectors.eval.metrics import TraceResult, class_scores, score_trace, summary
 from detectors.eval.nab import probation_length
 from detectors.eval.nab_corpus import read_series
+from detectors.eval.nab_detectors import DEFAULT_DETECTOR, series_verdict
 from detectors.eval.runner import Emitted, run_trace
 from detectors.eval.trace import read_trace
-from detectors.univariate import RecordDetector
 
 #: Seeds the reported figures use, per generator: faulty and healthy. Development looked
 #: at others only (docs/detectors.md, "Evaluation").
@@ -137,18 +138,25 @@ def is_series_file(path: Path) -> bool:
     return header[:2] == ["timestamp", "value"]
 
 
-def detect_series(path: Path, detector: RecordDetector | None = None) -> pd.DataFrame:
+def detect_series(path: Path, detector: str = DEFAULT_DETECTOR) -> pd.DataFrame:
     """Scores a NAB-style file: ``timestamp,value,anomaly_score,is_anomaly`` per row.
 
-    The threshold is the detector's own; the probation is NAB's (15 %, at most 750 rows).
+    ``detector`` names one of detectors/eval/nab_detectors.py (the default is the one
+    ``eagleeye eval nab`` scores). It is given what NAB's harness gives a detector (the
+    probation, NAB's 15 % of the rows at most 750, and the file's minimum and maximum)
+    and chooses its own threshold.
     """
     timestamps, values = read_series(path)
-    result = (detector or RecordDetector()).detect(values, probation_length(len(values)))
+    try:
+        verdict = series_verdict(detector, values, probation_length(len(values)))
+    except DetectorError as e:
+        hint = "; the record detector (`--detector record`) scores it" if len(values) else ""
+        raise DetectorError(f"{path}: {e}{hint}") from None
     return pd.DataFrame(
         {
             "timestamp": timestamps,
             "value": values,
-            "anomaly_score": result.scores,
-            "is_anomaly": result.flags.astype(int),
+            "anomaly_score": verdict.scores,
+            "is_anomaly": verdict.flags.astype(int),
         }
     )

@@ -15,6 +15,7 @@ only. Both are online: a verdict uses the rows up to it (and, for ``artime``, th
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,20 +33,43 @@ ARTIME_THRESHOLD = 0.3
 ARTIME_REST_BLOCKS = 8.0
 
 
-def artime_flags(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:
-    """ARTime's detections: a new cluster scoring at least ``ARTIME_THRESHOLD``, less those
-    within ``ARTIME_REST_BLOCKS`` blocks after the last detection kept."""
+@dataclass(frozen=True)
+class SeriesVerdict:
+    """A detector's score of every row and the rows it flags (its own threshold)."""
+
+    scores: np.ndarray
+    flags: np.ndarray
+
+
+def artime_verdict(values: np.ndarray, probation: int, low: float, high: float) -> SeriesVerdict:
+    """ARTime's scores; flagged: a new cluster scoring at least ``ARTIME_THRESHOLD``, less
+    those within ``ARTIME_REST_BLOCKS`` blocks after the last detection kept."""
     scores = artime_scores(values, low, high, probation=probation)
     kept = np.asarray(scores >= ARTIME_THRESHOLD, dtype=bool) & (scores > 0)
-    return rest_flags(kept, rest_rows(ARTIME_REST_BLOCKS, probation))
+    return SeriesVerdict(scores, rest_flags(kept, rest_rows(ARTIME_REST_BLOCKS, probation)))
+
+
+def record_verdict(values: np.ndarray, probation: int, low: float, high: float) -> SeriesVerdict:
+    """The RecordDetector's scores and detections (shipped constants; no use of the range)."""
+    del low, high
+    result = RecordDetector().detect(values, probation)
+    return SeriesVerdict(np.asarray(result.scores), np.asarray(result.flags, dtype=bool))
+
+
+def artime_flags(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:
+    """ARTime's detections (``artime_verdict``'s flags)."""
+    return artime_verdict(values, probation, low, high).flags
 
 
 def record_flags(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:
-    """The RecordDetector's detections (shipped constants; it does not use the range)."""
-    del low, high
-    return np.asarray(RecordDetector().detect(values, probation).flags, dtype=bool)
+    """The RecordDetector's detections (``record_verdict``'s flags)."""
+    return record_verdict(values, probation, low, high).flags
 
 
+VERDICTS: Mapping[str, Callable[[np.ndarray, int, float, float], SeriesVerdict]] = {
+    "artime": artime_verdict,
+    "record": record_verdict,
+}
 DETECTORS: Mapping[str, NabDetector] = {"artime": artime_flags, "record": record_flags}
 DEFAULT_DETECTOR = "artime"
 
@@ -56,8 +80,25 @@ def nab_detector(name: str) -> NabDetector:
     Raises:
         DetectorError: no detector has that name.
     """
+    _known(name)
+    return DETECTORS[name]
+
+
+def series_verdict(name: str, values: np.ndarray, probation: int) -> SeriesVerdict:
+    """The verdict of detector ``name`` on a whole series, given what NAB's harness gives
+    a detector: the probation and the series' minimum and maximum.
+
+    Raises:
+        DetectorError: no detector has that name, or the series has no rows.
+    """
+    _known(name)
+    if not len(values):
+        raise DetectorError("the series has no rows")
+    return VERDICTS[name](values, probation, float(np.min(values)), float(np.max(values)))
+
+
+def _known(name: str) -> None:
     if name not in DETECTORS:
         raise DetectorError(
             f"unknown NAB detector {name!r}: choose one of {', '.join(sorted(DETECTORS))}"
         )
-    return DETECTORS[name]

@@ -37,6 +37,14 @@ def add_parser(sub: Any) -> None:
         help="detector config TOML (default: $EAGLEEYE_DETECTORS_CONFIG or built-in)",
     )
     p.add_argument(
+        "--detector",
+        choices=("artime", "record"),
+        default=None,
+        help="for a timestamp,value series: ARTime with a rest after each detection (artime, "
+        "the detector `eagleeye eval nab` scores) or the RecordDetector (record) "
+        "(default: artime)",
+    )
+    p.add_argument(
         "--live",
         action="store_true",
         help="the detector set of live runs (for traces exported with `eagleeye eval export`)",
@@ -107,16 +115,22 @@ def _learned(args: argparse.Namespace) -> list:  # type: ignore[type-arg]
 def _detect(args: argparse.Namespace) -> int:
     from detectors.config import load_config
     from detectors.eval.harness import detect_series, detect_trace, is_series_file, write_findings
+    from detectors.eval.nab_detectors import DEFAULT_DETECTOR
 
     out = args.output.open("w") if args.output else sys.stdout
     try:
         if is_series_file(args.input):
-            frame = detect_series(args.input)
+            frame = detect_series(args.input, args.detector or DEFAULT_DETECTOR)
             frame.to_csv(out, index=False)
             print(
                 f"{int(frame['is_anomaly'].sum())} anomalies in {len(frame)} rows", file=sys.stderr
             )
         else:
+            if args.detector:
+                raise EagleEyeError(
+                    "--detector picks a timestamp,value series' detector; a trace's detectors "
+                    "come from --config or --live"
+                )
             if args.live and args.config:
                 raise EagleEyeError("--live and --config both choose the detectors; give one")
             config = load_config(args.config)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from detectors.eval.nab import probation_length
+from detectors.eval.nab_detectors import artime_flags
+from detectors.univariate import RecordDetector
 from eagleeye.cli import main
 
 
@@ -45,6 +50,37 @@ def test_detect_on_a_nab_style_series(tmp_path: Path) -> None:
     assert scored["is_anomaly"].iloc[700] == 1
     assert scored["anomaly_score"].between(0, 1).all()
     assert scored["anomaly_score"].idxmax() == 700
+    # The default is the detector `eagleeye eval nab` scores, given what NAB gives it.
+    expected = artime_flags(values, probation_length(1000), values.min(), values.max())
+    assert np.array_equal(scored["is_anomaly"].to_numpy(dtype=bool), expected)
+    record = tmp_path / "record.csv"
+    assert main(["detect", str(src), "--detector", "record", "-o", str(record)]) == 0
+    by_record = pd.read_csv(record)["is_anomaly"].to_numpy(dtype=bool)
+    assert np.array_equal(by_record, RecordDetector().detect(values, probation_length(1000)).flags)
+    assert not np.array_equal(by_record, expected)
+
+
+def test_detect_on_a_series_piped_into_head_ends_quietly(tmp_path: Path) -> None:
+    values = 10 + np.random.default_rng(1).standard_normal(3000)
+    stamps = pd.date_range("2024-01-01", periods=3000, freq="5min").astype(str)
+    src = tmp_path / "s.csv"
+    pd.DataFrame({"timestamp": stamps, "value": values}).to_csv(src, index=False)
+    eagleeye = Path(sys.executable).with_name("eagleeye")
+    shell = f"'{eagleeye}' detect '{src}' | head -n 2"
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[0] == "timestamp,value,anomaly_score,is_anomaly"
+    assert len(done.stdout.splitlines()) == 2
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_detector_is_refused_for_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.csv"
+    assert main(["eval", "generate", str(trace), "--seed", "11", "--steps", "60"]) == 0
+    capsys.readouterr()
+    assert main(["detect", str(trace), "--detector", "record"]) == 2
+    assert "--detector picks a timestamp,value series' detector" in capsys.readouterr().err
 
 
 def test_bad_input_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,6 +90,13 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFix
     bad.write_text("a,b\n1,2\n")
     assert main(["detect", str(bad)]) == 2
     assert "lacks column" in capsys.readouterr().err
+    short = tmp_path / "short.csv"
+    stamps = pd.date_range("2024-01-01", periods=80, freq="5min").astype(str)
+    pd.DataFrame({"timestamp": stamps, "value": np.arange(80.0)}).to_csv(short, index=False)
+    assert main(["detect", str(short)]) == 2
+    err = capsys.readouterr().err
+    assert "short.csv" in err and "at least 107" in err and "--detector record" in err
+    assert main(["detect", str(short), "--detector", "record", "-o", str(tmp_path / "o")]) == 0
 
 
 def test_eval_nab_reports_three_profiles(
