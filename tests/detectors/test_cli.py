@@ -95,7 +95,9 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFix
     pd.DataFrame({"timestamp": stamps, "value": np.arange(80.0)}).to_csv(short, index=False)
     assert main(["detect", str(short)]) == 2
     err = capsys.readouterr().err
-    assert "short.csv" in err and "at least 107" in err and "--detector record" in err
+    assert "short.csv" in err
+    assert "at least 107" in err
+    assert "--detector record" in err
     assert main(["detect", str(short), "--detector", "record", "-o", str(tmp_path / "o")]) == 0
 
 
