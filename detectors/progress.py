@@ -37,6 +37,11 @@ PROC_FEATURES = frozenset({"proc_stopped", "proc_blocked", "proc_cpu_s"})
 _LISTED = 8  # ranks named one by one in a finding's evidence
 
 
+#: Seconds into an attempt after which the ranks that have sent no step (their progress
+#: unknown, never a hang by itself) are announced: ``eagleeye run --no-step-notice``.
+NO_STEP_NOTICE_S = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class HangLimits:
     """The limits of hang detection: flags of ``eagleeye run`` (``--hang-k``,

@@ -25,7 +25,7 @@ from collector.aggregate import StepAggregator
 from collector.transport import TelemetryReceiver
 from collector.types import JOB, Frame, Sample
 from detectors.base import Detector
-from detectors.progress import PROC_FEATURES, ProgressStall
+from detectors.progress import NO_STEP_NOTICE_S, PROC_FEATURES, ProgressStall
 from detectors.types import Finding
 from eagleeye.detection import fenced_hang
 from eagleeye.errors import StoreError
@@ -100,7 +100,8 @@ class Controller:
     progress: the progress detector, whose view of each rank is kept in the store's meta
         (``progress``: rank → stepping, waiting, paused, stopped, blocked, closing or
         unknown) and whose ranks of unknown progress are announced once per attempt.
-    unknown_after_s: when, into an attempt, ranks without a step are announced.
+    unknown_after_s: when, into an attempt, ranks without a step are announced
+        (`eagleeye run --no-step-notice`).
     injector: fires the job's kill, stop and slow faults from outside the ranks.
     run_dir: the run folder (the checkpoint request of a graceful stop goes there).
     inbox: findings from outside (Alertmanager's webhook), taken every tick and answered
@@ -123,7 +124,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         stacks: StackCapture | None = None,
         progress: ProgressStall | None = None,
-        unknown_after_s: float = 60.0,
+        unknown_after_s: float = NO_STEP_NOTICE_S,
         injector: OutsideInjector | None = None,
         run_dir: Path | None = None,
         inbox: Callable[[], list[Finding]] | None = None,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from collector.transport import TelemetryReceiver
 from detectors.config import CONFIG_ENV, DEFAULT_SPECS, DetectorsConfig, load_config
-from detectors.progress import HangLimits, ProgressStall
+from detectors.progress import NO_STEP_NOTICE_S, HangLimits, ProgressStall
 from eagleeye.commands.service_flags import webhook_of
 from eagleeye.config import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from eagleeye.controller import Controller, ControllerReport, StopRequest
@@ -79,6 +79,7 @@ class JobConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     hang: Mapping[str, float] = field(default_factory=dict)  # HangLimits set by flags
     instrument: bool = True  # zero-code telemetry (eagleeye.boot) in every rank
+    no_step_notice_s: float = NO_STEP_NOTICE_S  # ranks with no step this far in: announced
     # replica recovery (ft_runtime.replica.config: its defaults, without torch)
     stall_factor: float = replica_config.STALL_FACTOR
     stall_floor_s: float = replica_config.STALL_FLOOR_S
@@ -129,6 +130,10 @@ class JobConfig:
         if not math.isfinite(self.grace_period_s) or self.grace_period_s < 0:
             raise EagleEyeError(
                 f"--grace-period {self.grace_period_s} is not a number of seconds >= 0"
+            )
+        if not math.isfinite(self.no_step_notice_s) or self.no_step_notice_s <= 0:
+            raise EagleEyeError(
+                f"--no-step-notice {self.no_step_notice_s} is not a number of seconds above 0"
             )
 
     def _check_fault(self, spec: FaultSpec) -> None:
@@ -213,6 +218,7 @@ def job_config_from_args(args: argparse.Namespace) -> JobConfig:
         telemetry_address=getattr(args, "telemetry_address", "127.0.0.1"),
         hang=hang_flags(args),
         instrument=getattr(args, "instrument", True),
+        no_step_notice_s=getattr(args, "no_step_notice", NO_STEP_NOTICE_S),
         resume_args=_split_args(getattr(args, "resume_args", "")),
         grace_period_s=getattr(args, "grace_period", 0.0),
         stream_ranks=getattr(args, "stream", None),
@@ -416,6 +422,7 @@ def _run_in(
             "snapshots": config.snapshots,
             "instrument": config.instrument,
             "hang": asdict(limits),
+            "no_step_notice_s": config.no_step_notice_s,
             "resume_args": list(config.resume_args),
             "grace_period_s": config.grace_period_s,
             "local_agents": config.local_agents,
@@ -440,6 +447,7 @@ def _run_in(
         on_samples=(lambda samples: None) if metrics is None else metrics.samples,
         stacks=StackCapture(run_dir),
         progress=next((d for d in detectors if isinstance(d, ProgressStall)), None),
+        unknown_after_s=config.no_step_notice_s,
         injector=OutsideInjector(
             parse_specs(config.inject), supervisor.pids, _record_fault(store, show)
         ),
@@ -614,6 +622,7 @@ def resumed_job_config(run_dir: str, **flags: Any) -> JobConfig:
         "snapshots": bool(saved.get("snapshots", False)),
         "instrument": instrument,
         "hang": dict(saved.get("hang") or {}),
+        "no_step_notice_s": float(saved.get("no_step_notice_s", NO_STEP_NOTICE_S)),
         "resume_args": list(saved.get("resume_args") or []),
         "grace_period_s": float(saved.get("grace_period_s", 0.0)),
         "runs_dir": str(stored.run_dir.parent),

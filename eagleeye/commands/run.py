@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from detectors.progress import NO_STEP_NOTICE_S
 from eagleeye.commands._args import non_negative, positive, seconds
 from eagleeye.commands.hang_flags import add_hang_arguments
 from eagleeye.commands.service_flags import (
@@ -234,6 +235,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         metavar="RANKS",
         help="ranks whose output is printed with a [rankN]: prefix: all, none, or a comma "
         "list such as 0,3 (default: all; every rank's output is also in its log file)",
+    )
+    g.add_argument(
+        "--no-step-notice",
+        type=seconds,
+        default=NO_STEP_NOTICE_S,
+        metavar="S",
+        help="announce the ranks that have sent no step telemetry S seconds into an attempt "
+        f"(progress unknown, not a hang; default: {NO_STEP_NOTICE_S:g})",
     )
     g = p.add_argument_group("store")
     g.add_argument(

@@ -29,3 +29,44 @@ def outliving(pids: Iterable[int], timeout_s: float = 10.0) -> list[int]:
         if not waiting or time.monotonic() >= deadline:
             return waiting
         time.sleep(0.05)
+
+
+def is_rank(cmdline: str) -> bool:
+    """A rank's command line: the interpreter, then the zero-code boot."""
+    return cmdline.split()[1:3] == ["-m", "eagleeye.boot"]
+
+
+def naming(folder: Path) -> dict[int, str]:
+    """Live processes (not zombies) whose command line or environment names ``folder``,
+    each with its command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (entry / "environ").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        named = str(folder) in cmdline or str(folder) in environ  # a rank: its run folder
+        if named and state not in ("Z", "X"):
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def left_naming(folder: Path, timeout_s: float = 20.0) -> dict[int, str]:
+    """The processes that still name ``folder`` after waiting up to ``timeout_s`` for
+    none to (a killed process's children get their signal asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while naming(folder) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return naming(folder)
+
+
+def parent(pid: int) -> int:
+    """The parent's pid (-1: the process is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

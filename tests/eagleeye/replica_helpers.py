@@ -16,11 +16,14 @@ from ft_runtime.layout import JobLayout
 from ft_runtime.types import Outcome
 
 
-def workload(steps: int, params_out: Path, preset: str = "small") -> list[str]:
-    """The test workload; steps padded to 0.1 s so survivors cannot outrun a restart."""
+def workload(
+    steps: int, params_out: Path, preset: str = "small", step_floor_s: float = 0.1
+) -> list[str]:
+    """The test workload; steps padded to 0.1 s so survivors cannot outrun a restart (a
+    run with no fault to outrun may go at its own pace: ``step_floor_s`` 0)."""
     return [
         "--step-floor-s",
-        "0.1",
+        str(step_floor_s),
         "--preset",
         preset,
         "--steps",
@@ -40,12 +43,13 @@ def run_replicas(
     steps: int,
     inject: tuple[str, ...] = (),
     layout: JobLayout | None = None,
+    step_floor_s: float = 0.1,
     **extra: object,
 ) -> JobResult:
     config = JobConfig(
         script="eagleeye.workload.train",
         module=True,
-        script_args=workload(steps, tmp_path / name / "params"),
+        script_args=workload(steps, tmp_path / name / "params", step_floor_s=step_floor_s),
         layout=layout or JobLayout(3, 1, 3),
         recovery="replica",
         remediate=True,

@@ -65,18 +65,20 @@ def quiet(run: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_job_that_only_prints_outlives_every_limit_that_could_apply(tmp_path) -> None:
-    # 75 s: past the blocked limit (60 s), the "no step telemetry" notice (60 s) and the
-    # collective limit, lowered from 120 s to 30 s with its flag to keep the test short.
-    # Nothing else can apply to a job that sends no telemetry and waits in no collective.
+    # 35 s: 15 s past the blocked limit, the collective limit and the "no step telemetry"
+    # notice, each lowered to 20 s with its flag (from 60 s, 120 s and 60 s) to keep the
+    # test short. Nothing else can apply to a job that sends no telemetry and waits in no
+    # collective.
     script = str(CLIENTS / "print_only.py")
-    args = ["--hang-collective-s", "30", script, "--seconds", "75", "--every", "5"]
+    limits = ["--hang-blocked-s", "20", "--hang-collective-s", "20", "--no-step-notice", "20"]
+    args = [*limits, script, "--seconds", "35", "--every", "5"]
     result = eagleeye_run(tmp_path, *args, timeout=160)
     assert result.returncode == 0, result.stderr[-2000:]
     run = newest_run(tmp_path / "runs")
     quiet(run)
     log = (run / "logs" / "attempt-0" / "rank-1.log").read_text()
-    assert "finished after 7" in log
-    assert "rank 0, rank 1: no step telemetry 60 s into attempt 0" in " ".join(
+    assert "finished after 3" in log
+    assert "rank 0, rank 1: no step telemetry 20 s into attempt 0" in " ".join(
         result.stderr.split()
     )
 

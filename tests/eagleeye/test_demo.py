@@ -15,8 +15,11 @@ from eagleeye.store import RunReader
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420)]
 
 
-def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path) -> None:
-    output = run_demo("--steps", "90", "--kill-step", "10", "--runs-dir", str(tmp_path))
+def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(demo_run) -> None:
+    # `eagleeye demo --steps 90 --kill-step 10`, run once for the tests that read it
+    # (tests/eagleeye/conftest.py)
+    output = demo_run.output
+    assert demo_run.returncode == 0, output[-3000:]
     assert "process_exit on rank 3" in output
     # every finding names its host (the demo runs on this machine)
     assert f"│ process_exit │ rank 3 │ {socket.gethostname()} │" in output
@@ -25,7 +28,7 @@ def test_demo_detects_and_remediates_the_kill_and_matches_the_reference(tmp_path
     # Each injected fault's finding, with its evidence.
     assert "The finding that answered each fault, with its evidence" in output
     assert "exit_code=-9" in output
-    (run,) = [p for p in tmp_path.iterdir() if not p.name.endswith("-reference")]
+    run = demo_run.faulted
     reader = RunReader(run)
     assert reader.faults().iloc[0]["spec"] == "kill:rank=3@step=10"
     assert reader.findings().iloc[0]["kind"] == "process_exit"

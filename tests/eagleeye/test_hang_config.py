@@ -9,6 +9,7 @@ from detectors.errors import DetectorError
 from detectors.progress import HangLimits, ProgressStall
 from eagleeye.cli import build_parser
 from eagleeye.detection import live_config
+from eagleeye.errors import EagleEyeError
 from eagleeye.launch import detector_config, job_config_from_args
 
 
@@ -77,3 +78,11 @@ def test_the_controller_takes_its_hang_limits_over_the_hang_table(tmp_path, monk
     assert (idle.idle_s, idle.blocked_s, idle.min_silence_s) == (3.0, 7.0, 8.0)
     with pytest.raises(SystemExit):  # only the limits the controller judges by
         build_parser().parse_args([*common, "--hang-collective-s", "3"])
+
+
+def test_the_no_step_telemetry_notice_is_a_flag() -> None:
+    # ranks that sent no step are announced this far into an attempt (60 s by default)
+    assert config_of().no_step_notice_s == 60.0
+    assert config_of("--no-step-notice", "20").no_step_notice_s == 20.0
+    with pytest.raises(EagleEyeError, match="--no-step-notice 0.0 is not a number of seconds"):
+        config_of("--no-step-notice", "0")

@@ -19,32 +19,19 @@ import pytest
 from eagleeye.agents.local import SECRET_FILE
 from eagleeye.store import RunReader
 from eagleeye.summary import summarize
+from tests.eagleeye.conftest import DemoRun
+from tests.eagleeye.procs import is_rank, left_naming, naming, parent
 from tests.workload_args import tiny_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(420)]
 
 
-def test_the_demo_runs_through_local_agents(tmp_path: Path) -> None:
-    demo = subprocess.Popen(
-        [
-            sys.executable, "-m", "eagleeye", "demo",
-            "--steps", "90", "--kill-step", "10", "--no-reference",
-            "--runs-dir", str(tmp_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={"COLUMNS": "160", **os.environ},
-    )  # fmt: skip
-    parents: dict[int, int] = {}  # every rank process seen -> its parent
-    while demo.poll() is None:
-        for pid, cmdline in _processes(tmp_path).items():
-            if _is_rank(cmdline) and pid not in parents:
-                parents[pid] = _parent(pid)
-        time.sleep(0.1)
-    output = " ".join(demo.communicate()[0].split())
-    assert demo.returncode == 0, output[-3000:]
-    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+def test_the_demo_runs_through_local_agents(demo_run: DemoRun) -> None:
+    # `eagleeye demo --steps 90 --kill-step 10`, run once for the tests that read it, with
+    # the parent of every rank process seen while it ran (tests/eagleeye/conftest.py)
+    output, parents = demo_run.output, demo_run.parents
+    assert demo_run.returncode == 0, output[-3000:]
+    run = demo_run.faulted
     reader = RunReader(run)
     events = reader.events()
     # one agent per virtual node, each a child of the demo
@@ -61,7 +48,7 @@ def test_the_demo_runs_through_local_agents(tmp_path: Path) -> None:
     seen = rank_pids & set(parents)
     assert seen, "no rank process of the run was seen while it ran"
     assert {parents[pid] for pid in seen} <= agent_pids
-    assert demo.pid not in {parents[pid] for pid in seen}
+    assert demo_run.pid not in {parents[pid] for pid in seen}
     # the kill was detected and remediated; the job succeeded
     assert reader.faults().iloc[0]["spec"] == "kill:rank=3@step=10"
     finding = reader.findings().iloc[0]
@@ -76,8 +63,8 @@ def test_the_demo_runs_through_local_agents(tmp_path: Path) -> None:
     assert ids
     assert {summary.host_of(i) for i in ids} == {socket.gethostname()}
     assert f"│ process_exit │ rank 3 │ {socket.gethostname()} │" in output
-    # nothing left: no agent, no rank, no secret
-    _assert_nothing_left(tmp_path)
+    # nothing left (waited for up to 20 s once the demo ended): no agent, no rank, no secret
+    assert demo_run.left == {}
     assert not (run / SECRET_FILE).exists()
 
 
@@ -115,7 +102,7 @@ def test_a_sigkilled_run_leaves_no_agent_and_no_rank(tmp_path: Path) -> None:
     run = _long_run(tmp_path)
     try:
         ranks = _wait_for_ranks(run, tmp_path)
-        agents = {p for p, c in _processes(tmp_path).items() if c.split()[1:4] == AGENT}
+        agents = {p for p, c in naming(tmp_path).items() if c.split()[1:4] == AGENT}
         assert len(agents) == 2
         assert set(ranks.values()) <= agents  # each rank is its agent's child
         run.send_signal(signal.SIGKILL)
@@ -145,8 +132,8 @@ def test_a_local_agent_killed_mid_run_is_started_again_and_the_job_restarts(
         deadline = time.monotonic() + 180
         agent = None
         while agent is None and time.monotonic() < deadline and run.poll() is None:
-            procs = _processes(tmp_path)
-            if sum(_is_rank(c) for c in procs.values()) == 2:
+            procs = naming(tmp_path)
+            if sum(is_rank(c) for c in procs.values()) == 2:
                 agent = next(p for p, c in procs.items() if _is_agent_of(c, node=1))
             time.sleep(0.1)
         assert agent is not None, "the run's two ranks never started"
@@ -182,7 +169,7 @@ def test_no_local_agents_runs_the_ranks_as_its_own_children(tmp_path: Path) -> N
     try:
         ranks = _wait_for_ranks(run, tmp_path)
         assert set(ranks.values()) == {run.pid}
-        assert not [c for c in _processes(tmp_path).values() if c.split()[1:4] == AGENT]
+        assert not [c for c in naming(tmp_path).values() if c.split()[1:4] == AGENT]
         run.send_signal(signal.SIGTERM)
         assert run.wait(60) != 0  # stopped before its end
     finally:
@@ -217,7 +204,7 @@ def _wait_for_ranks(run: subprocess.Popen[bytes], tmp_path: Path) -> dict[int, i
     deadline = time.monotonic() + 180
     ranks: dict[int, int] = {}
     while len(ranks) < 2 and time.monotonic() < deadline and run.poll() is None:
-        ranks = {p: _parent(p) for p, c in _processes(tmp_path).items() if _is_rank(c)}
+        ranks = {p: parent(p) for p, c in naming(tmp_path).items() if is_rank(c)}
         time.sleep(0.1)
     assert len(ranks) == 2, "the run's two ranks never started"
     return ranks
@@ -228,40 +215,7 @@ def _is_agent_of(cmdline: str, node: int) -> bool:
     return words[1:4] == AGENT and words[words.index("--node-rank") + 1] == str(node)
 
 
-def _is_rank(cmdline: str) -> bool:
-    """A rank's command line: the interpreter, then the zero-code boot."""
-    return cmdline.split()[1:3] == ["-m", "eagleeye.boot"]
-
-
 def _assert_nothing_left(tmp_path: Path) -> None:
-    """No process that names the test's folder (agents, ranks) remains
-    (waited for a while: a killed process's children get their signal asynchronously)."""
-    deadline = time.monotonic() + 20
-    while _processes(tmp_path) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _processes(tmp_path) == {}
-
-
-def _processes(tmp_path: Path) -> dict[int, str]:
-    """Live processes (not zombies) whose command line or environment names ``tmp_path``."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            environ = (entry / "environ").read_bytes().decode(errors="replace")
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        named = str(tmp_path) in cmdline or str(tmp_path) in environ  # a rank: its run folder
-        if named and state not in ("Z", "X"):
-            found[int(entry.name)] = cmdline
-    return found
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
+    """No process that names the test's folder (agents, ranks) remains (waited for a while:
+    a killed process's children get their signal asynchronously)."""
+    assert left_naming(tmp_path) == {}

@@ -5,16 +5,16 @@ tests/eagleeye/test_clients_e2e.py.)"""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from eagleeye.demo import WORKLOAD, DemoConfig
+from eagleeye.demo import WORKLOAD
 from eagleeye.launch import JobConfig, run_job
 from eagleeye.store import RunReader
 from eagleeye.workload.model import PRESETS
 from ft_runtime.layout import JobLayout
+from tests.eagleeye.conftest import DemoRun
 from tests.workload_args import tiny_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -77,18 +77,12 @@ def test_the_chaos_suite_s_job_without_faults_draws_no_finding(
     assert _findings(result.run_dir) == []
 
 
-@pytest.mark.timeout(400)
-def test_the_demo_s_fault_free_reference_run_draws_no_finding(tmp_path: Path) -> None:
-    demo = replace(DemoConfig(), steps=60)  # the demo's workload and layout, fewer steps
-    clean = JobConfig(
-        script=WORKLOAD,
-        module=True,
-        script_args=demo.workload_args(),
-        layout=JobLayout(nnodes=2, nproc_per_node=2, replicas=2),
-        recovery=demo.recovery,
-        runs_dir=str(tmp_path),
-        run_id="demo-reference",
-    )
-    result = run_job(clean)
-    assert result.succeeded
-    assert _findings(result.run_dir) == []
+@pytest.mark.timeout(420)
+def test_the_demo_s_fault_free_reference_run_draws_no_finding(demo_run: DemoRun) -> None:
+    # the reference run of `eagleeye demo --steps 90 --kill-step 10` (the demo's workload
+    # and layout, no fault, no remediation), run once for the tests that read it
+    # (tests/eagleeye/conftest.py)
+    assert demo_run.returncode == 0, demo_run.output[-3000:]
+    with RunReader(demo_run.reference) as reader:
+        assert reader.meta()["result"]["succeeded"] is True
+    assert _findings(demo_run.reference) == []

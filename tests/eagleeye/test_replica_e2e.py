@@ -69,7 +69,9 @@ def test_killed_ranks_cost_only_their_replica_which_catches_up_bit_for_bit(tmp_p
     assert count == 3
     assert identical
 
-    reference = run_replicas(tmp_path, "reference", STEPS)
+    # the fault-free reference: no restart for survivors to outrun, so its steps are not
+    # padded (the padding is a sleep after the step's work)
+    reference = run_replicas(tmp_path, "reference", STEPS, step_floor_s=0.0)
     assert reference.succeeded
     ref_steps = steps_table(reference.run_dir)
     tail = (STEPS - 20, STEPS)
