@@ -330,7 +330,27 @@ class ReplicaComm:
         self._pending = None
         if self.replica not in membership.members:
             raise LeftQuorum(f"replica {self.replica} is not in epoch {membership.epoch}")
+        dropped = self._dropped_before(membership.epoch)
+        if dropped is not None:
+            raise LeftQuorum(
+                f"replica {self.replica} (incarnation {self.incarnation}) was out of the quorum "
+                f"in epoch {dropped}: the replica {self.replica} of epoch {membership.epoch} is "
+                "a later incarnation, and this rank ends without exchanging"
+            )
         self.membership = membership
+
+    def _dropped_before(self, epoch: int) -> int | None:
+        """The first epoch after this rank's and before ``epoch`` that its replica was not
+        a member of, if any. A rank cut off from the store (its host's link down) can see
+        the epochs again only after its replica was dropped and a later incarnation
+        admitted in its place: it must not take that incarnation's place in the exchange.
+        An epoch whose membership the store no longer holds is no evidence."""
+        for between in range(self.membership.epoch + 1, epoch):
+            if not self.store.check([key_members(between)]):
+                continue
+            if self.replica not in self._read(between).members:
+                return between
+        return None
 
     def _await_next_epoch(self, timeout_s: float = 300.0) -> None:
         current = self.membership.epoch
