@@ -67,12 +67,13 @@ class Offsets:
             self.count[rows] = 0.0
             self._settled = False
 
-    def divide(self, x: np.ndarray, cols: np.ndarray) -> None:
-        """Divides each rank's learnt factor out of ``x``, in place; its columns are the
-        features ``cols``. (A feature without offsets keeps a factor of exactly 1.)"""
-        for i, j in enumerate(cols.tolist()):
-            if self.enabled[j]:
-                np.divide(x[:, i], self.factor[:, j], out=x[:, i])
+    def divide(self, x: np.ndarray, j: int, out: np.ndarray) -> None:
+        """``x``, values of feature ``j``, with each rank's learnt factor divided out, into
+        ``out``. (A feature without offsets keeps a factor of exactly 1: it is copied.)"""
+        if self.enabled[j]:
+            np.divide(x, self.factor[:, j], out=out)
+        else:
+            out[:] = x
 
     def learns(self, j: int, med: float) -> bool:
         """Whether feature ``j`` can learn from a step whose peer median is ``med``

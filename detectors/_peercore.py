@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors._layout import RankLayout, to_slots
+from detectors._median import median_columns, middle
 from detectors._offsets import Offsets, pick_columns
 from detectors.stepbatch import StepBatch
 
@@ -40,8 +41,8 @@ class Comparison:
 
 
 Gathered = tuple[np.ndarray, np.ndarray]
-"""A step's values of the watched features it reports (rows of the step, one column per
-reported feature) and the index of each of those features among the watched ones."""
+"""The watched features a step reports: the index of each among the step's columns and
+among the watched features."""
 
 
 def nanmedian_columns(x: np.ndarray, nan_seen: bool = False) -> np.ndarray:
@@ -49,19 +50,22 @@ def nanmedian_columns(x: np.ndarray, nan_seen: bool = False) -> np.ndarray:
     np.nanmedian's result, without its slow masked path for small arrays. ``nan_seen``
     says the caller knows a NaN is in the columns (or in columns taken with them)."""
     if not nan_seen and not np.isnan(x).any():
-        fast: np.ndarray = np.median(x, axis=0)  # a partition, not a sort
-        return fast
-    # The middle two of each column's values in sorted order (NaN sorts last). A partition
-    # finds the same numbers, bit for bit, unless the column holds a -0.0: it equals 0.0,
-    # and which of them a sort puts in the middle is its own affair, so that column sorts.
-    count = np.count_nonzero(~np.isnan(x), axis=0)
+        return median_columns(x)  # np.median's numbers (a partition, not a sort)
+    # The middle two of each column's values in sorted order (NaN sorts last), as a sort
+    # finds them: a partition finds the same numbers, bit for bit, unless the column holds
+    # a -0.0 (equal to 0.0: which of them a sort puts in the middle is its own affair), so
+    # such a column is sorted.
+    count = len(x) - np.count_nonzero(np.isnan(x), axis=0)
+    negative_zero = (np.signbit(x) & (x == 0)).any(axis=0)
     low, high = np.full(x.shape[1], np.nan), np.full(x.shape[1], np.nan)
-    for j in np.flatnonzero(count).tolist():
-        col = x[:, j]
-        lo, hi = (int(count[j]) - 1) // 2, int(count[j]) // 2
-        negative_zero = bool(np.signbit(col[col == 0]).any())
-        ordered = np.sort(col) if negative_zero else np.partition(col, (lo, hi))
-        low[j], high[j] = ordered[lo], ordered[hi]
+    for n in np.unique(count[count > 0]).tolist():
+        plain = (count == n) & ~negative_zero
+        if plain.any():
+            low[plain], high[plain] = middle(x.T[plain].T, n)  # column-major, as x
+        signed_zero = (count == n) & negative_zero
+        if signed_zero.any():
+            ordered = np.sort(x.T[signed_zero].T, axis=0)
+            low[signed_zero], high[signed_zero] = ordered[(n - 1) // 2], ordered[n // 2]
     med: np.ndarray = np.where(count > 0, (low + high) / 2.0, np.nan)
     return med
 
@@ -145,25 +149,31 @@ class PeerCore:
         time: the others have no report to compare, learn from or count (their cells keep
         their state).
         """
-        values, cols = raw
+        source, cols = raw
         slots = self.layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
         size = len(self.layout.ranks)
         self._grow(size)
-        x = to_slots(values, slots, size)
+        warming = None
         if "since_launch" in batch.features:  # warming ranks take no part
             warming = to_slots(batch.column("since_launch"), slots, size) < self.warmup
-            x[warming] = np.nan
             self.offsets.forget(warming)  # a relaunched rank may hold memory differently
-        reported = np.isfinite(x)
+        # x: the values with each rank's learnt offset divided out; reported: where the
+        # values themselves are finite.
+        x = np.empty((size, len(cols)), order="F")
+        reported = np.empty(x.shape, dtype=bool, order="F")
+        for i, (c, j) in enumerate(zip(source.tolist(), cols.tolist(), strict=True)):
+            column = to_slots(batch.values[:, c], slots, size)
+            if warming is not None:
+                column = np.where(warming, np.nan, column)
+            np.isfinite(column, out=reported[:, i])
+            self.offsets.divide(column, j, x[:, i])
         if not _enough(reported, min_ranks):
             return None
-        self.offsets.divide(x, cols)  # each rank's learnt offset divided out
         med, scale = self._peer_stats(x, len(cols) < len(self.names))
-        signed = x - med
         bar = np.maximum(
             np.maximum(self.z * scale, self._shift[cols] * np.abs(med)), self._abs[cols]
         )
-        beats = self._beats(signed, bar, cols)
+        beats = self._beats(x, med, bar, cols)
         learning = self.offsets.learning()  # offsets not known yet: learn, do not judge
         learning_here = None if learning is None else pick_columns(learning, cols)
         if learning_here is not None:
@@ -172,7 +182,8 @@ class PeerCore:
         if size <= _SAMPLE or self._calls % 4 == 0:  # at scale, offsets learn every 4th
             for i, j in enumerate(cols.tolist()):
                 if self.offsets.learns(j, float(med[i])):
-                    calm = self._calm(signed[:, i], bar[i], _column(learning_here, i))
+                    signed = x[:, i] - med[i]
+                    calm = self._calm(signed, bar[i], _column(learning_here, i))
                     self.offsets.learn(j, x[:, i], med[i], calm)
         self._count_reports(reported, cols)
         # Only ranks out now or with state (recent reports beyond the bar, a count, a
@@ -182,7 +193,7 @@ class PeerCore:
             return None
         width = (len(rows), len(self.names))
         signed_rows = np.full(width, np.nan)
-        signed_rows[:, cols] = signed[rows]
+        signed_rows[:, cols] = x[rows] - med
         bar_all = np.full(len(self.names), np.nan)
         bar_all[cols] = bar
         calm = self._calm(signed_rows, bar_all, None if learning is None else learning[rows])
@@ -202,22 +213,27 @@ class PeerCore:
         med_all[cols], scale_all[cols] = med, scale
         return Comparison(x_all, med_all, scale_all, new, together)
 
-    def _beats(self, signed: np.ndarray, bar: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """Cells whose deviation in their feature's direction beats the bar: ``signed *
-        sign > bar``, or ``|signed| > bar`` without a direction, a column at a time (for a
-        sign of -1, ``-signed > bar`` is ``signed < -bar``, exactly)."""
-        beats = np.empty(signed.shape, dtype=bool, order="F")
+    def _beats(
+        self, x: np.ndarray, med: np.ndarray, bar: np.ndarray, cols: np.ndarray
+    ) -> np.ndarray:
+        """Cells whose deviation from the median in their feature's direction beats the
+        bar: ``(x - med) * sign > bar``, or ``|x - med| > bar`` without a direction, a
+        column at a time (for a sign of -1, ``-signed > bar`` is ``signed < -bar``,
+        exactly)."""
+        beats = np.empty(x.shape, dtype=bool, order="F")
+        signed = np.empty(len(x))
         with np.errstate(invalid="ignore"):
             for i, sign in enumerate(self._sign[cols].tolist()):
-                col, out = signed[:, i], beats[:, i]
+                out = beats[:, i]
+                np.subtract(x[:, i], med[i], out=signed)
                 if sign == 1.0:
-                    np.greater(col, bar[i], out=out)
+                    np.greater(signed, bar[i], out=out)
                 elif sign == -1.0:
-                    np.less(col, -bar[i], out=out)
+                    np.less(signed, -bar[i], out=out)
                 elif sign == 0.0:
-                    np.greater(np.abs(col), bar[i], out=out)
+                    np.greater(np.abs(signed), bar[i], out=out)
                 else:
-                    np.greater(col * sign, bar[i], out=out)
+                    np.greater(signed * sign, bar[i], out=out)
         return beats
 
     def _count_reports(self, reported: np.ndarray, cols: np.ndarray) -> None:
@@ -257,15 +273,12 @@ class PeerCore:
         return confirmed
 
     def gather(self, batch: StepBatch) -> Gathered | None:
-        """The batch's columns of the watched features it reports (a copy, one contiguous
-        column each) and their indices among the watched ones; None when it reports none."""
+        """Which watched features the batch reports (see ``Gathered``); None for none."""
         have = [j for j, f in enumerate(self.names) if f in batch.features]
         if not have:
             return None
-        values = np.empty((len(batch.ranks), len(have)), order="F")
-        for k, j in enumerate(have):
-            values[:, k] = batch.values[:, batch.features.index(self.names[j])]
-        return values, np.array(have, dtype=np.intp)
+        source = [batch.features.index(self.names[j]) for j in have]
+        return np.array(source, dtype=np.intp), np.array(have, dtype=np.intp)
 
     def _peer_stats(self, x: np.ndarray, nan_seen: bool) -> tuple[np.ndarray, np.ndarray]:
         """Median and MAD-based scale per feature, from a sample of ranks at large scale."""
@@ -275,7 +288,7 @@ class PeerCore:
                 # A fixed random subset per layout: drawing anew each step costs a shuffle.
                 self._sample_n = len(x)
                 self._sample = np.sort(self._rng.choice(len(x), _SAMPLE, replace=False))
-            sample = x[self._sample]
+            sample = x.T[:, self._sample].T  # column-major, as x
         med = nanmedian_columns(sample, nan_seen)
         mad = nanmedian_columns(np.abs(sample - med), nan_seen)
         return med, np.maximum(1.4826 * mad, 1e-3 * np.abs(med) + 1e-12)

@@ -6,6 +6,7 @@ from arrays (a trace, a Prometheus query); ``frames()`` turns it back into Frame
 detectors that only speak the per-frame protocol.
 
 >>> from collector.types import Frame, Subject
+from detectors._median import median
 >>> fr = [Frame(Subject(0, r, f"n{r // 2}"), 5, 1.0, {"step_time": 1.0 + r}) for r in range(4)]
 >>> b = StepBatch.from_frames(fr)
 >>> b.column("step_time").tolist(), b.nodes.tolist()
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from collector.types import Frame, Subject
+from detectors._median import median
 
 _BLOCK = 4096  # rows copied at a time into column order: a block stays in the cache
 
@@ -88,7 +90,7 @@ class StepBatch:
         if feature not in self._medians:
             col = self.column(feature)
             finite = col[np.isfinite(col)]
-            self._medians[feature] = float(np.median(finite)) if len(finite) else None
+            self._medians[feature] = median(finite) if len(finite) else None
         return self._medians[feature]
 
     def reported(self, feature: str) -> np.ndarray:

@@ -23,6 +23,7 @@ from collector.types import Subject
 from collector.vocabulary import canonical_name
 from detectors._buffer import Stepwise
 from detectors._layout import RankLayout, to_slots
+from detectors._median import median
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
@@ -99,9 +100,12 @@ class Trend(Stepwise):
         seen = np.isfinite(x)
         if seen.sum() < self.min_ranks:
             return []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            y = x - np.nanmedian(x)
+        if np.isnan(x).any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                y = x - np.nanmedian(x)
+        else:
+            y = x - median(x)  # np.nanmedian's number: with no NaN, np.median's
         self._record(j, seen, x, y, batch.time)
         full = seen & (self._n[:, j] >= self.window)
         # At scale the slopes are judged every fourth report: a leak is slow, and a slope
@@ -157,8 +161,8 @@ class Trend(Stepwise):
     ) -> list[Finding]:
         rows = np.flatnonzero(full)
         at: np.ndarray | slice = slice(None) if len(rows) == len(full) else rows
-        med = float(np.median(slope))
-        scale = max(1.4826 * float(np.median(np.abs(slope - med))), 1e-12)
+        med = median(slope)
+        scale = max(1.4826 * median(np.abs(slope - med)), 1e-12)
         rise = slope * self.horizon_s
         level = np.abs(self._level[at, j])
         drifting = rising & ((slope - med) / scale > self.z) & (rise >= self.min_rise * level)
