@@ -21,7 +21,7 @@ import numpy as np
 from detectors._layout import RankLayout, to_slots
 from detectors._median import median_columns, middle
 from detectors._offsets import Offsets, pick_columns
-from detectors.stepbatch import StepBatch
+from detectors.stepbatch import StepBatch, column_major
 
 _SAMPLE = 8192  # ranks used to estimate median and MAD; a 1-2 % error at any job size
 _VOTES, _OF = 3, 5  # reports that must beat the bar among the last ones
@@ -150,6 +150,7 @@ class PeerCore:
         their state).
         """
         source, cols = raw
+        values = column_major(batch.values)  # as the edge hands it, or copied so
         slots = self.layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
         size = len(self.layout.ranks)
         self._grow(size)
@@ -162,7 +163,7 @@ class PeerCore:
         x = np.empty((size, len(cols)), order="F")
         reported = np.empty(x.shape, dtype=bool, order="F")
         for i, (c, j) in enumerate(zip(source.tolist(), cols.tolist(), strict=True)):
-            column = to_slots(batch.values[:, c], slots, size)
+            column = to_slots(values[:, c], slots, size)
             if warming is not None:
                 column = np.where(warming, np.nan, column)
             np.isfinite(column, out=reported[:, i])
