@@ -46,8 +46,8 @@ def canonical_batch(batch: StepBatch) -> StepBatch:
         return batch
     names, sources, scales = plan
     present = batch.present if batch.present is not None else ~np.isnan(batch.values)
-    values = np.full((len(batch.ranks), len(names)), np.nan)
-    mask = np.zeros(values.shape, dtype=bool)
+    values = np.full((len(batch.ranks), len(names)), np.nan, order="F")
+    mask = np.zeros(values.shape, dtype=bool, order="F")
     for j, cols in enumerate(sources):
         for col in reversed(cols):  # the preferred column last, so it overwrites
             rows = present[:, col]

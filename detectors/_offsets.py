@@ -13,6 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 
+def pick_columns(array: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """The given columns of a column-major array, column-major too (``array[:, cols]``
+    would be row-major, and arithmetic mixing the two orders is slow)."""
+    picked: np.ndarray = array.T[cols].T
+    return picked
+
+
 class Offsets:
     """Per-slot, per-feature factors relative to the peer median.
 
@@ -25,22 +32,24 @@ class Offsets:
 
     def __init__(self, enabled: np.ndarray, alpha: float = 0.05, settle: int = 10) -> None:
         self.enabled, self.alpha, self.settle = np.asarray(enabled, dtype=bool), alpha, settle
-        self.factor = np.ones((0, len(self.enabled)))
-        self.count = np.zeros((0, len(self.enabled)))
+        # Column-major: a step's arithmetic runs down each feature's column.
+        self.factor = np.ones((0, len(self.enabled)), order="F")
+        self.count = np.zeros((0, len(self.enabled)), order="F")
         self._settled = False
 
     def add(self, enabled: bool) -> None:
         """One more feature, with offsets or without."""
         self.enabled = np.append(self.enabled, enabled)
-        self.factor = np.pad(self.factor, ((0, 0), (0, 1)), constant_values=1.0)
-        self.count = np.pad(self.count, ((0, 0), (0, 1)))
+        self.factor = np.asfortranarray(np.pad(self.factor, ((0, 0), (0, 1)), constant_values=1.0))
+        self.count = np.asfortranarray(np.pad(self.count, ((0, 0), (0, 1))))
         self._settled = False
 
     def grow(self, size: int) -> None:
         extra = size - len(self.factor)
         if extra > 0:
-            self.factor = np.pad(self.factor, ((0, extra), (0, 0)), constant_values=1.0)
-            self.count = np.pad(self.count, ((0, extra), (0, 0)))
+            pad = ((0, extra), (0, 0))
+            self.factor = np.asfortranarray(np.pad(self.factor, pad, constant_values=1.0))
+            self.count = np.asfortranarray(np.pad(self.count, pad))
             self._settled = False
 
     def learning(self) -> np.ndarray | None:
@@ -58,16 +67,28 @@ class Offsets:
             self.count[rows] = 0.0
             self._settled = False
 
-    def remove(self, x: np.ndarray) -> np.ndarray:
-        """The values with each rank's learnt factor divided out."""
-        return x / self.factor if self.enabled.any() else x
+    def divide(self, x: np.ndarray, j: int, out: np.ndarray) -> None:
+        """``x``, values of feature ``j``, with each rank's learnt factor divided out, into
+        ``out``. (A feature without offsets keeps a factor of exactly 1: it is copied.)"""
+        if self.enabled[j]:
+            np.divide(x, self.factor[:, j], out=out)
+        else:
+            out[:] = x
 
-    def learn(self, x: np.ndarray, med: np.ndarray, calm: np.ndarray) -> None:
-        """Updates the factors of the ``calm`` cells (finite, positive, not drifting out)."""
+    def learns(self, j: int, med: float) -> bool:
+        """Whether feature ``j`` can learn from a step whose peer median is ``med``
+        (positive quantities only: a ratio to a median of 0 or less means nothing)."""
+        return bool(self.enabled[j]) and med > 0
+
+    def learn(self, j: int, x: np.ndarray, med: float, calm: np.ndarray) -> None:
+        """Updates feature ``j``'s factors from one step: ``x``, each rank's value with its
+        factor divided out, and ``med`` their median, in the ``calm`` cells (finite,
+        positive, not drifting out)."""
+        factor, count = self.factor[:, j], self.count[:, j]
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = x / med
-        ok = calm & np.isfinite(ratio) & (ratio > 0) & self.enabled & (med > 0)
-        self.count += ok
-        weight = np.maximum(1.0 / np.maximum(self.count, 1.0), self.alpha)
+            ratio = (x * factor) / med
+        ok = calm & np.isfinite(ratio) & (ratio > 0)
+        count += ok
+        weight = np.maximum(1.0 / np.maximum(count, 1.0), self.alpha)
 
-        self.factor += np.where(ok, weight * (np.where(ok, ratio, 1.0) - self.factor), 0.0)
+        factor += np.where(ok, weight * (np.where(ok, ratio, 1.0) - factor), 0.0)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors._layout import RankLayout, to_slots
-from detectors._offsets import Offsets
-from detectors.stepbatch import StepBatch
+from detectors._median import median_columns, middle
+from detectors._offsets import Offsets, pick_columns
+from detectors.stepbatch import StepBatch, column_major
 
 _SAMPLE = 8192  # ranks used to estimate median and MAD; a 1-2 % error at any job size
 _VOTES, _OF = 3, 5  # reports that must beat the bar among the last ones
@@ -39,19 +40,53 @@ class Comparison:
     together: np.ndarray  # cells drifting out with them (for node and replica findings)
 
 
-def nanmedian_columns(x: np.ndarray) -> np.ndarray:
+Gathered = tuple[np.ndarray, np.ndarray]
+"""The watched features a step reports: the index of each among the step's columns and
+among the watched features."""
+
+
+def nanmedian_columns(x: np.ndarray, nan_seen: bool = False) -> np.ndarray:
     """The median of each column over its non-NaN values (NaN for a column without any):
-    np.nanmedian's result, without its slow masked path for small arrays."""
-    if not np.isnan(x).any():
-        fast: np.ndarray = np.median(x, axis=0)  # a partition, not a sort
-        return fast
-    ordered = np.sort(x, axis=0)  # NaN sorts last
-    count = (~np.isnan(x)).sum(axis=0)
-    cols = np.arange(x.shape[1])
-    low = ordered[np.maximum((count - 1) // 2, 0), cols]
-    high = ordered[np.maximum(count // 2, 0), cols]
+    np.nanmedian's result, without its slow masked path for small arrays. ``nan_seen``
+    says the caller knows a NaN is in the columns (or in columns taken with them)."""
+    if not nan_seen and not np.isnan(x).any():
+        return median_columns(x)  # np.median's numbers (a partition, not a sort)
+    # The middle two of each column's values in sorted order (NaN sorts last), as a sort
+    # finds them: a partition finds the same numbers, bit for bit, unless the column holds
+    # a -0.0 (equal to 0.0: which of them a sort puts in the middle is its own affair), so
+    # such a column is sorted.
+    count = len(x) - np.count_nonzero(np.isnan(x), axis=0)
+    negative_zero = (np.signbit(x) & (x == 0)).any(axis=0)
+    low, high = np.full(x.shape[1], np.nan), np.full(x.shape[1], np.nan)
+    for n in np.unique(count[count > 0]).tolist():
+        plain = (count == n) & ~negative_zero
+        if plain.any():
+            low[plain], high[plain] = middle(x.T[plain].T, n)  # column-major, as x
+        signed_zero = (count == n) & negative_zero
+        if signed_zero.any():
+            ordered = np.sort(x.T[signed_zero].T, axis=0)
+            low[signed_zero], high[signed_zero] = ordered[(n - 1) // 2], ordered[n // 2]
     med: np.ndarray = np.where(count > 0, (low + high) / 2.0, np.nan)
     return med
+
+
+def _enough(reported: np.ndarray, min_ranks: int) -> bool:
+    """Whether at least ``min_ranks`` rows report a value (one column often says so)."""
+    for i in range(reported.shape[1]):
+        if np.count_nonzero(reported[:, i]) >= min_ranks:
+            return True
+    return int(reported.any(axis=1).sum()) >= min_ranks
+
+
+def _column(cells: np.ndarray | None, i: int) -> np.ndarray | None:
+    return None if cells is None else cells[:, i]
+
+
+def _widen(cells: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Boolean cells of some features as the cells of all (False in the others)."""
+    out = np.zeros(shape, dtype=bool)
+    out[:, cols] = cells
+    return out
 
 
 class PeerCore:
@@ -75,6 +110,7 @@ class PeerCore:
         self._bits = np.zeros((0, 0), dtype=np.uint8)  # which of the last reports beat it
         self._active = np.zeros(0, dtype=bool)  # slots with any state worth updating
         self._seen = np.zeros((0, 0), dtype=np.int8)  # reports so far, up to _OF
+        self._seen_all = np.zeros(0, dtype=bool)  # features every slot has _OF reports of
         self._rng = np.random.default_rng(0)
         self._sample: np.ndarray | None = None
         self._sample_n = 0
@@ -102,51 +138,119 @@ class PeerCore:
         self.count, self.normal = np.pad(self.count, pad), np.pad(self.normal, pad)
         self.fired = np.pad(self.fired, pad)
         self._bits, self._seen = np.pad(self._bits, pad), np.pad(self._seen, pad)
+        self._seen_all = np.append(self._seen_all, False)
         self.offsets.add(offset)
 
-    def compare(self, batch: StepBatch, raw: np.ndarray, min_ranks: int) -> Comparison | None:
-        """Updates persistence with one step's ``raw`` values (rows of ``batch``)."""
+    def compare(self, batch: StepBatch, raw: Gathered, min_ranks: int) -> Comparison | None:
+        """Updates persistence with one step's ``raw`` values (rows of ``batch``); the
+        comparison when a cell is newly confirmed, else None.
+
+        Only the features the step reports are computed over every rank, a column at a
+        time: the others have no report to compare, learn from or count (their cells keep
+        their state).
+        """
+        source, cols = raw
+        values = column_major(batch.values)  # as the edge hands it, or copied so
         slots = self.layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
         size = len(self.layout.ranks)
         self._grow(size)
-        x = to_slots(raw, slots, size)
+        warming = None
         if "since_launch" in batch.features:  # warming ranks take no part
             warming = to_slots(batch.column("since_launch"), slots, size) < self.warmup
-            x = np.where(warming[:, None], np.nan, x)
             self.offsets.forget(warming)  # a relaunched rank may hold memory differently
-        reported = np.isfinite(x)
-        if reported.any(axis=1).sum() < min_ranks:
+        # x: the values with each rank's learnt offset divided out; reported: where the
+        # values themselves are finite.
+        x = np.empty((size, len(cols)), order="F")
+        reported = np.empty(x.shape, dtype=bool, order="F")
+        for i, (c, j) in enumerate(zip(source.tolist(), cols.tolist(), strict=True)):
+            column = to_slots(values[:, c], slots, size)
+            if warming is not None:
+                column = np.where(warming, np.nan, column)
+            np.isfinite(column, out=reported[:, i])
+            self.offsets.divide(column, j, x[:, i])
+        if not _enough(reported, min_ranks):
             return None
-        x = self.offsets.remove(x)
-        med, scale = self._peer_stats(x)
-        signed = x - med
-        dev = signed * self._sign
-        if (self._sign == 0).any():
-            dev = np.where(self._sign == 0, np.abs(signed), dev)
-        bar = np.maximum(np.maximum(self.z * scale, self._shift * np.abs(med)), self._abs)
+        med, scale = self._peer_stats(x, len(cols) < len(self.names))
+        bar = np.maximum(
+            np.maximum(self.z * scale, self._shift[cols] * np.abs(med)), self._abs[cols]
+        )
+        beats = self._beats(x, med, bar, cols)
         learning = self.offsets.learning()  # offsets not known yet: learn, do not judge
-        with np.errstate(invalid="ignore"):
-            beats = dev > bar
-        if learning is not None:
-            beats &= ~learning
+        learning_here = None if learning is None else pick_columns(learning, cols)
+        if learning_here is not None:
+            beats &= ~learning_here
         self._calls += 1
-        if len(x) <= _SAMPLE or self._calls % 4 == 0:  # at scale, offsets learn every 4th
-            self.offsets.learn(x * self.offsets.factor, med, self._calm(signed, bar, learning))
-        self._seen = np.minimum(self._seen + reported, _OF).astype(np.int8)
+        if size <= _SAMPLE or self._calls % 4 == 0:  # at scale, offsets learn every 4th
+            for i, j in enumerate(cols.tolist()):
+                if self.offsets.learns(j, float(med[i])):
+                    signed = x[:, i] - med[i]
+                    calm = self._calm(signed, bar[i], _column(learning_here, i))
+                    self.offsets.learn(j, x[:, i], med[i], calm)
+        self._count_reports(reported, cols)
         # Only ranks out now or with state (recent reports beyond the bar, a count, a
         # fired finding) need the rest; at 100k ranks they are a handful.
         rows = np.flatnonzero(beats.any(axis=1) | self._active)
-        new = np.zeros(x.shape, dtype=bool)
-        if len(rows):
-            calm = self._calm(signed[rows], bar, None if learning is None else learning[rows])
-            new[rows] = self._update(rows, beats[rows], reported[rows], calm)
+        if not len(rows):
+            return None
+        width = (len(rows), len(self.names))
+        signed_rows = np.full(width, np.nan)
+        signed_rows[:, cols] = x[rows] - med
+        bar_all = np.full(len(self.names), np.nan)
+        bar_all[cols] = bar
+        calm = self._calm(signed_rows, bar_all, None if learning is None else learning[rows])
+        new_rows = self._update(
+            rows, _widen(beats[rows], cols, width), _widen(reported[rows], cols, width), calm
+        )
+        if not new_rows.any():
+            return None
+        new = np.zeros((size, len(self.names)), dtype=bool)
+        new[rows] = new_rows
         # A node's other ranks count as going out with it when they are out too, or beat
         # the bar now: noise alone must not make one rank's fault its node's.
-        together = beats | (self.count > 0) if new.any() else beats
-        return Comparison(x, med, scale, new, together)
+        together = (self.count > 0) | _widen(beats, cols, new.shape)
+        x_all = np.full(new.shape, np.nan)
+        x_all[:, cols] = x
+        med_all, scale_all = np.full(len(self.names), np.nan), np.full(len(self.names), np.nan)
+        med_all[cols], scale_all[cols] = med, scale
+        return Comparison(x_all, med_all, scale_all, new, together)
+
+    def _beats(
+        self, x: np.ndarray, med: np.ndarray, bar: np.ndarray, cols: np.ndarray
+    ) -> np.ndarray:
+        """Cells whose deviation from the median in their feature's direction beats the
+        bar: ``(x - med) * sign > bar``, or ``|x - med| > bar`` without a direction, a
+        column at a time (for a sign of -1, ``-signed > bar`` is ``signed < -bar``,
+        exactly)."""
+        beats = np.empty(x.shape, dtype=bool, order="F")
+        signed = np.empty(len(x))
+        with np.errstate(invalid="ignore"):
+            for i, sign in enumerate(self._sign[cols].tolist()):
+                out = beats[:, i]
+                np.subtract(x[:, i], med[i], out=signed)
+                if sign == 1.0:
+                    np.greater(signed, bar[i], out=out)
+                elif sign == -1.0:
+                    np.less(signed, -bar[i], out=out)
+                elif sign == 0.0:
+                    np.greater(np.abs(signed), bar[i], out=out)
+                else:
+                    np.greater(signed * sign, bar[i], out=out)
+        return beats
+
+    def _count_reports(self, reported: np.ndarray, cols: np.ndarray) -> None:
+        """Reports so far per cell, up to five (a feature no rank lacks any more is done)."""
+        todo = ~self._seen_all[cols]
+        if not todo.any():
+            return
+        cols, reported = cols[todo], reported[:, todo]
+        seen = np.minimum(self._seen[:, cols] + reported, _OF).astype(np.int8)
+        self._seen[:, cols] = seen
+        self._seen_all[cols] = (seen == _OF).all(axis=0)
 
     @staticmethod
-    def _calm(signed: np.ndarray, bar: np.ndarray, learning: np.ndarray | None) -> np.ndarray:
+    def _calm(
+        signed: np.ndarray, bar: np.ndarray | float, learning: np.ndarray | None
+    ) -> np.ndarray:
         with np.errstate(invalid="ignore"):
             calm: np.ndarray = np.abs(signed) < 0.5 * bar
         return calm if learning is None else calm | learning
@@ -169,22 +273,15 @@ class PeerCore:
         confirmed: np.ndarray = (count >= self._persist) & ~fired
         return confirmed
 
-    def gather(self, batch: StepBatch) -> np.ndarray | None:
-        """The batch's columns of the watched features (NaN where one is not reported);
-        None when it reports none of them."""
-        cols = [batch.features.index(f) if f in batch.features else -1 for f in self.names]
-        if not cols or all(c < 0 for c in cols):
+    def gather(self, batch: StepBatch) -> Gathered | None:
+        """Which watched features the batch reports (see ``Gathered``); None for none."""
+        have = [j for j, f in enumerate(self.names) if f in batch.features]
+        if not have:
             return None
-        if min(cols) >= 0:
-            gathered: np.ndarray = batch.values[:, cols]  # one gather when all are reported
-            return gathered
-        raw = np.full((len(batch.ranks), len(cols)), np.nan)
-        for j, c in enumerate(cols):
-            if c >= 0:
-                raw[:, j] = batch.values[:, c]
-        return raw
+        source = [batch.features.index(self.names[j]) for j in have]
+        return np.array(source, dtype=np.intp), np.array(have, dtype=np.intp)
 
-    def _peer_stats(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _peer_stats(self, x: np.ndarray, nan_seen: bool) -> tuple[np.ndarray, np.ndarray]:
         """Median and MAD-based scale per feature, from a sample of ranks at large scale."""
         sample = x
         if len(x) > _SAMPLE:
@@ -192,9 +289,9 @@ class PeerCore:
                 # A fixed random subset per layout: drawing anew each step costs a shuffle.
                 self._sample_n = len(x)
                 self._sample = np.sort(self._rng.choice(len(x), _SAMPLE, replace=False))
-            sample = x[self._sample]
-        med = nanmedian_columns(sample)
-        mad = nanmedian_columns(np.abs(sample - med))
+            sample = x.T[:, self._sample].T  # column-major, as x
+        med = nanmedian_columns(sample, nan_seen)
+        mad = nanmedian_columns(np.abs(sample - med), nan_seen)
         return med, np.maximum(1.4826 * mad, 1e-3 * np.abs(med) + 1e-12)
 
     def _grow(self, size: int) -> None:
@@ -205,4 +302,5 @@ class PeerCore:
             self.fired = np.pad(self.fired, pad)
             self._bits, self._seen = np.pad(self._bits, pad), np.pad(self._seen, pad)
             self._active = np.pad(self._active, (0, extra))
+            self._seen_all[:] = False
             self.offsets.grow(size)

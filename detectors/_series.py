@@ -45,11 +45,7 @@ class RobustWindow:
 
 def job_value(batch: StepBatch, feature: str) -> float | None:
     """The job-wide value of a feature at a step: the median over ranks (robust to one rank)."""
-    col = batch.column(feature)
-    finite = col[np.isfinite(col)]
-    if len(finite) == 0:
-        return None
-    return float(np.median(finite))
+    return batch.job_median(feature)
 
 
 def job_frame(batch: StepBatch, features: tuple[str, ...]) -> Frame | None:

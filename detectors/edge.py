@@ -74,7 +74,8 @@ class Edge:
         return replace(frame, values=out.values)
 
     def batch(self, batch: StepBatch) -> StepBatch:
-        batch = canonical_batch(batch)
+        # Column-major from here on: every detector reads the step a feature at a time.
+        batch = canonical_batch(batch).column_major()
         slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
         self._grow(len(self._layout.ranks))
         extra: dict[str, np.ndarray] = {}
@@ -134,15 +135,25 @@ class Edge:
         size = len(self._since)
         present = batch.present if batch.present is not None else np.isfinite(batch.values)
         here = to_slots(present.any(axis=1).astype(float), slots, size) > 0
-        launched = to_slots(batch.reported("launched").astype(float), slots, size) > 0
+        stepped = here
+        if "launched" in batch.features:
+            launched = to_slots(batch.reported("launched").astype(float), slots, size) > 0
+            self._since[launched] = 0.0
+            self._last_step[launched] = -np.inf
+            stepped = here & ~launched
         step = float(batch.step)
-        self._since[launched] = 0.0
-        self._last_step[launched] = -np.inf
-        went_back = here & ~launched & (step < self._last_step)
-        newer = here & ~launched & (step > self._last_step)
-        self._since[newer] += 1.0
-        self._since[went_back] = 1.0  # a restart from a checkpoint: this step is its first
-        self._last_step[here & ~launched] = step
+        went_back = stepped & (step < self._last_step)
+        newer = stepped & (step > self._last_step)
+        if newer.all():  # the usual step: every rank moved on
+            self._since += 1.0
+        else:
+            self._since[newer] += 1.0
+        if went_back.any():  # a restart from a checkpoint: this step is its first
+            self._since[went_back] = 1.0
+        if stepped.all():
+            self._last_step.fill(step)
+        else:
+            self._last_step[stepped] = step
         if self._since.min(initial=WARM_HORIZON) >= WARM_HORIZON:
             return None
         return self._since.copy() if slots is None else self._since[slots]
@@ -154,9 +165,15 @@ def _with_columns(batch: StepBatch, extra: dict[str, np.ndarray]) -> StepBatch:
     if not extra:
         return batch
     names = tuple(extra)
-    values = np.column_stack([batch.values, *(extra[n] for n in names)])
+    width = len(batch.features)
+    values = np.empty((len(batch.ranks), width + len(names)), order="F")
+    values[:, :width] = batch.values
+    for j, name in enumerate(names, width):
+        values[:, j] = extra[name]
     present = None
     if batch.present is not None:
-        added = np.column_stack([np.isfinite(extra[n]) for n in names])
-        present = np.hstack([batch.present, added])
+        present = np.empty(values.shape, dtype=bool, order="F")
+        present[:, :width] = batch.present
+        for j, name in enumerate(names, width):
+            present[:, j] = np.isfinite(extra[name])
     return replace(batch, features=batch.features + names, values=values, present=present)

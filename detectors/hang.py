@@ -129,7 +129,7 @@ class CollectiveHang:
             batch.time,
             batch.step,
             batch.replicas,
-            batch.column(STOPPED),
+            batch.column(STOPPED) if STOPPED in batch.features else None,
         )
         exited, launched = batch.reported("exit_code"), batch.reported("launched")
         if exited.any() or launched.any():  # as in ``process``: exits leave, launches start
@@ -164,7 +164,9 @@ class CollectiveHang:
             seen = looks > 0
             self._stopped[seen & np.isnan(self._stopped)] = now
             self._stopped[looks == 0] = np.nan
-        progressed = ~np.isnan(to_slots(step_time, slots, size))
+        stepped = ~np.isnan(to_slots(step_time, slots, size))
+        # Every rank stepped (the usual step): whole arrays are set, no mask is applied.
+        progressed: np.ndarray | slice = slice(None) if stepped.all() else stepped
         self._stopped[progressed] = np.nan
         self._progress[progressed] = now
         self._step[progressed] = step if step is not None else np.nan
@@ -174,8 +176,11 @@ class CollectiveHang:
         self._behind[progressed] = np.nan
         waiting = to_slots(joined, slots, size)
         known = ~np.isnan(waiting)
-        self._joined[known] = waiting[known] > 0
-        if progressed.any():
+        if known.all():
+            self._joined[:] = waiting > 0
+        else:
+            self._joined[known] = waiting[known] > 0
+        if stepped.any():
             self._fired = False
 
     def _slots(

@@ -147,6 +147,6 @@ class PeerOutlier(Stepwise):
         if raw is None:
             return ()
         cmp = self.core.compare(batch, raw, self.min_ranks)
-        if cmp is None or not cmp.new.any():
+        if cmp is None:
             return ()
         return self._groups.findings(cmp, batch)

@@ -23,6 +23,7 @@ from collector.types import Subject
 from collector.vocabulary import canonical_name
 from detectors._buffer import Stepwise
 from detectors._layout import RankLayout, to_slots
+from detectors._median import median
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
@@ -68,19 +69,23 @@ class Trend(Stepwise):
         self.min_ranks = min_ranks
         self._names = tuple(self.features)
         self._layout = RankLayout()
+        # Per slot (and feature, and place in the window): column-major, so that one
+        # feature's state over every slot is one contiguous column.
         f, w = len(self._names), window
-        self._y, self._t = np.zeros((0, f, w)), np.zeros((0, f, w))
-        self._level = np.zeros((0, f))
-        self._n, self._pos = np.zeros((0, f), dtype=np.int64), np.zeros((0, f), dtype=np.int64)
-        self._count, self._quiet = np.zeros((0, f), dtype=np.int64), np.zeros((0, f), np.int64)
-        self._fired = np.zeros((0, f), dtype=bool)
+        self._y, self._t = np.zeros((0, f, w), order="F"), np.zeros((0, f, w), order="F")
+        self._level = np.zeros((0, f), order="F")
+        self._n = np.zeros((0, f), dtype=np.int64, order="F")
+        self._pos = np.zeros((0, f), dtype=np.int64, order="F")
+        self._count = np.zeros((0, f), dtype=np.int64, order="F")
+        self._quiet = np.zeros((0, f), dtype=np.int64, order="F")
+        self._fired = np.zeros((0, f), dtype=bool, order="F")
         self._calls = 0
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
         size = len(self._layout.ranks)
         self._grow(size)
-        warm = np.ones(size, dtype=bool)
+        warm = None  # every rank is past its warm-up
         if "since_launch" in batch.features:
             warm = to_slots(batch.column("since_launch"), slots, size) >= self.warmup
             self._n[~warm] = 0  # a relaunch starts the series again
@@ -88,22 +93,20 @@ class Trend(Stepwise):
         for j, name in enumerate(self._names):
             if name in batch.features:
                 x = to_slots(batch.column(name), slots, size)
-                found += self._feature(j, np.where(warm, x, np.nan), batch)
+                found += self._feature(j, x if warm is None else np.where(warm, x, np.nan), batch)
         return found
 
     def _feature(self, j: int, x: np.ndarray, batch: StepBatch) -> list[Finding]:
         seen = np.isfinite(x)
         if seen.sum() < self.min_ranks:
             return []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            y = x - np.nanmedian(x)
-        rows = np.flatnonzero(seen)
-        pos = self._pos[rows, j]
-        self._y[rows, j, pos], self._t[rows, j, pos] = y[rows], batch.time
-        self._level[rows, j] = x[rows]
-        self._pos[rows, j] = (pos + 1) % self.window
-        self._n[rows, j] += 1
+        if np.isnan(x).any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                y = x - np.nanmedian(x)
+        else:
+            y = x - median(x)  # np.nanmedian's number: with no NaN, np.median's
+        self._record(j, seen, x, y, batch.time)
         full = seen & (self._n[:, j] >= self.window)
         # At scale the slopes are judged every fourth report: a leak is slow, and a slope
         # over a window moves little from one report to the next.
@@ -113,30 +116,60 @@ class Trend(Stepwise):
         slope, rising = self._slopes(j, np.flatnonzero(full))
         return self._judge(j, full, slope, rising, batch)
 
+    def _record(self, j: int, seen: np.ndarray, x: np.ndarray, y: np.ndarray, now: float) -> None:
+        """Appends the reports of the ``seen`` slots to their windows of feature ``j``."""
+        pos = self._pos[:, j]
+        if seen.all() and len(pos) and (pos == pos[0]).all():
+            # Every slot reported and all windows are in step (each report of the job's
+            # ranks comes a step at a time): one column of the windows is written.
+            at = int(pos[0])
+            self._y[:, j, at], self._t[:, j, at] = y, now
+            self._level[:, j] = x
+            self._pos[:, j] = (at + 1) % self.window
+            self._n[:, j] += 1
+            return
+        rows = np.flatnonzero(seen)
+        pos = pos[rows]
+        self._y[rows, j, pos], self._t[rows, j, pos] = y[rows], now
+        self._level[rows, j] = x[rows]
+        self._pos[rows, j] = (pos + 1) % self.window
+        self._n[rows, j] += 1
+
     def _slopes(self, j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Theil-Sen slope over the pairs half a window apart, and whether all rise."""
         w, h = self.window, self.window // 2
-        order = (self._pos[rows, j][:, None] + np.arange(w)) % w
-        y = np.take_along_axis(self._y[rows, j], order, axis=1)
-        t = np.take_along_axis(self._t[rows, j], order, axis=1)
-        dy, dt = y[:, h:] - y[:, :h], t[:, h:] - t[:, :h]
+        pos = self._pos[rows, j]
+        if len(rows) == len(self._pos) and len(pos) and (pos == pos[0]).all():
+            # Every slot's window is full and in step: pair the columns of the window.
+            # Pair k joins the window's k-th oldest report with the one h reports later.
+            pairs = [((int(pos[0]) + k) % w, (int(pos[0]) + k + h) % w) for k in range(h)]
+            ys, ts = self._y[:, j], self._t[:, j]
+            dy = np.column_stack([ys[:, b] - ys[:, a] for a, b in pairs])
+            dt = np.column_stack([ts[:, b] - ts[:, a] for a, b in pairs])
+        else:
+            order = (pos[:, None] + np.arange(w)) % w
+            y = np.take_along_axis(self._y[rows, j], order, axis=1)
+            t = np.take_along_axis(self._t[rows, j], order, axis=1)
+            dy, dt = y[:, h:] - y[:, :h], t[:, h:] - t[:, :h]
         with np.errstate(invalid="ignore", divide="ignore"):
             slopes = np.where(dt > 0, dy / dt, 0.0)  # reports at one time: no slope
-        return np.median(slopes, axis=1), (dy > 0).all(axis=1) & (dt > 0).all(axis=1)
+        rising = np.logical_and((dy > 0).all(axis=1), (dt > 0).all(axis=1))
+        return _row_medians(slopes), rising
 
     def _judge(
         self, j: int, full: np.ndarray, slope: np.ndarray, rising: np.ndarray, batch: StepBatch
     ) -> list[Finding]:
         rows = np.flatnonzero(full)
-        med = float(np.median(slope))
-        scale = max(1.4826 * float(np.median(np.abs(slope - med))), 1e-12)
+        at: np.ndarray | slice = slice(None) if len(rows) == len(full) else rows
+        med = median(slope)
+        scale = max(1.4826 * median(np.abs(slope - med)), 1e-12)
         rise = slope * self.horizon_s
-        level = np.abs(self._level[rows, j])
+        level = np.abs(self._level[at, j])
         drifting = rising & ((slope - med) / scale > self.z) & (rise >= self.min_rise * level)
-        count = self._count[rows, j] = (self._count[rows, j] + 1) * drifting
-        quiet = self._quiet[rows, j] = (self._quiet[rows, j] + 1) * ~drifting
-        self._fired[rows, j] &= quiet < self.clear
-        new = (count >= self.persistence) & ~self._fired[rows, j]
+        count = self._count[at, j] = (self._count[at, j] + 1) * drifting
+        quiet = self._quiet[at, j] = (self._quiet[at, j] + 1) * ~drifting
+        self._fired[at, j] &= quiet < self.clear
+        new = (count >= self.persistence) & ~self._fired[at, j]
         self._fired[rows[new], j] = True
         return [
             self._finding(int(rows[i]), j, float(slope[i]), float(rise[i]), med, scale, batch)
@@ -180,8 +213,28 @@ class Trend(Stepwise):
         if extra <= 0:
             return
         pad2, pad3 = ((0, extra), (0, 0)), ((0, extra), (0, 0), (0, 0))
-        self._y, self._t = np.pad(self._y, pad3), np.pad(self._t, pad3)
-        self._level = np.pad(self._level, pad2)
-        self._n, self._pos = np.pad(self._n, pad2), np.pad(self._pos, pad2)
-        self._count, self._quiet = np.pad(self._count, pad2), np.pad(self._quiet, pad2)
-        self._fired = np.pad(self._fired, pad2)
+
+        def padded(a: np.ndarray, pad: tuple[tuple[int, int], ...]) -> np.ndarray:
+            return np.asfortranarray(np.pad(a, pad))
+
+        self._y, self._t = padded(self._y, pad3), padded(self._t, pad3)
+        self._level = padded(self._level, pad2)
+        self._n, self._pos = padded(self._n, pad2), padded(self._pos, pad2)
+        self._count, self._quiet = padded(self._count, pad2), padded(self._quiet, pad2)
+        self._fired = padded(self._fired, pad2)
+
+
+def _row_medians(x: np.ndarray) -> np.ndarray:
+    """``np.median(x, axis=1)``. Rows of four (the default window's pairs) take a sorting
+    network instead of a partition per row, several times faster and the same numbers bit
+    for bit: the middle two values are the same whichever way they are found, their mean
+    is taken the same way, and a NaN anywhere gives NaN. Only a -0.0 (equal to 0.0, so
+    either might come out) sends the rows to np.median."""
+    if x.shape[1] != 4 or (np.signbit(x) & (x == 0)).any():
+        med: np.ndarray = np.median(x, axis=1)
+        return med
+    a, b, c, d = x[:, 0], x[:, 1], x[:, 2], x[:, 3]
+    low = np.maximum(np.minimum(a, b), np.minimum(c, d))  # the second smallest
+    high = np.minimum(np.maximum(a, b), np.maximum(c, d))  # the second largest
+    out: np.ndarray = (low + high) / 2.0
+    return out
