@@ -9,6 +9,17 @@ last five reports of the feature beat the bar (so the hiccups of heavy-tailed st
 even two in a row, are no shift), and fires when it has been out for ``persistence``
 reports; it must be well inside (under half the bar) for ``clear`` reports before it may
 fire again.
+
+A shift too small for that bar in any one report is plain over several. For a feature
+marked ``sustained``, each cell keeps an exponentially weighted mean (weight
+``SUSTAINED_WEIGHT``) of its reports' robust z (each clipped at ``SUSTAINED_CLIP``, so one
+heavy-tailed hiccup moves it little) and of its relative deviation. The cell also beats
+the bar when that mean z is above ``sustained_z`` and the mean deviation clears the
+relative and absolute floors. Under heavy-tailed noise a GPU that became 10 % slower may
+stand only three or four deviations out in any one report, but it stays there, which
+independent noise does not: the mean z of healthy noise has a standard deviation near
+0.4. While a cell's mean z is above half the bar (drifting) its offset is not learnt and
+it is not well inside, so a slow shift is not taken for the rank's nature.
 Ranks within ``warmup`` steps of their launch take no part.
 """
 
@@ -27,6 +38,8 @@ _SAMPLE = 8192  # ranks used to estimate median and MAD; a 1-2 % error at any jo
 _VOTES, _OF = 3, 5  # reports that must beat the bar among the last ones
 _POPCOUNT = np.array([bin(i).count("1") for i in range(1 << _OF)], dtype=np.int8)
 _KEEP = (1 << _OF) - 1
+SUSTAINED_WEIGHT = 0.2  # of a new report in a cell's mean z (about the last ten reports)
+SUSTAINED_CLIP = 5.0  # a report's robust z is clipped to this before it is averaged
 
 
 @dataclass(frozen=True)
@@ -93,9 +106,21 @@ class PeerCore:
     """State of the comparison: features (which may be added), offsets, persistence."""
 
     def __init__(
-        self, z: float, persistence: int, clear: int, warmup: int, offset_alpha: float
+        self,
+        z: float,
+        persistence: int,
+        clear: int,
+        warmup: int,
+        offset_alpha: float,
+        sustained_z: float = 0.0,
     ) -> None:
         self.z, self.persistence, self.clear, self.warmup = z, persistence, clear, warmup
+        self.sustained_z = sustained_z
+        self._sustained = np.zeros(0, dtype=bool)  # features with the sustained bar
+        # Per cell, column-major: the weighted mean of its reports' z and of their
+        # relative deviation (kept for the sustained features only).
+        self._mean_z = np.zeros((0, 0), order="F")
+        self._mean_dev = np.zeros((0, 0), order="F")
         self.names: list[str] = []
         self._sign = np.zeros(0)
         self._shift = np.zeros(0)
@@ -125,10 +150,13 @@ class PeerCore:
         offset: bool,
         votes: int = _VOTES,
         persistence: int | None = None,
+        sustained: bool = False,
     ) -> None:
         """Watches one more feature (``sign`` +1 high is bad, -1 low is bad, 0 either);
-        ``votes`` of its last five reports must beat the bar (a clean flag needs one)."""
+        ``votes`` of its last five reports must beat the bar (a clean flag needs one);
+        ``sustained``: a mean z above ``sustained_z`` beats it too."""
         self.names.append(name)
+        self._sustained = np.append(self._sustained, sustained and self.sustained_z > 0)
         self._votes = np.append(self._votes, np.int8(min(max(votes, 1), _OF)))
         self._persist = np.append(self._persist, persistence or self.persistence)
         self._sign = np.append(self._sign, float(sign))
@@ -139,6 +167,8 @@ class PeerCore:
         self.fired = np.pad(self.fired, pad)
         self._bits, self._seen = np.pad(self._bits, pad), np.pad(self._seen, pad)
         self._seen_all = np.append(self._seen_all, False)
+        self._mean_z = np.asfortranarray(np.pad(self._mean_z, pad))
+        self._mean_dev = np.asfortranarray(np.pad(self._mean_dev, pad))
         self.offsets.add(offset)
 
     def compare(self, batch: StepBatch, raw: Gathered, min_ranks: int) -> Comparison | None:
@@ -171,20 +201,22 @@ class PeerCore:
         if not _enough(reported, min_ranks):
             return None
         med, scale = self._peer_stats(x, len(cols) < len(self.names))
-        bar = np.maximum(
-            np.maximum(self.z * scale, self._shift[cols] * np.abs(med)), self._abs[cols]
-        )
+        floor = np.maximum(self._shift[cols] * np.abs(med), self._abs[cols])
+        bar = np.maximum(self.z * scale, floor)
         beats = self._beats(x, med, bar, cols)
         learning = self.offsets.learning()  # offsets not known yet: learn, do not judge
         learning_here = None if learning is None else pick_columns(learning, cols)
         if learning_here is not None:
             beats &= ~learning_here
+        drifting = self._sustained_means(x, med, scale, floor, cols, beats, learning_here)
         self._calls += 1
         if size <= _SAMPLE or self._calls % 4 == 0:  # at scale, offsets learn every 4th
             for i, j in enumerate(cols.tolist()):
                 if self.offsets.learns(j, float(med[i])):
                     signed = x[:, i] - med[i]
                     calm = self._calm(signed, bar[i], _column(learning_here, i))
+                    if drifting is not None:
+                        calm &= ~drifting[:, i]
                     self.offsets.learn(j, x[:, i], med[i], calm)
         self._count_reports(reported, cols)
         # Only ranks out now or with state (recent reports beyond the bar, a count, a
@@ -198,6 +230,8 @@ class PeerCore:
         bar_all = np.full(len(self.names), np.nan)
         bar_all[cols] = bar
         calm = self._calm(signed_rows, bar_all, None if learning is None else learning[rows])
+        if drifting is not None:  # not well inside while its mean is drifting out
+            calm &= ~_widen(drifting[rows], cols, width)
         new_rows = self._update(
             rows, _widen(beats[rows], cols, width), _widen(reported[rows], cols, width), calm
         )
@@ -205,9 +239,12 @@ class PeerCore:
             return None
         new = np.zeros((size, len(self.names)), dtype=bool)
         new[rows] = new_rows
-        # A node's other ranks count as going out with it when they are out too, or beat
-        # the bar now: noise alone must not make one rank's fault its node's.
+        # A node's other ranks count as going out with it when they are out too, beat the
+        # bar now or drift out on average: noise alone must not make one rank's fault its
+        # node's.
         together = (self.count > 0) | _widen(beats, cols, new.shape)
+        if drifting is not None:
+            together |= _widen(drifting, cols, new.shape)
         x_all = np.full(new.shape, np.nan)
         x_all[:, cols] = x
         med_all, scale_all = np.full(len(self.names), np.nan), np.full(len(self.names), np.nan)
@@ -236,6 +273,44 @@ class PeerCore:
                 else:
                     np.greater(signed * sign, bar[i], out=out)
         return beats
+
+    def _sustained_means(
+        self,
+        x: np.ndarray,
+        med: np.ndarray,
+        scale: np.ndarray,
+        floor: np.ndarray,
+        cols: np.ndarray,
+        beats: np.ndarray,
+        learning: np.ndarray | None,
+    ) -> np.ndarray | None:
+        """Updates the mean z and mean deviation of the sustained features' cells with
+        this report and marks in ``beats`` the cells whose means beat the sustained bar.
+        Returns the drifting cells (mean z above half that bar), None when no feature
+        here is sustained."""
+        here = np.flatnonzero(self._sustained[cols])
+        if not len(here):
+            return None
+        drifting = np.zeros(x.shape, dtype=bool, order="F")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for i in here.tolist():
+                j, sign = int(cols[i]), float(self._sign[cols[i]])
+                dev = (x[:, i] - med[i]) * sign if sign else np.abs(x[:, i] - med[i])
+                size = abs(float(med[i]))
+                z = np.clip(dev / scale[i], -SUSTAINED_CLIP, SUSTAINED_CLIP)
+                seen = np.isfinite(z)
+                mean_z, mean_dev = self._mean_z[:, j], self._mean_dev[:, j]
+                if learning is not None:  # a cell learning its offset starts afresh
+                    fresh = learning[:, i]
+                    seen &= ~fresh
+                    mean_z[fresh], mean_dev[fresh] = 0.0, 0.0
+                mean_z += np.where(seen, SUSTAINED_WEIGHT * (z - mean_z), 0.0)
+                if size > 0:  # no size, no relative shift
+                    mean_dev += np.where(seen, SUSTAINED_WEIGHT * (dev / size - mean_dev), 0.0)
+                held = seen & (mean_z > self.sustained_z) & (mean_dev * size > floor[i])
+                beats[:, i] |= held
+                np.greater(mean_z, 0.5 * self.sustained_z, out=drifting[:, i])
+        return drifting
 
     def _count_reports(self, reported: np.ndarray, cols: np.ndarray) -> None:
         """Reports so far per cell, up to five (a feature no rank lacks any more is done)."""
@@ -302,5 +377,7 @@ class PeerCore:
             self.fired = np.pad(self.fired, pad)
             self._bits, self._seen = np.pad(self._bits, pad), np.pad(self._seen, pad)
             self._active = np.pad(self._active, (0, extra))
+            self._mean_z = np.asfortranarray(np.pad(self._mean_z, pad))
+            self._mean_dev = np.asfortranarray(np.pad(self._mean_dev, pad))
             self._seen_all[:] = False
             self.offsets.grow(size)

@@ -26,6 +26,8 @@ class GroupFindings:
         node_kinds, replica_kinds: what a rank kind becomes for a whole node or replica.
         node_fraction: share of a node's ranks (and at least two) that makes a node finding.
         replica_fraction: share of a multi-node replica's ranks that makes a replica finding.
+        explained_by: rank kind -> kinds that, already fired on the same rank, explain it
+            (no second finding).
     """
 
     def __init__(
@@ -37,8 +39,10 @@ class GroupFindings:
         replica_kinds: Mapping[str, str],
         node_fraction: float,
         replica_fraction: float,
+        explained_by: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self.core, self.kind_of, self.name = core, kind_of, name
+        self.explained_by = dict(explained_by or {})
         self.node_kinds, self.replica_kinds = dict(node_kinds), dict(replica_kinds)
         self.node_fraction, self.replica_fraction = node_fraction, replica_fraction
         self._groups_fired: set[tuple[str, int, int]] = set()
@@ -52,7 +56,8 @@ class GroupFindings:
             group = self._group(int(slot), int(j), cmp)
             if group is None:
                 fired[slot, j] = True
-                out.append(self._finding(self._rank(int(slot)), [int(slot)], j, cmp, batch))
+                if not self._explained(int(slot), int(j)):
+                    out.append(self._finding(self._rank(int(slot)), [int(slot)], j, cmp, batch))
                 continue
             scope, members, key = group
             fired[members, j] = True
@@ -60,6 +65,14 @@ class GroupFindings:
                 self._groups_fired.add(key)
                 out.append(self._finding(scope, list(members), j, cmp, batch))
         return out
+
+    def _explained(self, slot: int, j: int) -> bool:
+        """Whether a fired cell of a kind that explains column ``j``'s is on the slot."""
+        causes = self.explained_by.get(self.kind_of(j))
+        if not causes:
+            return False
+        fired = self.core.fired[slot]
+        return any(fired[k] and self.kind_of(k) in causes for k in range(len(fired)))
 
     def _group(
         self, slot: int, j: int, cmp: Comparison

@@ -54,7 +54,9 @@ class PeerFeature:
 
 _ERRORS = PeerFeature(1, "nic_degradation", 0.0, 1.0, offset=False)  # errors a second
 #: The features compared by default. Times need 5 ms of excess at least (a data wait of
-#: 2 ms against 0.5 ms is four times its peers' and costs nothing). Memory gets a smaller
+#: 2 ms against 0.5 ms is four times its peers' and costs nothing), a temperature 5 °C (a
+#: GPU usually cooler than its peers that warms to within a few degrees of them is not
+#: overheating). Memory gets a smaller
 #: minimum shift: a leak must be caught while it is still small. Flags and error rates
 #: idle at 0: they need no offset, and an absolute floor says how much is a fault (one
 #: thermal flag; an error a second). A GPU's temperature is scraped less often than steps
@@ -65,7 +67,7 @@ DEFAULT_FEATURES: Mapping[str, PeerFeature] = MappingProxyType(
         "data_wait_ms": PeerFeature(1, "dataloader_stall", min_abs=5.0),
         "comm_ms": PeerFeature(1, "nic_degradation", min_abs=5.0, offset=False),
         "nic_gbps": PeerFeature(-1, "nic_degradation"),
-        "gpu_temp": PeerFeature(1, "thermal", votes=2),
+        "gpu_temp": PeerFeature(1, "thermal", min_abs=5.0, votes=2),
         "sm_clock": PeerFeature(-1, "thermal"),  # healthy power-brake dips come and go
         "throttle_thermal": PeerFeature(1, "thermal", 0.0, 0.5, offset=False, votes=1),
         "mem_used": PeerFeature(1, "memory_leak", 0.02),
@@ -75,6 +77,9 @@ DEFAULT_FEATURES: Mapping[str, PeerFeature] = MappingProxyType(
         "nic_tx_drops_rate": _ERRORS,
     }
 )
+#: A rank-level kind that another, already found on the same rank, explains: a GPU
+#: throttled by heat computes slower, and that is the thermal finding's, not a second fault.
+EXPLAINED_BY: Mapping[str, frozenset[str]] = MappingProxyType({"slow_rank": frozenset({"thermal"})})
 #: What a rank-level kind becomes when a whole node (or replica) shows it.
 NODE_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_node"})
 REPLICA_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_replica"})
@@ -97,6 +102,10 @@ class PeerOutlier(Stepwise):
         replica_fraction: share of a multi-node replica's ranks that makes a replica finding.
         warmup: steps after a rank's (re)launch in which it is not compared.
         offset_alpha: how fast a rank's stable offset follows it (0 freezes it at 1).
+        sustained_z: the mean robust z (about the last ten reports) that may beat the bar
+            instead, for the features whose offsets are removed (0 turns it off): a shift of a few
+            deviations held report after report, as a GPU that became 10 % slower under
+            heavy-tailed noise (detectors._peercore).
 
     >>> from collector.types import Frame, Subject
     >>> det = PeerOutlier(persistence=1, offset_alpha=0)  # no learnt offsets: judge at once
@@ -121,15 +130,21 @@ class PeerOutlier(Stepwise):
         replica_fraction: float = 0.8,
         warmup: int = 20,
         offset_alpha: float = 0.05,
+        sustained_z: float = 3.0,
     ) -> None:
         spec = dict(features) if features is not None else dict(DEFAULT_FEATURES)
         self.features = {canonical_name(k): PeerFeature.parse(k, v) for k, v in spec.items()}
         self.min_ranks, self.z, self.min_shift = min_ranks, z, min_shift
-        self.core = PeerCore(z, persistence, clear, warmup, offset_alpha)
+        self.core = PeerCore(z, persistence, clear, warmup, offset_alpha, sustained_z)
         for name, f in self.features.items():
             shift = min_shift if f.min_shift is None else f.min_shift
             offset = f.offset and offset_alpha > 0
-            self.core.add(name, f.direction, shift, f.min_abs, offset, f.votes, f.persistence)
+            # Held over many reports, a rank's own fixed difference (a fast GPU waits
+            # longer in every all-reduce) would look like a shift: the sustained bar is
+            # for features compared after their offsets are removed.
+            self.core.add(
+                name, f.direction, shift, f.min_abs, offset, f.votes, f.persistence, offset
+            )
         self._kinds = [f.kind for f in self.features.values()]
         self._groups = GroupFindings(
             self.core,
@@ -139,6 +154,7 @@ class PeerOutlier(Stepwise):
             REPLICA_KINDS,
             node_fraction,
             replica_fraction,
+            EXPLAINED_BY,
         )
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:

@@ -1,0 +1,93 @@
+"""The peer detector's sustained bar: a modest shift held report after report, under
+heavy-tailed noise, on GPUs that each have their own fixed speed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.peer import PeerOutlier
+from tests.detectors._batches import batch
+
+RANKS = 32  # four nodes of eight
+
+
+def _fleet(seed: int) -> tuple[np.random.Generator, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng, 1.0 + rng.uniform(-0.04, 0.04, RANKS)  # each GPU's own speed
+
+
+def _compute(rng: np.random.Generator, speed: np.ndarray, step: int) -> np.ndarray:
+    """Student-t noise of three degrees of freedom (2 % scale) on each GPU's speed; every
+    50th step a checkpoint slows every rank threefold."""
+    noise = 1.0 + 0.02 * np.clip(rng.standard_t(3, RANKS), -10, 10)
+    return 900.0 * speed * noise * (3.0 if step % 50 == 49 else 1.0)
+
+
+def _run(det: PeerOutlier, seed: int, slow: dict[int, float], steps: int = 260) -> list:
+    rng, speed = _fleet(seed)
+    found = []
+    for s in range(steps):
+        x = _compute(rng, speed, s)
+        if s >= 200:
+            for rank, factor in slow.items():
+                x[rank] *= factor
+        found += det.process_step(batch(s, {"compute_ms": x}, ranks_per_node=8))
+    return found
+
+
+def test_a_ten_percent_slowdown_under_heavy_tailed_noise_is_found_within_20_steps() -> None:
+    for seed in range(4):
+        found = _run(PeerOutlier(), seed, {5: 1.10})
+        assert [(f.kind, f.subject.rank) for f in found] == [("slow_rank", 5)], seed
+        assert found[0].step is not None
+        assert 200 <= found[0].step < 220, (seed, found[0].step)
+
+
+def test_the_single_report_bar_alone_misses_it() -> None:
+    # What the sustained bar adds: at z 6 per report the same shift goes unseen.
+    missed = [_run(PeerOutlier(sustained_z=0), seed, {5: 1.10}) for seed in range(4)]
+    assert sum(len(m) for m in missed) < 4
+
+
+def test_a_slower_node_is_one_node_finding() -> None:
+    found = _run(PeerOutlier(), 7, {r: 1.12 for r in range(16, 24)})
+    assert [(f.kind, str(f.subject)) for f in found] == [("slow_node", "node n2")]
+
+
+def test_a_healthy_heterogeneous_heavy_tailed_fleet_draws_nothing() -> None:
+    for seed in range(3):
+        assert not _run(PeerOutlier(), 100 + seed, {}, steps=1500), seed
+
+
+def test_a_three_percent_change_is_learnt_not_reported() -> None:
+    # A GPU settling 3 % slower is inside the 6 % floor: no finding, however long.
+    assert not _run(PeerOutlier(), 11, {9: 1.03}, steps=600)
+
+
+def test_a_thermal_ranks_slower_compute_is_not_a_second_finding() -> None:
+    det = PeerOutlier()
+    rng, speed = _fleet(3)
+    temps = 55.0 + rng.uniform(-6, 6, RANKS)
+    found = []
+    for s in range(400):
+        x = _compute(rng, speed, s)
+        t = temps + rng.normal(0, 0.7, RANKS)
+        if s >= 200:
+            x[5] /= 0.92  # its clock throttled by 8 %
+            t[5] += 10.0
+        found += det.process_step(batch(s, {"compute_ms": x, "gpu_temp": t}, ranks_per_node=8))
+    assert [(f.kind, f.subject.rank) for f in found] == [("thermal", 5)]
+
+
+def test_a_fast_gpus_longer_wait_in_the_all_reduce_is_its_nature() -> None:
+    # comm_ms is compared raw (no offsets): the fastest GPU waits longest for the slowest
+    # every step, a lasting difference that only the sustained bar could take for a fault.
+    det = PeerOutlier()
+    rng, speed = _fleet(5)
+    speed[7] = 0.88  # 12 % faster than the rest: it waits about 100 ms more every step
+    found = []
+    for s in range(1500):
+        arrive = _compute(rng, speed, s)
+        comm = arrive.max() - arrive + 120.0 * (1.0 + 0.02 * rng.standard_normal(RANKS))
+        found += det.process_step(batch(s, {"comm_ms": comm}, ranks_per_node=8))
+    assert not found
