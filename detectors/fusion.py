@@ -14,7 +14,9 @@ Rules, in order:
     (they last minutes to tens of minutes); an unexplained one is held ``symptom_window``
     steps for its explanation before it is released.
   * generic findings (``metric_outlier``, ``multivariate``) are held ``symptom_window``
-    steps, so a specific finding on their subject names the fault and absorbs them.
+    steps, so a specific finding on their subject names the fault and absorbs them; one
+    on a subject whose fail-slow (WARN) incident opened in the last ``ongoing_window``
+    steps is that fault's effect and is absorbed too.
   * causes: a gradient-norm spike that comes with a loss spike or a NaN (on any subject,
     within ``hold_steps``) is their effect through the all-reduce and merges into them.
   * fan-in: a job-wide kind (loss spike, divergence, ...) released on several ranks at

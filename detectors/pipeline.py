@@ -49,6 +49,8 @@ class Fuser:
         self._expire(now)
         if finding.kind in SYMPTOMS and self._explained(finding, now):
             return []
+        if finding.kind in GENERIC and self._on_a_fault_still_on(finding, now):
+            return []
         if self._noted_already(finding, now):
             return []
         if self._caused(finding, now):
@@ -147,6 +149,26 @@ class Fuser:
             if inc.finding.kind not in SYMPTOMS and (began <= inc.opened_at <= now or slow):
                 if not inc.released:
                     inc.finding = merge(inc.finding, symptom)
+                return True
+        return False
+
+    def _on_a_fault_still_on(self, generic: Finding, now: float) -> bool:
+        """Whether a fail-slow (WARN) incident on the generic finding's subject (or one
+        covering it) opened within ``ongoing_window``: such a fault lasts minutes and its
+        incident may have closed while it stays on (a stalled rank's GPU idles for as long
+        as its data loader stalls). One metric off on that subject is its effect."""
+        ongoing = now - self.policy.ongoing_window
+        for inc in [*self.incidents, *self._history]:
+            found = inc.finding
+            if (
+                found.kind not in GENERIC
+                and found.kind not in SYMPTOMS
+                and found.severity == Severity.WARN
+                and ongoing <= inc.opened_at <= now
+                and covers(found.subject, generic.subject)
+            ):
+                if not inc.released:
+                    inc.finding = merge(inc.finding, generic)
                 return True
         return False
 

@@ -204,3 +204,20 @@ def test_a_generic_finding_waits_for_the_specific_one_on_its_subject() -> None:
     (found,) = fuser.tick(17.0)
     assert found.kind == "dataloader_stall"
     assert found.evidence["gpu_util"] == 30.0
+
+
+def test_a_generic_finding_on_a_fail_slow_fault_still_on_is_its_effect() -> None:
+    # A stalled rank's GPU idles as long as the stall lasts: its incident closes after
+    # ``clear_steps`` quiet steps, yet an idle-GPU finding 25 steps on is still the stall's.
+    fuser = Fuser()
+    fuser.add(_f("dataloader_stall", R3, 100, data_wait_ms=900.0))
+    assert [f.kind for f in fuser.tick(102.0)] == ["dataloader_stall"]
+    assert fuser.tick(124.0) == []  # the stall's incident has closed
+    assert fuser.add(_f("metric_outlier", R3, 125, gpu_util=77.0)) == []
+    assert fuser.tick(150.0) == []
+    # Another rank's, or one long after (past ``ongoing_window``), is its own.
+    other = Subject(0, 4, "n0")
+    fuser.add(_f("metric_outlier", other, 130, gpu_util=77.0))
+    assert [(f.kind, f.subject.rank) for f in fuser.tick(151.0)] == [("metric_outlier", 4)]
+    fuser.add(_f("metric_outlier", R3, 300, gpu_util=77.0))
+    assert [(f.kind, f.subject.rank) for f in fuser.tick(321.0)] == [("metric_outlier", 3)]
