@@ -118,7 +118,7 @@ class PeerCore:
         self.sustained_z = sustained_z
         self._sustained = np.zeros(0, dtype=bool)  # features with the sustained bar
         # Per cell, column-major: the weighted mean of its reports' z and of their
-        # relative deviation (kept for the sustained features only).
+        # relative deviation (updated for the sustained features only).
         self._mean_z = np.zeros((0, 0), order="F")
         self._mean_dev = np.zeros((0, 0), order="F")
         self.names: list[str] = []
