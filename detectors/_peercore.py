@@ -19,7 +19,8 @@ relative and absolute floors. Under heavy-tailed noise a GPU that became 10 % sl
 stand only three or four deviations out in any one report, but it stays there, which
 independent noise does not: the mean z of healthy noise has a standard deviation near
 0.4. While a cell's mean z is above half the bar (drifting) its offset is not learnt and
-it is not well inside, so a slow shift is not taken for the rank's nature.
+it is not well inside, so a slow shift is not taken for the rank's nature. A cell's means
+start once its offset rests on ``SUSTAINED_SETTLE`` reports.
 Ranks within ``warmup`` steps of their launch take no part.
 """
 
@@ -40,6 +41,10 @@ _POPCOUNT = np.array([bin(i).count("1") for i in range(1 << _OF)], dtype=np.int8
 _KEEP = (1 << _OF) - 1
 SUSTAINED_WEIGHT = 0.2  # of a new report in a cell's mean z (about the last ten reports)
 SUSTAINED_CLIP = 5.0  # a report's robust z is clipped to this before it is averaged
+#: Reports a cell's offset must rest on before its means count. Ten reports (what the
+#: three-of-five rule waits for) leave an offset a few per cent off now and then (just
+#: after a relaunch), and a mean held over many reports would take that for a shift.
+SUSTAINED_SETTLE = 30
 
 
 @dataclass(frozen=True)
@@ -300,8 +305,10 @@ class PeerCore:
                 z = np.clip(dev / scale[i], -SUSTAINED_CLIP, SUSTAINED_CLIP)
                 seen = np.isfinite(z)
                 mean_z, mean_dev = self._mean_z[:, j], self._mean_dev[:, j]
-                if learning is not None:  # a cell learning its offset starts afresh
-                    fresh = learning[:, i]
+                fresh = self.offsets.count[:, j] < SUSTAINED_SETTLE  # its offset not known
+                if learning is not None:
+                    fresh |= learning[:, i]
+                if fresh.any():  # its means start afresh once it is
                     seen &= ~fresh
                     mean_z[fresh], mean_dev[fresh] = 0.0, 0.0
                 mean_z += np.where(seen, SUSTAINED_WEIGHT * (z - mean_z), 0.0)

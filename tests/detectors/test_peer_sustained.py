@@ -91,3 +91,22 @@ def test_a_fast_gpus_longer_wait_in_the_all_reduce_is_its_nature() -> None:
         comm = arrive.max() - arrive + 120.0 * (1.0 + 0.02 * rng.standard_normal(RANKS))
         found += det.process_step(batch(s, {"comm_ms": comm}, ranks_per_node=8))
     assert not found
+
+
+def test_an_offset_learnt_on_a_relaunched_ranks_first_reports_is_not_a_shift() -> None:
+    # Rank 9 is relaunched at step 300 and runs 7 % fast for its first ten reports after
+    # the warm-up, then as before: an offset resting on those ten alone would make it look
+    # 7.5 % slow for good, a lasting shift to the sustained bar.
+    det = PeerOutlier()
+    rng, speed = _fleet(9)
+    found = []
+    for s in range(700):
+        x = _compute(rng, speed, s)
+        since = np.full(RANKS, float(s))
+        if s >= 300:
+            since[9] = s - 300.0
+            if 320 <= s < 330:
+                x[9] *= 0.93
+        columns = {"compute_ms": x, "since_launch": since}
+        found += det.process_step(batch(s, columns, ranks_per_node=8))
+    assert not found
