@@ -20,6 +20,9 @@ def pick_columns(array: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return picked
 
 
+SLOW_WEIGHT = 0.1  # of a drifting cell's learning, against a calm one's
+
+
 class Offsets:
     """Per-slot, per-feature factors relative to the peer median.
 
@@ -80,15 +83,26 @@ class Offsets:
         (positive quantities only: a ratio to a median of 0 or less means nothing)."""
         return bool(self.enabled[j]) and med > 0
 
-    def learn(self, j: int, x: np.ndarray, med: float, calm: np.ndarray) -> None:
+    def learn(
+        self,
+        j: int,
+        x: np.ndarray,
+        med: float,
+        calm: np.ndarray,
+        slow: np.ndarray | None = None,
+    ) -> None:
         """Updates feature ``j``'s factors from one step: ``x``, each rank's value with its
         factor divided out, and ``med`` their median, in the ``calm`` cells (finite,
-        positive, not drifting out)."""
+        positive, not drifting out); the ``slow`` cells (drifting on average) learn at a
+        tenth of the weight, so a lasting shift is found before it is learnt and a small
+        one is still learnt in the end."""
         factor, count = self.factor[:, j], self.count[:, j]
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = (x * factor) / med
         ok = calm & np.isfinite(ratio) & (ratio > 0)
         count += ok
         weight = np.maximum(1.0 / np.maximum(count, 1.0), self.alpha)
+        if slow is not None:
+            weight = np.where(slow, SLOW_WEIGHT * weight, weight)
 
         factor += np.where(ok, weight * (np.where(ok, ratio, 1.0) - factor), 0.0)

@@ -18,8 +18,10 @@ the bar when that mean z is above ``sustained_z`` and the mean deviation clears 
 relative and absolute floors. Under heavy-tailed noise a GPU that became 10 % slower may
 stand only three or four deviations out in any one report, but it stays there, which
 independent noise does not: the mean z of healthy noise has a standard deviation near
-0.4. While a cell's mean z is above half the bar (drifting) its offset is not learnt and
-it is not well inside, so a slow shift is not taken for the rank's nature. A cell's means
+0.4. While a cell drifts (its mean z above half that bar) its offset learns at a tenth of
+its weight, so a lasting shift (a leak's ramp) is found before it is taken for the
+rank's nature, and a small one is still taken in the end; while it departs (its mean
+shift above half the floor too) it is not well inside and counts with its node. A cell's means
 start once its offset rests on ``SUSTAINED_SETTLE`` reports.
 Ranks within ``warmup`` steps of their launch take no part.
 """
@@ -213,16 +215,15 @@ class PeerCore:
         learning_here = None if learning is None else pick_columns(learning, cols)
         if learning_here is not None:
             beats &= ~learning_here
-        drifting = self._sustained_means(x, med, scale, floor, cols, beats, learning_here)
+        drift = self._sustained_means(x, med, scale, floor, cols, beats, learning_here)
+        drifting, departing = (None, None) if drift is None else drift
         self._calls += 1
         if size <= _SAMPLE or self._calls % 4 == 0:  # at scale, offsets learn every 4th
             for i, j in enumerate(cols.tolist()):
                 if self.offsets.learns(j, float(med[i])):
                     signed = x[:, i] - med[i]
                     calm = self._calm(signed, bar[i], _column(learning_here, i))
-                    if drifting is not None:
-                        calm &= ~drifting[:, i]
-                    self.offsets.learn(j, x[:, i], med[i], calm)
+                    self.offsets.learn(j, x[:, i], med[i], calm, _column(drifting, i))
         self._count_reports(reported, cols)
         # Only ranks out now or with state (recent reports beyond the bar, a count, a
         # fired finding) need the rest; at 100k ranks they are a handful.
@@ -235,8 +236,8 @@ class PeerCore:
         bar_all = np.full(len(self.names), np.nan)
         bar_all[cols] = bar
         calm = self._calm(signed_rows, bar_all, None if learning is None else learning[rows])
-        if drifting is not None:  # not well inside while its mean is drifting out
-            calm &= ~_widen(drifting[rows], cols, width)
+        if departing is not None:  # not well inside while its means head for the bar
+            calm &= ~_widen(departing[rows], cols, width)
         new_rows = self._update(
             rows, _widen(beats[rows], cols, width), _widen(reported[rows], cols, width), calm
         )
@@ -248,8 +249,8 @@ class PeerCore:
         # bar now or drift out on average: noise alone must not make one rank's fault its
         # node's.
         together = (self.count > 0) | _widen(beats, cols, new.shape)
-        if drifting is not None:
-            together |= _widen(drifting, cols, new.shape)
+        if departing is not None:
+            together |= _widen(departing, cols, new.shape)
         x_all = np.full(new.shape, np.nan)
         x_all[:, cols] = x
         med_all, scale_all = np.full(len(self.names), np.nan), np.full(len(self.names), np.nan)
@@ -288,15 +289,17 @@ class PeerCore:
         cols: np.ndarray,
         beats: np.ndarray,
         learning: np.ndarray | None,
-    ) -> np.ndarray | None:
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """Updates the mean z and mean deviation of the sustained features' cells with
         this report and marks in ``beats`` the cells whose means beat the sustained bar.
-        Returns the drifting cells (mean z above half that bar), None when no feature
-        here is sustained."""
+        Returns the drifting cells (mean z above half that bar) and, among them, those
+        departing (mean shift above half the floor too); None when no feature here is
+        sustained."""
         here = np.flatnonzero(self._sustained[cols])
         if not len(here):
             return None
         drifting = np.zeros(x.shape, dtype=bool, order="F")
+        departing = np.zeros(x.shape, dtype=bool, order="F")
         with np.errstate(invalid="ignore", divide="ignore"):
             for i in here.tolist():
                 j, sign = int(cols[i]), float(self._sign[cols[i]])
@@ -314,10 +317,12 @@ class PeerCore:
                 mean_z += np.where(seen, SUSTAINED_WEIGHT * (z - mean_z), 0.0)
                 if size > 0:  # no size, no relative shift
                     mean_dev += np.where(seen, SUSTAINED_WEIGHT * (dev / size - mean_dev), 0.0)
-                held = seen & (mean_z > self.sustained_z) & (mean_dev * size > floor[i])
+                shift = mean_dev * size
+                held = seen & (mean_z > self.sustained_z) & (shift > floor[i])
                 beats[:, i] |= held
                 np.greater(mean_z, 0.5 * self.sustained_z, out=drifting[:, i])
-        return drifting
+                departing[:, i] = drifting[:, i] & (shift > 0.5 * floor[i])
+        return drifting, departing
 
     def _count_reports(self, reported: np.ndarray, cols: np.ndarray) -> None:
         """Reports so far per cell, up to five (a feature no rank lacks any more is done)."""
