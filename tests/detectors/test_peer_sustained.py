@@ -110,3 +110,27 @@ def test_an_offset_learnt_on_a_relaunched_ranks_first_reports_is_not_a_shift() -
         columns = {"compute_ms": x, "since_launch": since}
         found += det.process_step(batch(s, columns, ranks_per_node=8))
     assert not found
+
+
+def test_a_slow_rank_after_its_thermal_fault_ended_is_found() -> None:
+    # Rank 5 runs hot (+12 °C) from step 100 to 160 and stays 2.5 °C warmer after it (under
+    # the 5 °C floor: its offset learns it in the end); at step 450 it becomes 12 % slower.
+    # Its thermal cell must have re-armed by then, or the slower compute is taken for the
+    # thermal finding's effect.
+    det = PeerOutlier()
+    rng, speed = _fleet(4)
+    temps = 55.0 + rng.uniform(-6, 6, RANKS)
+    found = []
+    for s in range(520):
+        x = _compute(rng, speed, s)
+        t = temps + rng.normal(0, 0.4, RANKS)
+        if 100 <= s < 160:
+            t[5] += 12.0
+        elif s >= 160:
+            t[5] += 2.5
+        if s >= 450:
+            x[5] *= 1.12
+        found += det.process_step(batch(s, {"compute_ms": x, "gpu_temp": t}, ranks_per_node=8))
+    assert [(f.kind, f.subject.rank) for f in found] == [("thermal", 5), ("slow_rank", 5)]
+    assert found[1].step is not None
+    assert 450 <= found[1].step < 470
