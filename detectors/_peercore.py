@@ -124,6 +124,7 @@ class PeerCore:
         self.z, self.persistence, self.clear, self.warmup = z, persistence, clear, warmup
         self.sustained_z = sustained_z
         self._sustained = np.zeros(0, dtype=bool)  # features with the sustained bar
+        self._means_ready = np.zeros(0, dtype=bool)  # every cell's offset known
         # Per cell, column-major: the weighted mean of its reports' z and of their
         # relative deviation (updated for the sustained features only).
         self._mean_z = np.zeros((0, 0), order="F")
@@ -164,6 +165,7 @@ class PeerCore:
         ``sustained``: a mean z above ``sustained_z`` beats it too."""
         self.names.append(name)
         self._sustained = np.append(self._sustained, sustained and self.sustained_z > 0)
+        self._means_ready = np.append(self._means_ready, False)
         self._votes = np.append(self._votes, np.int8(min(max(votes, 1), _OF)))
         self._persist = np.append(self._persist, persistence or self.persistence)
         self._sign = np.append(self._sign, float(sign))
@@ -195,6 +197,8 @@ class PeerCore:
         if "since_launch" in batch.features:  # warming ranks take no part
             warming = to_slots(batch.column("since_launch"), slots, size) < self.warmup
             self.offsets.forget(warming)  # a relaunched rank may hold memory differently
+            if warming.any():
+                self._means_ready[:] = False
         # x: the values with each rank's learnt offset divided out; reported: where the
         # values themselves are finite.
         x = np.empty((size, len(cols)), order="F")
@@ -215,7 +219,7 @@ class PeerCore:
         learning_here = None if learning is None else pick_columns(learning, cols)
         if learning_here is not None:
             beats &= ~learning_here
-        drift = self._sustained_means(x, med, scale, floor, cols, beats, learning_here)
+        drift = self._sustained_means(x, med, scale, floor, cols, beats)
         drifting, departing = (None, None) if drift is None else drift
         self._calls += 1
         if size <= _SAMPLE or self._calls % 4 == 0:  # at scale, offsets learn every 4th
@@ -288,7 +292,6 @@ class PeerCore:
         floor: np.ndarray,
         cols: np.ndarray,
         beats: np.ndarray,
-        learning: np.ndarray | None,
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """Updates the mean z and mean deviation of the sustained features' cells with
         this report and marks in ``beats`` the cells whose means beat the sustained bar.
@@ -300,29 +303,62 @@ class PeerCore:
             return None
         drifting = np.zeros(x.shape, dtype=bool, order="F")
         departing = np.zeros(x.shape, dtype=bool, order="F")
+        sz, w = self.sustained_z, SUSTAINED_WEIGHT
         with np.errstate(invalid="ignore", divide="ignore"):
             for i in here.tolist():
                 j, sign = int(cols[i]), float(self._sign[cols[i]])
-                dev = (x[:, i] - med[i]) * sign if sign else np.abs(x[:, i] - med[i])
+                dev = np.subtract(x[:, i], med[i])
+                if sign == -1.0:
+                    np.negative(dev, out=dev)
+                elif sign == 0.0:
+                    np.abs(dev, out=dev)
+                elif sign != 1.0:
+                    dev *= sign
                 size = abs(float(med[i]))
-                z = np.clip(dev / scale[i], -SUSTAINED_CLIP, SUSTAINED_CLIP)
-                seen = np.isfinite(z)
+                z = np.divide(dev, scale[i])
+                np.clip(z, -SUSTAINED_CLIP, SUSTAINED_CLIP, out=z)
                 mean_z, mean_dev = self._mean_z[:, j], self._mean_dev[:, j]
-                fresh = self.offsets.count[:, j] < SUSTAINED_SETTLE  # its offset not known
-                if learning is not None:
-                    fresh |= learning[:, i]
-                if fresh.any():  # its means start afresh once it is
-                    seen &= ~fresh
-                    mean_z[fresh], mean_dev[fresh] = 0.0, 0.0
-                mean_z += np.where(seen, SUSTAINED_WEIGHT * (z - mean_z), 0.0)
-                if size > 0:  # no size, no relative shift
-                    mean_dev += np.where(seen, SUSTAINED_WEIGHT * (dev / size - mean_dev), 0.0)
-                shift = mean_dev * size
-                held = seen & (mean_z > self.sustained_z) & (shift > floor[i])
-                beats[:, i] |= held
-                np.greater(mean_z, 0.5 * self.sustained_z, out=drifting[:, i])
-                departing[:, i] = drifting[:, i] & (shift > 0.5 * floor[i])
+                seen = self._fresh_cells(j)  # None: every cell's offset is known
+                if seen is not None:
+                    mean_z[seen], mean_dev[seen] = 0.0, 0.0  # its means start afresh
+                    np.logical_not(seen, out=seen)
+                if seen is None and not np.isnan(z).any():  # every cell, in place
+                    z -= mean_z
+                    z *= w
+                    mean_z += z
+                    if size > 0:  # no size, no relative shift
+                        dev /= size
+                        dev -= mean_dev
+                        dev *= w
+                        mean_dev += dev
+                    seen_now = None
+                else:
+                    seen_now = np.isfinite(z) if seen is None else seen & np.isfinite(z)
+                    mean_z += np.where(seen_now, w * (z - mean_z), 0.0)
+                    if size > 0:
+                        mean_dev += np.where(seen_now, w * (dev / size - mean_dev), 0.0)
+                np.greater(mean_z, 0.5 * sz, out=drifting[:, i])
+                rows = np.flatnonzero(drifting[:, i])  # a handful: the rest stay False
+                if not len(rows):
+                    continue
+                shift = mean_dev[rows] * size
+                departing[rows, i] = shift > 0.5 * floor[i]
+                held = (mean_z[rows] > sz) & (shift > floor[i])
+                if seen_now is not None:
+                    held &= seen_now[rows]
+                beats[rows[held], i] = True
         return drifting, departing
+
+    def _fresh_cells(self, j: int) -> np.ndarray | None:
+        """Cells of feature ``j`` whose offset rests on fewer than ``SUSTAINED_SETTLE``
+        reports (a new mask), None when there are none (remembered until a relaunch)."""
+        if self._means_ready[j]:
+            return None
+        fresh = self.offsets.count[:, j] < SUSTAINED_SETTLE
+        if fresh.any():
+            return fresh
+        self._means_ready[j] = True
+        return None
 
     def _count_reports(self, reported: np.ndarray, cols: np.ndarray) -> None:
         """Reports so far per cell, up to five (a feature no rank lacks any more is done)."""
@@ -391,5 +427,6 @@ class PeerCore:
             self._active = np.pad(self._active, (0, extra))
             self._mean_z = np.asfortranarray(np.pad(self._mean_z, pad))
             self._mean_dev = np.asfortranarray(np.pad(self._mean_dev, pad))
+            self._means_ready[:] = False
             self._seen_all[:] = False
             self.offsets.grow(size)
