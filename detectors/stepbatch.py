@@ -6,7 +6,6 @@ from arrays (a trace, a Prometheus query); ``frames()`` turns it back into Frame
 detectors that only speak the per-frame protocol.
 
 >>> from collector.types import Frame, Subject
-from detectors._median import median
 >>> fr = [Frame(Subject(0, r, f"n{r // 2}"), 5, 1.0, {"step_time": 1.0 + r}) for r in range(4)]
 >>> b = StepBatch.from_frames(fr)
 >>> b.column("step_time").tolist(), b.nodes.tolist()
