@@ -3,6 +3,8 @@ heavy-tailed noise, on GPUs that each have their own fixed speed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from detectors.peer import PeerOutlier
@@ -64,18 +66,30 @@ def test_a_three_percent_change_is_learnt_not_reported() -> None:
     assert not _run(PeerOutlier(), 11, {9: 1.03}, steps=600)
 
 
-def test_a_thermal_ranks_slower_compute_is_not_a_second_finding() -> None:
+def _with_temperatures(
+    seed: int, steps: int, temp_sd: float, change: Callable[[int, np.ndarray, np.ndarray], None]
+) -> list:
+    """Compute and GPU temperature of every rank (each GPU its own usual temperature);
+    ``change(step, compute, temperature)`` puts a fault in."""
     det = PeerOutlier()
-    rng, speed = _fleet(3)
+    rng, speed = _fleet(seed)
     temps = 55.0 + rng.uniform(-6, 6, RANKS)
     found = []
-    for s in range(400):
+    for s in range(steps):
         x = _compute(rng, speed, s)
-        t = temps + rng.normal(0, 0.7, RANKS)
+        t = temps + rng.normal(0, temp_sd, RANKS)
+        change(s, x, t)
+        found += det.process_step(batch(s, {"compute_ms": x, "gpu_temp": t}, ranks_per_node=8))
+    return found
+
+
+def test_a_thermal_ranks_slower_compute_is_not_a_second_finding() -> None:
+    def throttled(s: int, x: np.ndarray, t: np.ndarray) -> None:
         if s >= 200:
             x[5] /= 0.92  # its clock throttled by 8 %
             t[5] += 10.0
-        found += det.process_step(batch(s, {"compute_ms": x, "gpu_temp": t}, ranks_per_node=8))
+
+    found = _with_temperatures(3, 400, 0.7, throttled)
     assert [(f.kind, f.subject.rank) for f in found] == [("thermal", 5)]
 
 
@@ -117,20 +131,15 @@ def test_a_slow_rank_after_its_thermal_fault_ended_is_found() -> None:
     # the 5 °C floor: its offset learns it in the end); at step 450 it becomes 12 % slower.
     # Its thermal cell must have re-armed by then, or the slower compute is taken for the
     # thermal finding's effect.
-    det = PeerOutlier()
-    rng, speed = _fleet(4)
-    temps = 55.0 + rng.uniform(-6, 6, RANKS)
-    found = []
-    for s in range(520):
-        x = _compute(rng, speed, s)
-        t = temps + rng.normal(0, 0.4, RANKS)
+    def hot_then_slow(s: int, x: np.ndarray, t: np.ndarray) -> None:
         if 100 <= s < 160:
             t[5] += 12.0
         elif s >= 160:
             t[5] += 2.5
         if s >= 450:
             x[5] *= 1.12
-        found += det.process_step(batch(s, {"compute_ms": x, "gpu_temp": t}, ranks_per_node=8))
+
+    found = _with_temperatures(4, 520, 0.4, hot_then_slow)
     assert [(f.kind, f.subject.rank) for f in found] == [("thermal", 5), ("slow_rank", 5)]
     assert found[1].step is not None
     assert 450 <= found[1].step < 470
