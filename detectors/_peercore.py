@@ -21,8 +21,8 @@ independent noise does not: the mean z of healthy noise has a standard deviation
 0.4. While a cell drifts (its mean z above half that bar) its offset learns at a tenth of
 its weight, so a lasting shift (a leak's ramp) is found before it is taken for the
 rank's nature, and a small one is still taken in the end; while it departs (its mean
-shift above half the floor too) it is not well inside and counts with its node. A cell's means
-start once its offset rests on ``SUSTAINED_SETTLE`` reports.
+shift above half the floor too) it is not well inside and counts with its node. A cell's
+means start once its offset rests on ``SUSTAINED_SETTLE`` reports.
 Ranks within ``warmup`` steps of their launch take no part.
 """
 

@@ -143,32 +143,45 @@ class Fuser:
     def _explained(self, symptom: Finding, now: float) -> bool:
         """Whether a specific fault began about when the symptom's shift began."""
         began = now - symptom.evidence.get("steps_shifted", 0.0) - self.policy.symptom_window
-        ongoing = now - self.policy.ongoing_window
-        for inc in [*self.incidents, *self._history]:
-            slow = inc.finding.severity == Severity.WARN and inc.opened_at >= ongoing
-            if inc.finding.kind not in SYMPTOMS and (began <= inc.opened_at <= now or slow):
-                if not inc.released:
-                    inc.finding = merge(inc.finding, symptom)
-                return True
-        return False
+        return self._explained_by(
+            symptom,
+            lambda inc: (
+                inc.finding.kind not in SYMPTOMS
+                and (began <= inc.opened_at <= now or self._may_still_be_on(inc, now))
+            ),
+        )
 
     def _on_a_fault_still_on(self, generic: Finding, now: float) -> bool:
-        """Whether a fail-slow (WARN) incident on the generic finding's subject (or one
-        covering it) opened within ``ongoing_window``: such a fault lasts minutes and its
-        incident may have closed while it stays on (a stalled rank's GPU idles for as long
-        as its data loader stalls). One metric off on that subject is its effect."""
-        ongoing = now - self.policy.ongoing_window
+        """Whether a fail-slow incident on the generic finding's subject (or one covering
+        it) may still be on (``_may_still_be_on``: a stalled rank's GPU idles for as long as
+        its data loader stalls, after the stall's incident closed). One metric off on that
+        subject is its effect."""
+        return self._explained_by(
+            generic,
+            lambda inc: (
+                inc.finding.kind not in GENERIC
+                and inc.finding.kind not in SYMPTOMS
+                and self._may_still_be_on(inc, now)
+                and inc.opened_at <= now
+                and covers(inc.finding.subject, generic.subject)
+            ),
+        )
+
+    def _may_still_be_on(self, inc: Incident, now: float) -> bool:
+        """A fail-slow (WARN) incident opened within ``ongoing_window``: such faults last
+        minutes to tens of minutes, and the incident may have closed while it stays on."""
+        return (
+            inc.finding.severity == Severity.WARN
+            and inc.opened_at >= now - self.policy.ongoing_window
+        )
+
+    def _explained_by(self, effect: Finding, is_cause: Callable[[Incident], bool]) -> bool:
+        """Whether an incident, open or closed, is the cause of ``effect``; a held one takes
+        it into its finding."""
         for inc in [*self.incidents, *self._history]:
-            found = inc.finding
-            if (
-                found.kind not in GENERIC
-                and found.kind not in SYMPTOMS
-                and found.severity == Severity.WARN
-                and ongoing <= inc.opened_at <= now
-                and covers(found.subject, generic.subject)
-            ):
+            if is_cause(inc):
                 if not inc.released:
-                    inc.finding = merge(inc.finding, generic)
+                    inc.finding = merge(inc.finding, effect)
                 return True
         return False
 
