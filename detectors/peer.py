@@ -56,11 +56,11 @@ _ERRORS = PeerFeature(1, "nic_degradation", 0.0, 1.0, offset=False)  # errors a 
 #: The features compared by default. Times need 5 ms of excess at least (a data wait of
 #: 2 ms against 0.5 ms is four times its peers' and costs nothing), a temperature 5 °C (a
 #: GPU usually cooler than its peers that warms to within a few degrees of them is not
-#: overheating). Memory gets a smaller
-#: minimum shift: a leak must be caught while it is still small. Flags and error rates
-#: idle at 0: they need no offset, and an absolute floor says how much is a fault (one
-#: thermal flag; an error a second). A GPU's temperature is scraped less often than steps
-#: are reported and is smooth: fewer of its reports must agree.
+#: overheating). Memory gets a smaller minimum shift: a leak must be caught while it is
+#: still small. Flags and error rates idle at 0: they need no offset, and an absolute
+#: floor says how much is a fault (one thermal flag; an error a second). A GPU's
+#: temperature is scraped less often than steps are reported and is smooth: fewer of its
+#: reports must agree.
 DEFAULT_FEATURES: Mapping[str, PeerFeature] = MappingProxyType(
     {
         "compute_ms": PeerFeature(1, "slow_rank", min_abs=5.0),
@@ -103,9 +103,9 @@ class PeerOutlier(Stepwise):
         warmup: steps after a rank's (re)launch in which it is not compared.
         offset_alpha: how fast a rank's stable offset follows it (0 freezes it at 1).
         sustained_z: the mean robust z (about the last ten reports) that may beat the bar
-            instead, for the features whose offsets are removed (0 turns it off): a shift of a few
-            deviations held report after report, as a GPU that became 10 % slower under
-            heavy-tailed noise (detectors._peercore).
+            instead, for the features whose offsets are removed (0 turns it off): a shift
+            of a few deviations held report after report, as a GPU that became 10 %
+            slower under heavy-tailed noise (detectors._peercore).
 
     >>> from collector.types import Frame, Subject
     >>> det = PeerOutlier(persistence=1, offset_alpha=0)  # no learnt offsets: judge at once

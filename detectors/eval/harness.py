@@ -150,7 +150,7 @@ def detect_series(path: Path, detector: str = DEFAULT_DETECTOR) -> pd.DataFrame:
     try:
         verdict = series_verdict(detector, values, probation_length(len(values)))
     except DetectorError as e:
-        shorter = len(values) and detector != "record"  # the record detector scores any
+        shorter = len(values) > 0 and detector != "record"  # the record detector scores any
         hint = "; the record detector (`--detector record`) scores it" if shorter else ""
         raise DetectorError(f"{path}: {e}{hint}") from None
     return pd.DataFrame(
