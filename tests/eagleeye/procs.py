@@ -6,6 +6,23 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+# A rank that exits 1 on SIGUSR1, as a rank whose peer vanished mid-collective fails. It
+# prints ARMED once its handler is in place: a signal sent before would kill it with -10.
+FAILS_ON_SIGUSR1 = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(1))\n"
+    "print('armed', flush=True)\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+def armed(log: Path, timeout_s: float = 60.0) -> None:
+    """Wait until the rank writing ``log`` says its SIGUSR1 handler is in place."""
+    deadline = time.monotonic() + timeout_s
+    while not (log.exists() and "armed" in log.read_text(errors="replace")):
+        assert time.monotonic() < deadline, f"{log} never said it was armed"
+        time.sleep(0.02)
+
 
 def ended(pid: int) -> bool:
     """No process ``pid``, or only its zombie. One read of ``/proc/<pid>/stat``: a process

@@ -15,14 +15,8 @@ from pathlib import Path
 
 from eagleeye.agents.host import HostAgent
 from eagleeye.agents.membership import AgentReport, AgentState, ended_ago_s, first_ended_first
+from tests.eagleeye.procs import FAILS_ON_SIGUSR1, armed
 from tests.eagleeye.test_local_agent_start import _Reports
-
-# exits 1 on SIGUSR1, as a rank whose peer vanished mid-collective fails
-RANK = (
-    "import signal, sys, time\n"
-    "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(1))\n"
-    "while True: time.sleep(0.05)\n"
-)
 
 
 def _reaped(agent: HostAgent, rank: int) -> None:
@@ -33,7 +27,7 @@ def _reaped(agent: HostAgent, rank: int) -> None:
 
 
 def test_exits_seen_in_one_look_are_reported_in_the_order_they_happened(tmp_path: Path) -> None:
-    (tmp_path / "rank.py").write_text(RANK)
+    (tmp_path / "rank.py").write_text(FAILS_ON_SIGUSR1)
     link = _Reports()
     agent = HostAgent(link, 0, [str(tmp_path / "rank.py")], tmp_path / "logs")  # type: ignore[arg-type]
     try:
@@ -44,7 +38,8 @@ def test_exits_seen_in_one_look_are_reported_in_the_order_they_happened(tmp_path
                 "argv": [sys.executable, str(tmp_path / "rank.py")],
             }  # fmt: skip
             assert agent._start_rank(body) == "done"
-        time.sleep(0.5)  # both running their loops
+        for rank in (0, 1):
+            armed(tmp_path / "logs" / "attempt-0" / f"rank-{rank}.log")
         os.kill(agent._ranks[1].proc.pid, signal.SIGKILL)  # rank 1 lost first
         _reaped(agent, 1)
         time.sleep(0.1)

@@ -18,16 +18,9 @@ import pytest
 
 from eagleeye.agents.local import LocalAgents
 from ft_runtime.layout import JobLayout
-from tests.eagleeye.procs import ended
+from tests.eagleeye.procs import FAILS_ON_SIGUSR1, armed, ended
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(120)]
-
-# exits 1 on SIGUSR1, as a rank whose peer vanished mid-collective fails
-RANK = (
-    "import signal, sys, time\n"
-    "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(1))\n"
-    "while True: time.sleep(0.05)\n"
-)
 
 
 def _until(what: Callable[[], bool], timeout_s: float = 60.0) -> None:
@@ -42,7 +35,7 @@ def test_a_rank_dead_of_a_lost_local_agent_is_seen_after_that_agents_loss(
 ) -> None:
     layout = JobLayout(2, 1)
     (tmp_path / "logs" / "attempt-0").mkdir(parents=True)
-    (tmp_path / "rank.py").write_text(RANK)
+    (tmp_path / "rank.py").write_text(FAILS_ON_SIGUSR1)
     with LocalAgents(tmp_path, layout, [str(tmp_path / "rank.py")], socket.gethostname()) as agents:
         argv = [sys.executable, str(tmp_path / "rank.py")]
         log = tmp_path / "logs" / "attempt-0"
@@ -54,6 +47,7 @@ def test_a_rank_dead_of_a_lost_local_agent_is_seen_after_that_agents_loss(
         lost.kill()  # node 1's agent ends, its rank with it
         lost.wait(timeout=30)
         _until(lambda: ended(pids[1]))
+        armed(log / "rank-0.log")
         os.kill(pids[0], signal.SIGUSR1)  # rank 0 dies of it, after it
         _until(lambda: not Path(f"/proc/{pids[0]}").exists())  # reaped by its agent,
         time.sleep(1.0)  # which reports it: the report waits on the link, unread
