@@ -101,11 +101,11 @@ class Edge:
         has = set(batch.features)
         if "step_time" in has and "compute_ms" not in has:
             own = 1000.0 * batch.column("step_time")
-            for name, scale in (("section.checkpoint", 1000.0), ("comm_ms", 1.0)):
+            if "section.checkpoint" in has:  # reported on checkpoint steps only
+                own = own - 1000.0 * np.nan_to_num(batch.column("section.checkpoint"))
+            for name in ("comm_ms", "data_wait_ms"):
                 if name in has:
-                    own = own - scale * np.nan_to_num(batch.column(name))
-            if "data_wait_ms" in has:
-                own = own - np.nan_to_num(batch.column("data_wait_ms"))
+                    own = own - _part(batch.column(name))
             extra["compute_ms"] = np.maximum(own, 0.0)
         if "throttle_reasons" in has and "throttle_thermal" not in has:
             reasons = batch.column("throttle_reasons")
@@ -157,6 +157,16 @@ class Edge:
         if self._since.min(initial=WARM_HORIZON) >= WARM_HORIZON:
             return None
         return self._since.copy() if slots is None else self._since[slots]
+
+
+def _part(column: np.ndarray) -> np.ndarray:
+    """A part of the step time to take out of it: 0 where no rank of the step reported
+    the part, NaN where this rank did not while its peers did (its compute is then
+    unknown: taken as the whole step, a rank that missed one report would look slow)."""
+    reported = np.isfinite(column)
+    if not reported.any():
+        return np.zeros_like(column)
+    return column
 
 
 def _with_columns(batch: StepBatch, extra: dict[str, np.ndarray]) -> StepBatch:

@@ -7,7 +7,9 @@ step (or ``wait_s`` has passed), then gives one finding: about the rank whose lo
 whose own gradient before the all-reduce (``grad_norm_local``), went non-finite (the
 earliest to report, when several did), with the ranks that only received it in its
 evidence. When no rank's own value broke, only the all-reduced gradient norm, the root
-cannot be told from the reports: one rank alone is named, several give a job finding.
+cannot be told from the reports: one rank alone is named, several give a job finding;
+within ``clear_steps`` of a step whose root was found, such gradients are that root's
+spread (reported a step late, as a trace may have them) and give no finding of their own.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class NonFiniteLoss:
         self._done: set[int] = set()  # steps already judged (late reports are ignored)
         self._named: dict[Subject, int] = {}  # subject -> step it was last named at
         self._first_step: int | None = None  # before a whole step was seen, who is alive is unknown
+        self._rooted: int | None = None  # the step a rank's own value was last found broken
 
     def process(self, frame: Frame) -> Sequence[Finding]:
         rank, step = frame.subject.rank, frame.step
@@ -137,6 +140,9 @@ class NonFiniteLoss:
         if own:
             root = min(own.values(), key=lambda p: (p.time, p.subject.rank))
             subject = root.subject
+            self._rooted = step
+        elif self._rooted is not None and 0 <= step - self._rooted < self.clear_steps:
+            return []  # the gradients a rank's own NaN spread to, a step or more later
         elif len(broken) == 1:
             root = next(iter(broken.values()))
             subject = root.subject

@@ -27,6 +27,23 @@ def test_compute_is_the_step_less_collectives_data_and_checkpoint() -> None:
     assert out.column("comm_ms").tolist() == [200.0, 100.0]
 
 
+def test_a_part_of_the_step_one_rank_did_not_report_leaves_its_compute_unknown() -> None:
+    # Rank 1's collective time is missing from the step its peers reported it in: its
+    # compute is unknown, not the whole step (that made a rank missing a few rows slow).
+    # A part no rank of the step reported (no data wait at all) takes nothing out.
+    b = batch(
+        3,
+        {
+            "step_time": np.array([1.0, 1.0, 1.0]),
+            "comm_ms": np.array([200.0, np.nan, 300.0]),
+            "data_wait_ms": np.full(3, np.nan),
+        },
+    )
+    compute = Edge().batch(b).column("compute_ms")
+    assert compute[0] == 800.0 and compute[2] == 700.0
+    assert math.isnan(compute[1])
+
+
 def test_counters_become_rates_and_a_reset_is_no_negative_rate() -> None:
     edge = Edge()
     values = [[100.0, 100.0], [160.0, 100.0], [10.0, 110.0]]  # rank 0's counter resets

@@ -93,3 +93,16 @@ def test_a_whole_step_gives_the_same_verdict() -> None:
     (found,) = NonFiniteLoss().process_step(StepBatch.from_frames(frames))
     assert found.subject.rank == 3
     assert found.evidence["ranks_affected"] == 4.0
+
+
+def test_gradients_broken_a_step_after_a_rank_s_own_loss_are_its_spread() -> None:
+    # A trace may have the other ranks' NaN gradient norm one observation after the
+    # culprit's NaN loss: that is the same fault, not a second one on the job. Once
+    # clear_steps have passed, a job-wide NaN gradient is a finding again.
+    det = NonFiniteLoss(clear_steps=20)
+    _warm(det)
+    found = _feed(det, [_frame(r, 1, 1.0, loss=NAN if r == 2 else 2.0) for r in range(4)])
+    found += _feed(det, [_frame(r, 2, 2.0, loss=2.0, grad_norm=NAN) for r in range(4)])
+    assert [(str(f.subject), f.step) for f in found] == [("rank 2", 1)]
+    later = _feed(det, [_frame(r, 30, 30.0, loss=2.0, grad_norm=NAN) for r in range(4)])
+    assert [(f.subject.scope, f.step) for f in later] == [("job", 30)]
