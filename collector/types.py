@@ -21,7 +21,7 @@ def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(mapping or {}))
 
 
-def _json_float(value: float) -> float | str:
+def json_float(value: float) -> float | str:
     """JSON has no NaN or infinity; spell them as strings so they survive a round trip."""
     if math.isfinite(value):
         return value
@@ -90,7 +90,7 @@ class Sample:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "value": _json_float(self.value),
+            "value": json_float(self.value),
             "time": self.time,
             "labels": dict(self.labels),
             "step": self.step,
@@ -124,7 +124,7 @@ class Frame:
             "subject": self.subject.to_json(),
             "step": self.step,
             "time": self.time,
-            "values": {k: _json_float(v) for k, v in self.values.items()},
+            "values": {k: json_float(v) for k, v in self.values.items()},
         }
 
     @classmethod

@@ -5,6 +5,9 @@
 ...             {"exit_code": -9.0}, "process_exit")
 >>> Finding.from_json(f.to_json()) == f
 True
+
+JSON has no NaN or infinity: a non-finite score or evidence value is written as a string
+(``"nan"``, ``"inf"``, ``"-inf"``), as a Frame's values are, and read back as the float.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from collector.types import Subject
+from collector.types import Subject, json_float
 
 
 class Severity(StrEnum):
@@ -55,11 +58,11 @@ class Finding:
         return {
             "kind": self.kind,
             "subject": self.subject.to_json(),
-            "score": self.score,
+            "score": json_float(self.score),
             "severity": self.severity.value,
             "time": self.time,
             "step": self.step,
-            "evidence": dict(self.evidence),
+            "evidence": {k: json_float(v) for k, v in self.evidence.items()},
             "detector": self.detector,
         }
 

@@ -18,7 +18,7 @@ from detectors.eval.nab import probation_length
 from detectors.eval.nab_corpus import read_series
 from detectors.eval.nab_detectors import DEFAULT_DETECTOR, series_verdict
 from detectors.eval.runner import Emitted, run_trace
-from detectors.eval.trace import read_trace
+from detectors.eval.trace import labels_path, read_trace
 
 #: Seeds the reported figures use, per generator: faulty and healthy. Development looked
 #: at others only (docs/detectors.md, "Evaluation").
@@ -83,9 +83,22 @@ def report(faulty: Sequence[TraceResult], healthy: Sequence[TraceResult]) -> dic
 
 
 def evaluate_trace_file(path: Path, config: DetectorsConfig | None = None) -> dict[str, Any]:
-    """Scores the detectors on one labelled trace file."""
-    trace = read_trace(path)
-    return report([_score(trace, config)], [])
+    """Scores the detectors on one labelled trace file. A trace labelled with no window
+    (``[]``) is a healthy one: its findings are false alarms per node-day.
+
+    Raises:
+        DetectorError: the trace has no labels file beside it (scoring needs one).
+    """
+    trace = read_trace(path)  # what is wrong with the rows is said first
+    labels = labels_path(path)
+    if not labels.is_file():
+        raise DetectorError(
+            f"{path} has no labels: {labels} not found. Write its fault windows there "
+            "([] for a healthy trace; docs/trace-format.md), or run "
+            f"`eagleeye detect {path}` for its findings alone"
+        )
+    result = _score(trace, config)
+    return report([], [result]) if not trace.labels else report([result], [])
 
 
 def print_report(result: dict[str, Any], out: TextIO) -> None:
@@ -124,7 +137,7 @@ def write_findings(emitted: Iterable[Emitted], out: TextIO) -> int:
     """Writes one JSON finding per line; returns how many."""
     count = 0
     for e in emitted:
-        out.write(json.dumps(e.finding.to_json()) + "\n")
+        out.write(json.dumps(e.finding.to_json(), allow_nan=False) + "\n")
         count += 1
     return count
 

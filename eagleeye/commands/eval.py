@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -157,8 +158,20 @@ def _range(text: str) -> range:
 
 
 def _emit(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """Writes the report as strict JSON: a figure that has no value (a recall without a
+    window, a delay without a detection) is null, not NaN."""
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        args.json.write_text(json.dumps(_strict(result), indent=1, allow_nan=False))
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _generated(args: argparse.Namespace) -> int:

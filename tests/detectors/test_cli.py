@@ -17,6 +17,10 @@ from detectors.univariate import RecordDetector
 from eagleeye.cli import main
 
 
+def _refused(constant: str) -> None:
+    raise AssertionError(f"{constant} is not JSON")
+
+
 def test_generate_detect_and_eval_a_trace(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -26,14 +30,37 @@ def test_generate_detect_and_eval_a_trace(
     assert len(labels) == 10
     out = tmp_path / "findings.jsonl"
     assert main(["detect", str(trace), "--output", str(out)]) == 0
-    findings = [json.loads(line) for line in out.read_text().splitlines()]
+    # strict JSON, as any other language's parser reads it: no bare NaN or Infinity
+    findings = [json.loads(line, parse_constant=_refused) for line in out.read_text().splitlines()]
     assert {f["kind"] for f in findings} == {w["kind"] for w in labels}
+    (nan,) = [f for f in findings if f["kind"] == "nan"]
+    assert "nan" in nan["evidence"].values()  # the broken value, spelt as a string
     assert all(f["evidence"] for f in findings)
     capsys.readouterr()
     assert main(["eval", "trace", str(trace), "--json", str(tmp_path / "r.json")]) == 0
-    result = json.loads((tmp_path / "r.json").read_text())
+    result = json.loads((tmp_path / "r.json").read_text(), parse_constant=_refused)
     assert result["summary"]["min_class_f1"] == 1.0
     assert "localisation" in capsys.readouterr().out
+
+
+def test_eval_trace_scores_a_healthy_trace_and_refuses_one_without_labels(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "h.csv"
+    assert main(["eval", "generate", str(trace), "--healthy", "--steps", "200"]) == 0
+    assert json.loads((tmp_path / "h.labels.json").read_text()) == []
+    assert main(["eval", "trace", str(trace), "--json", str(tmp_path / "r.json")]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["healthy_traces"] == 1
+    assert result["traces"] == 0
+    assert result["summary"]["healthy_node_days"] > 0
+    assert result["summary"]["false_alarms_per_node_day"] == 0.0
+    (tmp_path / "h.labels.json").unlink()
+    capsys.readouterr()
+    assert main(["eval", "trace", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert "h.labels.json not found" in err
+    assert "eagleeye detect" in err
 
 
 def test_detect_on_a_nab_style_series(tmp_path: Path) -> None:

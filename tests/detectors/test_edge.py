@@ -40,7 +40,8 @@ def test_a_part_of_the_step_one_rank_did_not_report_leaves_its_compute_unknown()
         },
     )
     compute = Edge().batch(b).column("compute_ms")
-    assert compute[0] == 800.0 and compute[2] == 700.0
+    assert compute[0] == 800.0
+    assert compute[2] == 700.0
     assert math.isnan(compute[1])
 
 
