@@ -96,11 +96,16 @@ def live_config() -> DetectorsConfig:
 
 def replay_config(limits: HangLimits | None = None) -> DetectorsConfig:
     """The live detector set as one pipeline, for traces recorded from runs: the hard rules
-    that run unfused in the controller join the fused detectors, and the collective-hang
+    that run unfused in the controller and on the hosts' GPU sources (an XID, uncorrectable
+    memory errors, a held thermal throttle) join the fused detectors, and the collective-hang
     wait-for graph stands in for the progress detector (a trace has no /proc and no clock
     between its rows), with its silence limit."""
     limits = limits or HangLimits()
-    rules = (DetectorSpec("process_exit"), DetectorSpec("non_finite_loss"))
+    # the controller's own rules, and those of the hosts' GPU sources (host_detectors)
+    rules = tuple(
+        DetectorSpec(name)
+        for name in ("process_exit", "non_finite_loss", "xid", "memory_fatal", "thermal_throttle")
+    )
     hang = DetectorSpec(
         "collective_hang",
         {

@@ -16,9 +16,11 @@ from eagleeye.cli import main
 from eagleeye.detection import (
     FusedDetectors,
     flight_record_frames,
+    host_detectors,
     live_config,
     live_detectors,
     peer_features,
+    replay_config,
 )
 from eagleeye.errors import EagleEyeError
 from eagleeye.recorded import recorded_trace
@@ -64,6 +66,19 @@ def _run(slow_from: int | None, steps: int = 40) -> list:
             found += fused.process(frame)
         found += fused.poll(100.0 + step)
     return found + fused.flush()
+
+
+def test_a_replay_of_a_recorded_trace_has_the_hosts_gpu_rules() -> None:
+    # `eagleeye eval trace --live` and `detect --live`: an XID in a recorded trace is found
+    # as a live run's host finds it, as are the other rules the hosts' GPU sources feed.
+    names = {spec.name for spec in replay_config().specs}
+    assert {"xid", "memory_fatal", "thermal_throttle"} <= names
+    assert {d.name for d in host_detectors()} - {"nccl_flight_record"} <= names
+    detectors = replay_config().build()
+    frames = [Frame(Subject(0, r, "n0"), 5, 1.0, {"step_time": 0.5}) for r in range(4)]
+    frames[2] = Frame(Subject(0, 2, "n0"), 5, 1.0, {"step_time": 0.5, "xid": 79.0})
+    found = [f for frame in frames for f in detectors.process(frame)]
+    assert [(f.kind, f.subject.rank) for f in found] == [("xid", 2)]
 
 
 def test_jitter_of_a_loaded_host_gives_no_finding() -> None:
