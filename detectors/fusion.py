@@ -7,7 +7,9 @@ Rules, in order:
   * merge: findings on the same subject (or a rank inside a held node finding) merge; the
     kind of highest precedence names the root cause, evidence is the union.
   * dedup and hysteresis: an incident stays open while findings keep coming and closes after
-    ``clear_steps`` quiet steps; findings on an open incident are absorbed.
+    ``clear_steps`` quiet steps; findings on an open incident are absorbed, except one that
+    escalates a released incident (critical after a warning) or names its cause
+    (``EXPLAINED_BY``: thermal after a slow rank), which is released as well.
   * symptoms: a job-wide ``throughput_drop`` whose shift began near a specific incident is
     that incident's effect, not a second fault, and is absorbed, as is one that comes while
     a fail-slow (WARN) incident opened in the last ``ongoing_window`` steps may still be on
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from collector.types import Subject
 from detectors.types import Finding, Severity
@@ -63,6 +66,12 @@ GENERIC = frozenset({"metric_outlier", "multivariate"})
 #: Kinds that another kind causes on other subjects too: a rank's NaN or loss spike goes
 #: through the all-reduce into every rank's gradient norm.
 CAUSES = {"grad_spike": frozenset({"loss_spike", "nan"})}
+#: A rank-level kind that another on the same rank explains: a GPU throttled by heat
+#: computes slower, and that is the thermal finding's, not a second fault. Found first,
+#: the cause is the peer comparison's reason not to report the effect; found after the
+#: effect was released (a GPU polled less often than steps are timed), it is released
+#: too, so the fault is named by its cause.
+EXPLAINED_BY: Mapping[str, frozenset[str]] = MappingProxyType({"slow_rank": frozenset({"thermal"})})
 #: Kinds about the whole job: seen on several ranks at once, they are one job finding.
 JOB_WIDE = frozenset({"loss_spike", "grad_spike", "divergence", "throughput_drop", "multivariate"})
 _SEVERITY_RANK = {Severity.INFO: 0, Severity.WARN: 1, Severity.CRITICAL: 2}

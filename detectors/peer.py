@@ -18,6 +18,7 @@ from detectors._buffer import Stepwise
 from detectors._peercore import PeerCore
 from detectors._peergroups import GroupFindings
 from detectors.errors import DetectorError
+from detectors.fusion import EXPLAINED_BY
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding
 
@@ -77,9 +78,6 @@ DEFAULT_FEATURES: Mapping[str, PeerFeature] = MappingProxyType(
         "nic_tx_drops_rate": _ERRORS,
     }
 )
-#: A rank-level kind that another, already found on the same rank, explains: a GPU
-#: throttled by heat computes slower, and that is the thermal finding's, not a second fault.
-EXPLAINED_BY: Mapping[str, frozenset[str]] = MappingProxyType({"slow_rank": frozenset({"thermal"})})
 #: What a rank-level kind becomes when a whole node (or replica) shows it.
 NODE_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_node"})
 REPLICA_KINDS: Mapping[str, str] = MappingProxyType({"slow_rank": "slow_replica"})

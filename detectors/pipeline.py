@@ -16,6 +16,7 @@ from detectors.base import Detector
 from detectors.edge import Edge
 from detectors.fusion import (
     CAUSES,
+    EXPLAINED_BY,
     GENERIC,
     JOB_WIDE,
     SYMPTOMS,
@@ -132,13 +133,15 @@ class Fuser:
         )
 
     def _absorb(self, inc: Incident, finding: Finding, now: float) -> bool:
-        """Merges into an open incident; False when the finding escalates a released one."""
+        """Merges into an open incident; False when the finding escalates a released one or
+        names its cause."""
         inc.last_step = now
         if not inc.released:
             inc.finding = merge(inc.finding, finding)
             return True
         escalates = finding.severity == Severity.CRITICAL != inc.finding.severity
-        return not escalates
+        names_its_cause = finding.kind in EXPLAINED_BY.get(inc.finding.kind, ())
+        return not (escalates or names_its_cause)
 
     def _explained(self, symptom: Finding, now: float) -> bool:
         """Whether a specific fault began about when the symptom's shift began."""

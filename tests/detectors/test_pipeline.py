@@ -41,6 +41,25 @@ def test_critical_findings_are_released_at_once_and_escalate_a_warning() -> None
     assert [f.kind for f in out] == ["hang"]
 
 
+def test_a_cause_found_after_its_effect_was_released_is_released_too() -> None:
+    # A GPU polled every few steps shows its heat after its slower steps were reported:
+    # the thermal finding names the fault's cause and goes out; later effects are absorbed.
+    fuser = Fuser(FusionPolicy(hold_steps=2))
+    fuser.add(_f("slow_rank", R3, 10))
+    assert [f.kind for f in fuser.tick(12.0)] == ["slow_rank"]
+    fuser.add(_f("thermal", R3, 13, gpu_temp=81.0))
+    out = fuser.tick(15.0)
+    assert [(f.kind, f.step) for f in out] == [("thermal", 13)]
+    assert fuser.add(_f("slow_rank", R3, 16)) == []
+    assert fuser.add(_f("thermal", R3, 17)) == []
+    assert fuser.tick(30.0) == []
+    # a kind that does not explain the released one is absorbed by it, as before
+    fuser.add(_f("nic_degradation", Subject(0, 5, "n1"), 40))
+    fuser.tick(42.0)
+    fuser.add(_f("thermal", Subject(0, 5, "n1"), 43))
+    assert fuser.tick(46.0) == []
+
+
 def test_throughput_drop_near_a_specific_fault_is_absorbed() -> None:
     fuser = Fuser()
     fuser.add(_f("throughput_drop", JOB, 10))
