@@ -6,10 +6,11 @@ the detector keeps each rank's last ``window`` reports of its value less the pee
 (so a change all ranks share, a checkpoint's staging buffers, is no trend), and estimates
 the rank's slope robustly (Theil-Sen over the pairs half a window apart, in time). A rank
 drifts when all those pairs rise (a sign test), its slope stands ``z`` robust standard
-deviations above its peers' slopes, and, held for ``horizon_s``, the slope would add at
-least ``min_rise`` of the value (an absolute floor: a drift too slow to matter within the
-hour is no finding, however regular). It must hold for ``persistence`` reports; ranks
-warming up after a launch take no part.
+deviations above its peers' slopes (every rank's latest, when an observation carries only
+some of them: a node's GPUs scraped at their own time), and, held for ``horizon_s``, the
+slope would add at least ``min_rise`` of the value (an absolute floor: a drift too slow
+to matter within the hour is no finding, however regular). It must hold for
+``persistence`` reports; ranks warming up after a launch take no part.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ class Trend(Stepwise):
         self._count = np.zeros((0, f), dtype=np.int64, order="F")
         self._quiet = np.zeros((0, f), dtype=np.int64, order="F")
         self._fired = np.zeros((0, f), dtype=bool, order="F")
+        # Each slot's latest slope: the peers a rank's slope is judged against when an
+        # observation carries only some ranks (a node's GPUs scraped at their own time).
+        self._slope = np.zeros((0, f), order="F")
         self._calls = 0
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
@@ -89,6 +93,7 @@ class Trend(Stepwise):
         if "since_launch" in batch.features:
             warm = to_slots(batch.column("since_launch"), slots, size) >= self.warmup
             self._n[~warm] = 0  # a relaunch starts the series again
+            self._slope[~warm] = np.nan
         found: list[Finding] = []
         for j, name in enumerate(self._names):
             if name in batch.features:
@@ -161,8 +166,13 @@ class Trend(Stepwise):
     ) -> list[Finding]:
         rows = np.flatnonzero(full)
         at: np.ndarray | slice = slice(None) if len(rows) == len(full) else rows
-        med = median(slope)
-        scale = max(1.4826 * median(np.abs(slope - med)), 1e-12)
+        self._slope[at, j] = slope
+        peers = slope
+        if len(rows) < len(full):  # some ranks not in this observation: their last slopes
+            latest = self._slope[:, j]
+            peers = latest[np.isfinite(latest)]
+        med = median(peers)
+        scale = max(1.4826 * median(np.abs(peers - med)), 1e-12)
         rise = slope * self.horizon_s
         level = np.abs(self._level[at, j])
         drifting = rising & ((slope - med) / scale > self.z) & (rise >= self.min_rise * level)
@@ -222,6 +232,7 @@ class Trend(Stepwise):
         self._n, self._pos = padded(self._n, pad2), padded(self._pos, pad2)
         self._count, self._quiet = padded(self._count, pad2), padded(self._quiet, pad2)
         self._fired = padded(self._fired, pad2)
+        self._slope = np.asfortranarray(np.pad(self._slope, pad2, constant_values=np.nan))
 
 
 def _row_medians(x: np.ndarray) -> np.ndarray:
