@@ -10,7 +10,8 @@ deviations above its peers' slopes (every rank's latest, when an observation car
 some of them: a node's GPUs scraped at their own time), and, held for ``horizon_s``, the
 slope would add at least ``min_rise`` of the value (an absolute floor: a drift too slow
 to matter within the hour is no finding, however regular). It must hold for
-``persistence`` reports; ranks warming up after a launch take no part.
+``persistence`` reports; ranks warming up after a launch take no part, and a step a rank
+reports again (a hung job's heartbeats and GPU polls) adds nothing to its series.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ class Trend(Stepwise):
         # Each slot's latest slope: the peers a rank's slope is judged against when an
         # observation carries only some ranks (a node's GPUs scraped at their own time).
         self._slope = np.zeros((0, f), order="F")
+        # Each slot's step of its latest report: a job stuck on a step (a hang) keeps
+        # sending the same values, which are no time series.
+        self._step = np.zeros((0, f), order="F")
         self._calls = 0
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
@@ -105,6 +109,7 @@ class Trend(Stepwise):
         seen = np.isfinite(x)
         if seen.sum() < self.min_ranks:
             return []
+        seen &= self._step[:, j] != batch.step  # a step reported again adds nothing
         if np.isnan(x).any():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -112,6 +117,7 @@ class Trend(Stepwise):
         else:
             y = x - median(x)  # np.nanmedian's number: with no NaN, np.median's
         self._record(j, seen, x, y, batch.time)
+        self._step[seen, j] = batch.step
         full = seen & (self._n[:, j] >= self.window)
         # At scale the slopes are judged every fourth report: a leak is slow, and a slope
         # over a window moves little from one report to the next.
@@ -233,6 +239,7 @@ class Trend(Stepwise):
         self._count, self._quiet = padded(self._count, pad2), padded(self._quiet, pad2)
         self._fired = padded(self._fired, pad2)
         self._slope = np.asfortranarray(np.pad(self._slope, pad2, constant_values=np.nan))
+        self._step = np.asfortranarray(np.pad(self._step, pad2, constant_values=np.nan))
 
 
 def _row_medians(x: np.ndarray) -> np.ndarray:
