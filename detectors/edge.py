@@ -163,10 +163,7 @@ def _part(column: np.ndarray) -> np.ndarray:
     """A part of the step time to take out of it: 0 where no rank of the step reported
     the part, NaN where this rank did not while its peers did (its compute is then
     unknown: taken as the whole step, a rank that missed one report would look slow)."""
-    reported = np.isfinite(column)
-    if not reported.any():
-        return np.zeros_like(column)
-    return column
+    return column if np.isfinite(column).any() else np.zeros_like(column)
 
 
 def _with_columns(batch: StepBatch, extra: dict[str, np.ndarray]) -> StepBatch:

@@ -230,16 +230,18 @@ class Trend(Stepwise):
             return
         pad2, pad3 = ((0, extra), (0, 0)), ((0, extra), (0, 0), (0, 0))
 
-        def padded(a: np.ndarray, pad: tuple[tuple[int, int], ...]) -> np.ndarray:
-            return np.asfortranarray(np.pad(a, pad))
+        def padded(a: np.ndarray, pad: tuple[tuple[int, int], ...], fill: float = 0) -> np.ndarray:
+            return np.asfortranarray(np.pad(a, pad, constant_values=fill))
 
         self._y, self._t = padded(self._y, pad3), padded(self._t, pad3)
         self._level = padded(self._level, pad2)
         self._n, self._pos = padded(self._n, pad2), padded(self._pos, pad2)
         self._count, self._quiet = padded(self._count, pad2), padded(self._quiet, pad2)
         self._fired = padded(self._fired, pad2)
-        self._slope = np.asfortranarray(np.pad(self._slope, pad2, constant_values=np.nan))
-        self._step = np.asfortranarray(np.pad(self._step, pad2, constant_values=np.nan))
+        self._slope, self._step = (
+            padded(self._slope, pad2, np.nan),
+            padded(self._step, pad2, np.nan),
+        )
 
 
 def _row_medians(x: np.ndarray) -> np.ndarray:

@@ -42,6 +42,10 @@ from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, Outcom
 # at /proc, a rank waiting in a collective or pausing.
 _NOT_FOR_FUSION = PROC_FEATURES | {"in_collective", "pause"}
 
+#: The rules a host applies to its GPUs' sources (an XID, uncorrectable memory errors, a
+#: thermal throttle held two polls): in a live run on the hosts, in a replay with the rest.
+HOST_GPU_RULES = (XidError, MemoryFatal, ThermalThrottle)
+
 #: The live peer comparison: compute, data wait and collective time, in milliseconds.
 #: A rank's excess must also be 20 ms at least: a data wait of 1.8 ms against its peers'
 #: 0.5 ms is four times theirs and costs nothing.
@@ -101,10 +105,9 @@ def replay_config(limits: HangLimits | None = None) -> DetectorsConfig:
     wait-for graph stands in for the progress detector (a trace has no /proc and no clock
     between its rows), with its silence limit."""
     limits = limits or HangLimits()
-    # the controller's own rules, and those of the hosts' GPU sources (host_detectors)
     rules = tuple(
-        DetectorSpec(name)
-        for name in ("process_exit", "non_finite_loss", "xid", "memory_fatal", "thermal_throttle")
+        DetectorSpec(rule.name)
+        for rule in (ProcessExit, NonFiniteLoss, *HOST_GPU_RULES)  # the controller's, the hosts'
     )
     hang = DetectorSpec(
         "collective_hang",
@@ -265,7 +268,7 @@ def host_detectors() -> list[Detector]:
     """The rules the host's sources feed (``eagleeye.hostsources``): a GPU's XID, its
     uncorrectable memory errors, a thermal throttle held two polls, a rank an NCCL dump
     shows behind. Each finding names the rank using the GPU (or the node)."""
-    return [XidError(), MemoryFatal(), ThermalThrottle(), FlightRecordHang()]
+    return [*(rule() for rule in HOST_GPU_RULES), FlightRecordHang()]
 
 
 def fenced_hang(event: LifecycleEvent, last_step: Mapping[int, int]) -> tuple[Finding, Outcome]:
