@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -62,6 +63,29 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def _create_whole(path: Path) -> None:
+    """Makes ``path`` a migrated, empty run store in one step, so that a reader never finds
+    the file before its tables. The schema is written under a private name and linked into
+    place; a store another process made first is kept as it is."""
+    if path.exists():
+        return
+    draft = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    conn = connect(draft)
+    try:
+        migrate(conn)
+    finally:
+        conn.close()  # checkpoints the WAL into the file and removes it
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links: a rename, when no store came first
+        if not path.exists():
+            os.replace(draft, path)
+    finally:
+        draft.unlink(missing_ok=True)
+
+
 class RunStore:
     """Writes one run's records. Thread-safe; ``close()`` flushes everything.
 
@@ -75,10 +99,11 @@ class RunStore:
     ) -> None:
         self.path = Path(run_dir) / DB_NAME
         try:
+            _create_whole(self.path)
             self._conn = connect(self.path)
             migrate(self._conn)
             (last,) = self._conn.execute("SELECT coalesce(max(id), 0) FROM findings").fetchone()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open run store {self.path}: {exc}") from exc
         self._next_finding = int(last) + 1
         self._lock = threading.Lock()

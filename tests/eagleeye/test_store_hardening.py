@@ -108,6 +108,33 @@ def full_run(tmp_path):
     return source
 
 
+def test_a_store_being_created_is_absent_to_readers_until_its_tables_exist(
+    tmp_path, monkeypatch
+) -> None:
+    """A reader that looks while a run's store is being made (a dashboard, an agent's peer)
+    finds no store yet, never an empty file it must call damaged."""
+    import eagleeye.store.writer as writer
+
+    seen: list[str] = []
+
+    def migrate_and_look(conn: sqlite3.Connection) -> int:
+        try:
+            RunReader(tmp_path).close()
+            seen.append("opened")
+        except StoreError as exc:
+            seen.append(str(exc))
+        return real_migrate(conn)
+
+    real_migrate = writer.migrate
+    monkeypatch.setattr(writer, "migrate", migrate_and_look)
+    RunStore(tmp_path).close()
+    assert seen[0].startswith("no run store at"), seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == [DB_NAME]  # no draft left behind
+    with RunReader(tmp_path) as reader:
+        assert reader.events().empty
+    RunStore(tmp_path).close()  # an existing store is opened, not made again
+
+
 def test_an_empty_store_file_is_one_clear_error(tmp_path) -> None:
     (tmp_path / DB_NAME).write_bytes(b"")
     with pytest.raises(StoreError, match="not a run store"):
