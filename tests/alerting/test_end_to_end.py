@@ -19,11 +19,11 @@ from collector._http import HTTPSourceError
 from collector.prometheus_api import PrometheusClient, PrometheusQueryError
 from eagleeye.alerting import AlertWebhook, Windows, write_alertmanager_config, write_rules
 from eagleeye.exporter import EagleEyeExporter
+from ft_runtime.ports import free_port
 from ft_runtime.testing import FakeRuntime
 from ft_runtime.types import ActionKind
 from remediation import Hooks, Remediator, load_policy
 from tests.alerting.conftest import ALERTMANAGER, PROMETHEUS, need
-from tests.collector.conftest import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "remediation" / "policies" / "default.toml"
@@ -154,6 +154,10 @@ def test_an_xid_on_the_exporter_evicts_the_node_through_alertmanager(stack) -> N
     ):
         time.sleep(0.02)
     elapsed = time.monotonic() - injected
+    while time.monotonic() < deadline and not any(  # the rung's last step, a moment later
+        a.kind is ActionKind.RESTART for a in runtime.actions
+    ):
+        time.sleep(0.02)
     evictions = [a for a in runtime.actions if a.kind is ActionKind.EVICT]
     assert [a.target for a in evictions] == ["node:n1"], runtime.actions
     kinds = [a.kind for a in runtime.actions]

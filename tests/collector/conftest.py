@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from collector._http import HTTPSourceError
 from collector.prometheus_api import PrometheusClient, PrometheusQueryError
+from ft_runtime.ports import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -23,12 +23,6 @@ def fixtures() -> Path:
 
 
 PROMETHEUS = shutil.which("prometheus")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from collector.prometheus_api import (
     PrometheusQuerySource,
     _samples,
 )
-from tests.collector.conftest import free_port
+from ft_runtime.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from collector.transport import (
     decode,
     encode,
 )
+from ft_runtime.ports import free_port
 
 NOW = time.time()
 
@@ -101,9 +101,7 @@ publisher.close()
 def test_a_rank_that_ends_before_a_paused_controller_answers_is_still_heard(tmp_path) -> None:
     """A controller that does not answer yet (paused, or not bound) when a rank sends its
     last steps and exits: the rank's exit waits for the delivery instead of losing them."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # outside the ephemeral range: the rank's reconnects cannot take it
     rank = subprocess.Popen(
         [sys.executable, "-c", _SEND_AND_EXIT, f"tcp://127.0.0.1:{port}"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},

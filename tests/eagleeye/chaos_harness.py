@@ -16,7 +16,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ import psutil
 from eagleeye.snapshots import _job_name
 from eagleeye.store import RunReader
 from ft_runtime.checkpoint import MANIFEST
+from ft_runtime.ports import free_port
 from tests.eagleeye.chaos_forgery import Forgeries
 from tests.workload_args import tiny_workload
 
@@ -189,12 +189,6 @@ def ranks_of(run_dir: Path) -> list[psutil.Process]:
 
 def segments_of(job: str) -> list[Path]:
     return list(Path("/dev/shm").glob(f"eeckpt.{job}.*"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -8,12 +7,7 @@ from pathlib import Path
 import pytest
 
 from ft_runtime.ckpt import HolderConfig, HolderProcess, Ring
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ft_runtime.ports import free_port
 
 
 def make_ring(n: int) -> Ring:
