@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from ft_runtime import procstat
 
 # A rank that exits 1 on SIGUSR1, as a rank whose peer vanished mid-collective fails. It
 # prints ARMED once its handler is in place: a signal sent before would kill it with -10.
@@ -22,6 +26,16 @@ def armed(log: Path, timeout_s: float = 60.0) -> None:
     while not (log.exists() and "armed" in log.read_text(errors="replace")):
         assert time.monotonic() < deadline, f"{log} never said it was armed"
         time.sleep(0.02)
+
+
+def stop(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGSTOPs ``pid`` and waits until /proc shows it stopped: the signal lands only when
+    the process is next scheduled, which on a busy machine is not at once."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while not procstat.stopped(procstat.sample(pid)):
+        assert time.monotonic() < deadline, f"process {pid} never stopped"
+        time.sleep(0.01)
 
 
 def ended(pid: int) -> bool:

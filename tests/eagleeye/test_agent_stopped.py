@@ -10,7 +10,7 @@ import time
 
 from collector.types import Frame, Sample, Subject
 from eagleeye.agents.stopped import STOPPED, StopLooks, StoppedRankHang
-from ft_runtime import procstat
+from tests.eagleeye.procs import stop
 
 
 def stopped(rank: int, value: float, attempt: int = 0) -> Sample:
@@ -33,11 +33,7 @@ def test_a_stopped_process_is_told_after_two_looks_repeated_and_cleared() -> Non
     looks = StopLooks()
     try:
         assert looks.look({3: (child.pid, 0)}, "node1", 0.0) == []
-        child.send_signal(signal.SIGSTOP)
-        deadline = time.monotonic() + 10
-        while not procstat.stopped(procstat.sample(child.pid)):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        stop(child.pid)
         assert looks.look({3: (child.pid, 0)}, "node1", 1.0) == []  # one look is not enough
         told = looks.look({3: (child.pid, 0)}, "node1", 1.05)
         assert [(s.name, s.value, dict(s.labels)) for s in told] == [
@@ -59,8 +55,7 @@ def test_a_rank_that_ends_while_stopped_is_cleared() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     looks = StopLooks()
     try:
-        child.send_signal(signal.SIGSTOP)
-        time.sleep(0.2)
+        stop(child.pid)
         looks.look({0: (child.pid, 2)}, "node0", 0.0)
         assert [s.value for s in looks.look({0: (child.pid, 2)}, "node0", 0.1)] == [1.0]
     finally:

@@ -50,12 +50,14 @@ class Cluster:
         self.tmp = tmp
         self.listen = f"127.0.0.1:{free_port()}"
         common = ["--secret-file", str(tmp / "secret"), "--heartbeat", "0.2"]
+        # its log goes to a file: a pipe nobody reads would block it once 64 KiB are said
+        self.controller_log = (tmp / "controller.err").open("w")
         self.controller = subprocess.Popen(
             [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *common]
             + ["--nproc-per-node", str(nproc), *controller]
             + ["--runs-dir", str(tmp / "runs"), "--run-id", "r"],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.controller_log,
             text=True,
         )
         self.read(lambda i: "listening" in i)
@@ -78,7 +80,7 @@ class Cluster:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             line = self.controller.stdout.readline()
-            assert line, "the controller ended early"
+            assert line, f"the controller ended early: {self.said()}"
             item = json.loads(line)
             if str(item.get("subject")).startswith("rank:") and item.get("phase") == "launch":
                 detail = item["detail"]
@@ -86,7 +88,12 @@ class Cluster:
                 self.by_rank[(int(detail["attempt"]), int(detail["rank"]))] = int(detail["pid"])
             if want(item):
                 return dict(item)
-        raise AssertionError("not seen in time")
+        raise AssertionError(f"not seen in time; the controller said: {self.said()}")
+
+    def said(self) -> str:
+        """The end of the controller's log."""
+        self.controller_log.flush()
+        return (self.tmp / "controller.err").read_text(errors="replace")[-3000:]
 
     def launched(self, ranks: set[int], attempt: int) -> None:
         """Reads until every rank of ``ranks`` was launched as ``attempt``, in any order."""
@@ -114,7 +121,7 @@ class Cluster:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
-        for errors in self.errors:
+        for errors in [*self.errors, self.controller_log]:
             errors.close()
 
 

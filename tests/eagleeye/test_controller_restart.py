@@ -264,7 +264,7 @@ def test_the_restarted_controller_refuses_strangers(tmp_path: Path) -> None:
 def test_with_no_controller_coming_back_the_agents_end_once_their_ranks_ended(
     tmp_path: Path,
 ) -> None:
-    job = Job(tmp_path, 20, 0.1, "--controller-wait", 1)
+    job = Job(tmp_path, 60, 0.1, "--controller-wait", 1)  # 6 s: alive when looked at
     try:
         job.launched()
         job.kill_controller()

@@ -68,17 +68,18 @@ def test_a_bad_port_or_address_is_a_clear_error(port, address, says) -> None:
 
 def test_the_final_state_lingers_then_the_server_stops() -> None:
     said: list[str] = []
-    metrics = RunMetrics.open("r", JobLayout(1, 2), 0, linger_s=1.0)
+    metrics = RunMetrics.open("r", JobLayout(1, 2), 0, linger_s=5.0)
     metrics.say = said.append
     metrics.update(LifecycleEvent("rank:1", Phase.LAUNCH, 1.0, 0, {"node": "node0", "replica": 0}))
     closer = threading.Thread(target=metrics.close)
     closer.start()
-    time.sleep(0.3)
-    text = scrape(metrics.url)  # the run is over, its metrics are still there
-    assert 'eagleeye_run_active{run="r"} 0.0' in text
+    deadline = time.monotonic() + 4.0  # inside the linger, however late the closer starts
+    while 'eagleeye_run_active{run="r"} 0.0' not in (text := scrape(metrics.url)):
+        assert time.monotonic() < deadline, text  # the run is over, its metrics still there
+        time.sleep(0.05)
     assert 'eagleeye_rank_info{gpu="",hostname=' in text
     assert 'rank="1"' in text
-    closer.join(10)
+    closer.join(15)
     assert said
     assert metrics.url in said[0]
     with pytest.raises(urllib.error.URLError, match="refused"):

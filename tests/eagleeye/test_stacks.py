@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from detectors.types import Finding, Severity
 from eagleeye.stackdump import stack_file
 from eagleeye.stacks import StackCapture, find_py_spy, top_frame
 from eagleeye.store import RunReader, RunStore
+from tests.eagleeye.procs import stop
 
 REPO = Path(__file__).resolve().parents[2]
 RANK = """
@@ -48,8 +48,7 @@ def rank(tmp_path):
 @pytest.mark.integration
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
 def test_py_spy_reads_a_stopped_rank_without_waking_it(tmp_path, rank) -> None:
-    os.kill(rank.pid, signal.SIGSTOP)
-    time.sleep(0.1)
+    stop(rank.pid)
     (stack,) = StackCapture(tmp_path).capture({3: rank.pid})
     assert (stack.rank, stack.method, stack.state) == (3, "py-spy", "T")
     assert top_frame(stack.text).startswith("waiting_for_peers")
@@ -63,8 +62,7 @@ def test_faulthandler_answers_when_py_spy_is_missing_but_a_stopped_rank_cannot(
     (stack,) = StackCapture(tmp_path, py_spy="").capture({3: rank.pid})
     assert stack.method == "faulthandler"
     assert "in waiting_for_peers" in top_frame(stack.text)
-    os.kill(rank.pid, signal.SIGSTOP)
-    time.sleep(0.1)
+    stop(rank.pid)
     (stopped,) = StackCapture(tmp_path, py_spy="").capture({3: rank.pid})
     assert (stopped.method, stopped.state) == ("none", "T")
     assert "stopped" in stopped.text

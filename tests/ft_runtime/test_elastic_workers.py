@@ -28,7 +28,11 @@ def _worker(rank: int, code: str, run_id: str = RUN, restarts: int = 0) -> subpr
         "LOCAL_RANK": str(rank),
         "TORCHELASTIC_RESTART_COUNT": str(restarts),
     }
-    return subprocess.Popen([sys.executable, "-c", code], env=env)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE)
+
+
+# A worker that ends when the test closes its stdin: it is alive until seen launched.
+UNTIL_RELEASED = "import sys; sys.stdin.read(); sys.exit({code})"
 
 
 def _events_until(
@@ -52,8 +56,8 @@ def test_each_worker_is_launched_and_its_exit_status_read_without_reaping_it() -
     workers = ElasticWorkers(RUN)
     workers.begin_round("node1")
     procs = [
-        _worker(0, "import time; time.sleep(0.5)"),
-        _worker(1, "import time, sys; time.sleep(0.5); sys.exit(3)"),
+        _worker(0, UNTIL_RELEASED.format(code=0)),
+        _worker(1, UNTIL_RELEASED.format(code=3)),
         _worker(2, "import time; time.sleep(60)", restarts=2),
     ]
     other = _worker(5, "import time; time.sleep(0.5)", run_id="another-job")
@@ -65,6 +69,9 @@ def test_each_worker_is_launched_and_its_exit_status_read_without_reaping_it() -
     assert by_rank["rank:2"].detail["pid"] == procs[2].pid
     assert by_rank["rank:2"].detail["attempt"] == 2  # what its telemetry is labelled with
     assert by_rank["rank:0"].detail["node"] == "node1"
+    for proc in procs[:2]:
+        assert proc.stdin is not None
+        proc.stdin.close()  # both end now
     events = _events_until(workers, lambda seen: len(_exits(seen)) == 2)
     procs[2].send_signal(signal.SIGKILL)  # after rank 1's failure
     exits = _exits(events + _events_until(workers, lambda seen: bool(_exits(seen))))

@@ -26,10 +26,17 @@ print("rank", rank, "world", os.environ["WORLD_SIZE"], "port", os.environ["MASTE
       "node", os.environ["EAGLEEYE_NODE"], flush=True)
 plan = dict(arg.split("=") for arg in sys.argv[1:])  # e.g. 1@0=exit3 (rank@attempt)
 action = plan.get(f"{rank}@{attempt}", "exit0")
+here = os.path.dirname(os.path.abspath(__file__))
 if action.startswith("sleep"):
     time.sleep(float(action[5:]))
     sys.exit(1)
+if action.startswith("after"):  # fails once rank N of this attempt is on its way out
+    while not os.path.exists(os.path.join(here, f"ending-{action[5:]}@{attempt}")):
+        time.sleep(0.01)
+    time.sleep(0.3)
+    sys.exit(1)
 time.sleep(0.2)
+open(os.path.join(here, f"ending-{rank}@{attempt}"), "w").close()
 sys.exit(int(action[4:]))
 """
 
@@ -73,7 +80,7 @@ def test_all_ranks_exiting_cleanly_is_success_with_torchrun_environment(tmp_path
 
 
 def test_a_crash_cascade_has_one_first_failure_and_fails_the_job_without_recovery(tmp_path) -> None:
-    sup = supervisor(tmp_path, ["0@0=exit3", "1@0=sleep0.6"], world=3)  # rank 2: exit 0
+    sup = supervisor(tmp_path, ["0@0=exit3", "1@0=after0"], world=3)  # rank 2: exit 0
     sup.start()
     events = run_until(sup, lambda ev: sum(e.phase is Phase.EXITED for e in ev) == 3)
     exits = {e.subject: e.detail for e in events if e.phase is Phase.EXITED}
