@@ -250,6 +250,8 @@ class ChaosRun(Forgeries):
         self._stderr: list[str] = []
         self._reader: threading.Thread | None = None
         self.rng = random.Random(schedule.seed * 7919 + 1)
+        self.stopped: psutil.Process | None = None  # the rank stop_rank stopped for good
+        self._stranded_since: float | None = None
 
     # the controller ------------------------------------------------------------------
 
@@ -396,6 +398,7 @@ class ChaosRun(Forgeries):
                     killed = killed or fault.kind == "kill_controller"
             while self.controller is not None and self.controller.poll() is None:
                 self._watch()
+                self._continue_stranded()
                 time.sleep(0.2)
                 if killed:
                     break
@@ -495,7 +498,32 @@ class ChaosRun(Forgeries):
         self._signal(self._pick_rank(), signal.SIGKILL, "kill_rank")
 
     def stop_rank(self) -> None:  # stopped for good: found as a hang, fenced
-        self._signal(self._pick_rank(), signal.SIGSTOP, "stop_rank")
+        ranks = self._ranks()
+        if len(ranks) == 1:  # its peer has ended: a stop of every rank left is a suspension
+            self.outcome.skipped.append("stop_rank (a rank had ended: nobody waits for it)")
+            return
+        self.stopped = self.rng.choice(ranks) if ranks else None
+        self._signal(self.stopped, signal.SIGSTOP, "stop_rank")
+
+    def _continue_stranded(self, after_s: float = 10.0) -> None:
+        """A rank stopped for good whose peers all ended after the stop (it was stopped in
+        its last steps) is every rank left, stopped: a suspended job to Eagle Eye, which
+        rightly waits. Its operator would continue it; so does the harness, after
+        ``after_s``, saying so."""
+        proc = self.stopped
+        if proc is None or not alive(proc):
+            return
+        if any(p.pid != proc.pid for p in self._ranks()):
+            self._stranded_since = None
+            return
+        now = time.monotonic()
+        if self._stranded_since is None:
+            self._stranded_since = now
+        elif now - self._stranded_since >= after_s:
+            with suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)
+            self.outcome.skipped.append("stop_rank continued (its peers ended while stopped)")
+            self.stopped = None
 
     def pause_rank(self) -> None:
         self._pause(self._pick_rank(), self.rng.uniform(0.5, 3.0), "pause_rank")
