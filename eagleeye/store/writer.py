@@ -70,18 +70,19 @@ def _create_whole(path: Path) -> None:
     if path.exists():
         return
     draft = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    conn = connect(draft)
     try:
-        migrate(conn)
-    finally:
-        conn.close()  # checkpoints the WAL into the file and removes it
-    try:
-        os.link(draft, path)
-    except FileExistsError:
-        pass
-    except OSError:  # a file system without hard links: a rename, when no store came first
-        if not path.exists():
-            os.replace(draft, path)
+        conn = connect(draft)
+        try:
+            migrate(conn)
+        finally:
+            conn.close()  # checkpoints the WAL into the file and removes it
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: a rename, unless one came first
+            if not path.exists():
+                os.replace(draft, path)
     finally:
         draft.unlink(missing_ok=True)
 
