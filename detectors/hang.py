@@ -17,6 +17,11 @@ controller records them) names that rank directly too, once it has stayed stoppe
 ``stopped_k`` median step times (at least ``stopped_s``), whatever the silence: the
 evidence the live progress detector judges on, replayed from a recorded run.
 
+Silence alone is weak evidence: every rank is silent through a long checkpoint or
+evaluation too. While no rank is seen waiting in a collective (no ``in_collective`` 1, no
+dump), the silence must also outlast ``quiet_factor`` times the longest step the job has
+taken (a checkpoint step is one); with ranks waiting, ``k`` median steps suffice.
+
 In a live job, lifecycle frames keep it honest: a rank that exits (``exit_code``) leaves
 the wait-for graph (its death is a finding of its own), and a (re)launched rank
 (``launched``) gets ``startup_grace_s`` to reach its first step, so a restart in progress
@@ -54,6 +59,8 @@ class CollectiveHang:
         startup_grace_s: silence allowed while a launched rank has not stepped yet.
         stopped_k: median step times a rank reported stopped must stay so.
         stopped_s: a floor on that.
+        quiet_factor: with no rank seen waiting in a collective, the silence must also
+            outlast this many times the job's longest step.
 
     >>> det = CollectiveHang(k=2.0)
     >>> from collector.types import Frame, Subject
@@ -76,8 +83,11 @@ class CollectiveHang:
         startup_grace_s: float = 120.0,
         stopped_k: float = 2.0,
         stopped_s: float = 0.25,
+        quiet_factor: float = 2.0,
     ) -> None:
         self.k, self.min_silence_s, self.window = k, min_silence_s, window
+        self.quiet_factor = quiet_factor
+        self._longest = 0.0  # the job's longest step so far (s)
         self.startup_grace_s = startup_grace_s
         self.stopped_k, self.stopped_s = stopped_k, stopped_s
         self._stopped = np.zeros(0)  # since when a look showed the rank stopped (nan: not)
@@ -117,6 +127,7 @@ class CollectiveHang:
         )
         if not np.isnan(step_time):
             self._step_times.append(float(step_time))
+            self._longest = max(self._longest, float(step_time))
         return ()
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
@@ -144,6 +155,7 @@ class CollectiveHang:
         typical = job_value(batch, "step_time")
         if typical is not None:
             self._step_times.append(typical)
+            self._longest = max(self._longest, typical)
         return self.poll(batch.time)
 
     def _update(
@@ -246,11 +258,14 @@ class CollectiveHang:
         limit = self.silence_limit()
         if self._starting[self._alive].any():
             limit = max(limit, self.startup_grace_s)
+        behind = ~np.isnan(self._behind) & self._alive
+        waited_on = behind.any() or (self._joined & self._alive).any()
+        if not waited_on:  # nobody seen waiting: perhaps a long checkpoint, not a hang
+            limit = max(limit, self.quiet_factor * self._longest)
         silence = now - last
         if silence < limit:
             return ()
         self._fired = True
-        behind = ~np.isnan(self._behind) & self._alive
         missing = np.flatnonzero(behind if behind.any() else ~self._joined & self._alive)
         subject = self._culprit(missing)
         evidence = {
@@ -259,6 +274,8 @@ class CollectiveHang:
             "ranks_joined": float((self._joined & self._alive).sum()),
             "ranks_missing": float(len(missing)),
         }
+        if not waited_on:
+            evidence["longest_step_s"] = self._longest
         if behind.any():  # the flight recorder named them
             evidence["flight_recorder"] = 1.0
             evidence["never_entered_seq"] = float(np.nanmin(self._behind[behind]))

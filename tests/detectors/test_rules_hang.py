@@ -112,6 +112,23 @@ def test_no_hang_while_steps_complete_and_rearmed_after_progress() -> None:
     assert len(det.poll(45.0)) == 1
 
 
+def test_silence_with_nobody_waiting_must_outlast_twice_the_longest_step() -> None:
+    """Every rank silent through a long checkpoint is no hang: nobody waits in a collective.
+    The same silence with ranks waiting for one that never joined is."""
+    for joined, quiet_at, hung_at in (
+        (np.zeros(8), 11.5, 12.5),
+        (np.r_[np.ones(7), 0.0], 1.5, 2.5),
+    ):
+        det = CollectiveHang(k=2.0)
+        t = _steps(det, 8, 10)
+        det.process_step(batch(10, {"step_time": np.full(8, 6.0)}, time=t + 6.0))  # a save
+        t += 6.0
+        assert _stuck(det, joined, t + quiet_at) == []
+        (found,) = _stuck(det, joined, t + hung_at)
+        assert found.kind == "hang"
+        assert found.evidence.get("longest_step_s") == (6.0 if not joined.any() else None)
+
+
 def _rank_frame(rank: int, step: int | None, t: float, **values: float) -> Frame:
     return Frame(Subject(rank // 2, rank, f"n{rank // 2}"), step, t, values)
 
