@@ -11,8 +11,10 @@ the hook's raw timings; the pipeline passes each frame and step through ``Edge``
   (NIC errors, ECC counts), from its change since the rank's previous report;
 * ``since_launch``: the steps a rank has reported since it was (re)launched (or first
   seen), present while any rank is within ``WARM_HORIZON`` steps of it. A ``launched``
-  report or a step that goes back (a restart from a checkpoint) starts it again: a
-  warming rank is no outlier.
+  report or a completed step (``step_time``) that goes back (a restart from a checkpoint)
+  starts it again: a warming rank is no outlier. A scrape stamped with the step in
+  progress may arrive before the previous step's completion (a node's clock a little
+  behind): that is no restart.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Edge:
         self._layout = RankLayout()
         self._since = np.zeros(0)
         self._last_step = np.zeros(0)
+        self._last_done = np.zeros(0)  # the newest completed step (``step_time``) of a rank
         self._counters: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # value, time per slot
 
     def frame(self, frame: Frame) -> Frame:
@@ -69,6 +72,7 @@ class Edge:
                 self._grow(len(self._layout.ranks))
                 slot = 0 if slots is None else int(slots[0])
                 self._since[slot], self._last_step[slot] = 0.0, -np.inf
+                self._last_done[slot] = -np.inf
             return frame
         (out,) = self.batch(StepBatch.from_frames([frame])).frames()
         return replace(frame, values=out.values)
@@ -91,6 +95,7 @@ class Edge:
         if extra > 0:
             self._since = np.concatenate([self._since, np.zeros(extra)])
             self._last_step = np.concatenate([self._last_step, np.full(extra, -np.inf)])
+            self._last_done = np.concatenate([self._last_done, np.full(extra, -np.inf)])
             for name, (value, time) in self._counters.items():
                 self._counters[name] = (
                     np.concatenate([value, np.full(extra, np.nan)]),
@@ -139,16 +144,20 @@ class Edge:
         if "launched" in batch.features:
             launched = to_slots(batch.reported("launched").astype(float), slots, size) > 0
             self._since[launched] = 0.0
-            self._last_step[launched] = -np.inf
+            self._last_step[launched] = self._last_done[launched] = -np.inf
             stepped = here & ~launched
         step = float(batch.step)
-        went_back = stepped & (step < self._last_step)
         newer = stepped & (step > self._last_step)
+        went_back = None
+        if "step_time" in batch.features:
+            done = stepped & (to_slots(batch.reported("step_time").astype(float), slots, size) > 0)
+            went_back = done & (step < self._last_done)
+            self._last_done[done] = step
         if newer.all():  # the usual step: every rank moved on
             self._since += 1.0
         else:
             self._since[newer] += 1.0
-        if went_back.any():  # a restart from a checkpoint: this step is its first
+        if went_back is not None and went_back.any():  # a restart: this step is its first
             self._since[went_back] = 1.0
         if stepped.all():
             self._last_step.fill(step)
