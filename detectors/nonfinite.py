@@ -4,9 +4,10 @@ In data-parallel training one rank's NaN loss becomes every rank's NaN gradient 
 the all-reduce, so the first rank to *report* a NaN is often not the one it came from. The
 detector gathers the non-finite reports of a step until every live rank has reported that
 step (or ``wait_s`` has passed), then gives one finding: about the rank whose loss, or
-whose own gradient before the all-reduce (``grad_norm_local``), went non-finite (the
-earliest to report, when several did), with the ranks that only received it in its
-evidence. When no rank's own value broke, only the all-reduced gradient norm, the root
+whose own gradient before the all-reduce (``grad_norm_local``), went non-finite, with the
+ranks that only received it in its evidence. A broken own gradient names its rank before
+a broken loss (a tensor-parallel group shares one loss); among equals, the earliest to
+report. When no rank's own value broke, only the all-reduced gradient norm, the root
 cannot be told from the reports: one rank alone is named, several give a job finding;
 within ``clear_steps`` of a step whose root was found, such gradients are that root's
 spread (reported a step late, as a trace may have them) and give no finding of their own.
@@ -138,7 +139,12 @@ class NonFiniteLoss:
             return []
         own = {r: p for r, p in broken.items() if any(k in p.bad for k in OWN)}
         if own:
-            root = min(own.values(), key=lambda p: (p.time, p.subject.rank))
+            # A broken gradient before the all-reduce is one rank's own; a loss may be
+            # shared (a tensor-parallel group computes one loss on every rank of it).
+            root = min(
+                own.values(),
+                key=lambda p: ("grad_norm_local" not in p.bad, p.time, p.subject.rank),
+            )
             subject = root.subject
             self._rooted = step
         elif self._rooted is not None and 0 <= step - self._rooted < self.clear_steps:

@@ -54,6 +54,22 @@ def test_a_rank_whose_own_gradient_broke_before_the_all_reduce_is_the_root() -> 
     assert found.evidence["ranks_nonfinite_own"] == 1.0
 
 
+def test_a_broken_own_gradient_outranks_a_loss_its_tensor_parallel_group_shares() -> None:
+    # Ranks 0-3 are one tensor-parallel group: one loss, NaN on all four once rank 3's
+    # own gradient broke; rank 0 reports first.
+    det = NonFiniteLoss()
+    _warm(det)
+    frames = [
+        _frame(
+            r, 1, 1.0 + 0.01 * r, loss=NAN, grad_norm=NAN, grad_norm_local=NAN if r == 3 else 1.0
+        )
+        for r in range(4)
+    ]
+    (found,) = _feed(det, frames)
+    assert found.subject.rank == 3
+    assert found.evidence["ranks_nonfinite_own"] == 4.0
+
+
 def test_when_no_rank_s_own_value_broke_the_job_is_named() -> None:
     det = NonFiniteLoss()
     _warm(det)
