@@ -184,11 +184,27 @@ def write_trace(trace: Trace, path: Path) -> None:
         rows.to_parquet(path, index=False)
     else:
         rows.to_csv(path, index=False)
-    labels_path(path).write_text(json.dumps([w.to_json() for w in trace.labels], indent=1))
+    _labels_beside(path).write_text(json.dumps([w.to_json() for w in trace.labels], indent=1))
+
+
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
 
 
 def labels_path(path: Path) -> Path:
-    return path.with_name(path.name.split(".")[0] + ".labels.json")
+    """``<stem>.labels.json`` beside the trace: its name without the format's suffix
+    (``.csv``, ``.parquet``, after a compression suffix), dots in the stem kept
+    (``s1_m0.3.parquet`` → ``s1_m0.3.labels.json``). A labels file named by the name's
+    first dot only, as earlier versions wrote it, is still found."""
+    labels, legacy = _labels_beside(path), path.with_name(path.name.split(".")[0] + ".labels.json")
+    return legacy if not labels.is_file() and legacy.is_file() else labels
+
+
+def _labels_beside(path: Path) -> Path:
+    name = path.name
+    if name.endswith(_COMPRESSED):
+        name = name.rsplit(".", 1)[0]
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    return path.with_name(stem + ".labels.json")
 
 
 def read_trace(path: Path, labels: Path | None = None) -> Trace:

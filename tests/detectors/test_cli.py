@@ -174,3 +174,19 @@ def test_detect_fits_on_a_healthy_run_saves_reloads_and_writes_scores(tmp_path, 
     assert "give one" in capsys.readouterr().err
     assert cli(["detect", str(faulty), "--model", str(tmp_path / "none.npz")]) == 2
     assert "cannot read model file" in capsys.readouterr().err
+
+
+def test_a_trace_named_with_dots_keeps_them_in_its_labels_name(tmp_path: Path) -> None:
+    """``s1_m0.3.csv``'s labels are ``s1_m0.3.labels.json`` (the name was cut at its first
+    dot, so two traces s1_m0.3 and s1_m0.5 shared one labels file); a labels file named
+    the old way is still found."""
+    from detectors.eval.trace import labels_path
+
+    trace = tmp_path / "s1_m0.3.csv"
+    assert main(["eval", "generate", str(trace), "--healthy", "--steps", "50"]) == 0
+    assert (tmp_path / "s1_m0.3.labels.json").is_file()
+    assert not (tmp_path / "s1_m0.labels.json").exists()
+    assert labels_path(trace) == tmp_path / "s1_m0.3.labels.json"
+    assert labels_path(tmp_path / "x.csv.gz") == tmp_path / "x.labels.json"
+    (tmp_path / "s1_m0.3.labels.json").rename(tmp_path / "s1_m0.labels.json")
+    assert labels_path(trace) == tmp_path / "s1_m0.labels.json"
