@@ -55,7 +55,7 @@ def score_trace(trace: Trace, emitted: Sequence[Emitted]) -> TraceResult:
     healthy = np.ones(len(trace.steps), dtype=bool)
     for w in trace.labels:
         healthy &= ~((trace.steps >= w.start_step) & (trace.steps <= w.end_step + GRACE_STEPS))
-    step_s = float(np.median(np.diff(trace.times))) if len(trace.times) > 1 else 1.0
+    step_s = _step_seconds(trace)
     used: set[int] = set()
     matches = []
     for w in trace.labels:
@@ -71,6 +71,17 @@ def score_trace(trace: Trace, emitted: Sequence[Emitted]) -> TraceResult:
     false = tuple(e for i, e in enumerate(emitted) if i not in used)
     released = tuple(e.step for e in emitted)
     return TraceResult(tuple(matches), false, len(emitted), trace.node_days, step_s, released)
+
+
+def _step_seconds(trace: Trace) -> float:
+    """The median time from a step's first observation to the next step's: observations
+    that repeat a step (GPU scrapes, heartbeats) do not shorten it."""
+    if len(trace.times) < 2:
+        return 1.0
+    starts = np.r_[True, np.diff(trace.steps) > 0]
+    gaps = np.diff(trace.times[starts])
+    gaps = gaps[gaps > 0]
+    return float(np.median(gaps)) if len(gaps) else 1.0
 
 
 def _onset_time(trace: Trace, step: int) -> float:

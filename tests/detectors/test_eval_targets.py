@@ -75,6 +75,38 @@ def test_delay_counts_from_the_first_time_a_restarted_run_reached_the_step() -> 
     assert match.delay_s == 1.5
 
 
+def test_delay_in_steps_is_in_steps_however_many_scrapes_fall_in_each() -> None:
+    """Three GPU scrapes between step completions 4 s apart: a delay of 8 s is 2 steps
+    (it was counted in the median gap between observations: 8 steps)."""
+    import numpy as np
+
+    from collector.types import Subject
+    from detectors.eval.runner import Emitted
+    from detectors.eval.trace import FaultWindow, Trace
+    from detectors.types import Finding, Severity
+
+    steps = np.repeat(np.arange(10), 4)  # each step: its completion, then three scrapes
+    times = np.arange(40, dtype=float)
+    values = np.ones((40, 1, 1))
+    trace = Trace(
+        "job",
+        np.array([0]),
+        np.array(["n0"], dtype=object),
+        np.array([0]),
+        ("gpu_temp",),
+        steps,
+        times,
+        values,
+        np.ones(values.shape, dtype=bool),
+        (FaultWindow("thermal", "rank:0", 5, 9),),
+    )
+    finding = Finding("thermal", Subject(rank=0), 1.0, Severity.WARN, 27.0, 6)
+    result = score_trace(trace, [Emitted(finding, 6, 27.0)])
+    assert result.step_seconds == 4.0
+    assert result.matches[0].delay_s == 8.0
+    assert result.matches[0].delay_steps == 2.0
+
+
 def test_the_cross_protocol_refuses_an_unknown_generator_before_any_work() -> None:
     from detectors.eval.protocol import cross
 
