@@ -7,12 +7,16 @@ them. docs/benchmarks.md reports seeds 5000-5019, which nothing was tuned on.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from collector.types import Subject
 from detectors.eval.generate import TraceSpec, generate
 from detectors.eval.harness import report
 from detectors.eval.metrics import score_trace
-from detectors.eval.runner import run_trace
+from detectors.eval.runner import Emitted, run_trace
+from detectors.eval.trace import FaultWindow, Trace
+from detectors.types import Finding, Severity
 
 
 @pytest.mark.slow
@@ -46,29 +50,26 @@ def test_a_missed_fault_and_a_false_alarm_are_counted() -> None:
     assert len(score_trace(trace, shifted).false_findings) == len(emitted)
 
 
-def test_delay_counts_from_the_first_time_a_restarted_run_reached_the_step() -> None:
-    import numpy as np
-
-    from collector.types import Subject
-    from detectors.eval.runner import Emitted
-    from detectors.eval.trace import FaultWindow, Trace
-    from detectors.types import Finding, Severity
-
-    steps = np.array([0, 1, 2, 3, 1, 2, 3, 4])  # a restart after step 3 went back to 1
-    times = np.arange(8, dtype=float)
-    values = np.ones((8, 1, 1))
-    trace = Trace(
+def _one_rank(steps: np.ndarray, metric: str, window: FaultWindow) -> Trace:
+    """A trace of one rank, one observation a second, with one fault window."""
+    values = np.ones((len(steps), 1, 1))
+    return Trace(
         "job",
         np.array([0]),
         np.array(["n0"], dtype=object),
         np.array([0]),
-        ("step_time",),
+        (metric,),
         steps,
-        times,
+        np.arange(len(steps), dtype=float),
         values,
         np.ones(values.shape, dtype=bool),
-        (FaultWindow("process_exit", "rank:0", 3, 3),),
+        (window,),
     )
+
+
+def test_delay_counts_from_the_first_time_a_restarted_run_reached_the_step() -> None:
+    steps = np.array([0, 1, 2, 3, 1, 2, 3, 4])  # a restart after step 3 went back to 1
+    trace = _one_rank(steps, "step_time", FaultWindow("process_exit", "rank:0", 3, 3))
     finding = Finding("process_exit", Subject(rank=0), 1.0, Severity.CRITICAL, 3.5, 3)
     match = score_trace(trace, [Emitted(finding, 3, 3.5)]).matches[0]
     assert match.found
@@ -78,28 +79,8 @@ def test_delay_counts_from_the_first_time_a_restarted_run_reached_the_step() -> 
 def test_delay_in_steps_is_in_steps_however_many_scrapes_fall_in_each() -> None:
     """Three GPU scrapes between step completions 4 s apart: a delay of 8 s is 2 steps
     (it was counted in the median gap between observations: 8 steps)."""
-    import numpy as np
-
-    from collector.types import Subject
-    from detectors.eval.runner import Emitted
-    from detectors.eval.trace import FaultWindow, Trace
-    from detectors.types import Finding, Severity
-
     steps = np.repeat(np.arange(10), 4)  # each step: its completion, then three scrapes
-    times = np.arange(40, dtype=float)
-    values = np.ones((40, 1, 1))
-    trace = Trace(
-        "job",
-        np.array([0]),
-        np.array(["n0"], dtype=object),
-        np.array([0]),
-        ("gpu_temp",),
-        steps,
-        times,
-        values,
-        np.ones(values.shape, dtype=bool),
-        (FaultWindow("thermal", "rank:0", 5, 9),),
-    )
+    trace = _one_rank(steps, "gpu_temp", FaultWindow("thermal", "rank:0", 5, 9))
     finding = Finding("thermal", Subject(rank=0), 1.0, Severity.WARN, 27.0, 6)
     result = score_trace(trace, [Emitted(finding, 6, 27.0)])
     assert result.step_seconds == 4.0
