@@ -148,17 +148,14 @@ class Edge:
             stepped = here & ~launched
         step = float(batch.step)
         newer = stepped & (step > self._last_step)
-        went_back = None
-        if "step_time" in batch.features:
-            done = stepped & (to_slots(batch.reported("step_time").astype(float), slots, size) > 0)
-            went_back = done & (step < self._last_done)
-            self._last_done[done] = step
         if newer.all():  # the usual step: every rank moved on
             self._since += 1.0
         else:
             self._since[newer] += 1.0
-        if went_back is not None and went_back.any():  # a restart: this step is its first
-            self._since[went_back] = 1.0
+        if "step_time" in batch.features:  # only a completed step going back is a restart
+            done = stepped & (to_slots(batch.reported("step_time").astype(float), slots, size) > 0)
+            self._since[done & (step < self._last_done)] = 1.0  # this step is its first
+            self._last_done[done] = step
         if stepped.all():
             self._last_step.fill(step)
         else:
