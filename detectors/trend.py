@@ -2,8 +2,10 @@
 
 A leak is no outlier at first: it starts inside the peers' spread and crosses it only
 when much memory is gone. Its *trend* is unusual from the start. For each watched feature
-the detector keeps each rank's last ``window`` reports of its value less the peer median
-(so a change all ranks share, a checkpoint's staging buffers, is no trend), and estimates
+the detector keeps each rank's last ``window`` reports of its change since its first report
+less the median change of the ranks reported with it (so a change all ranks share, a
+checkpoint's staging buffers, is no trend, and ranks of different footprints, two pipeline
+stages, may share an observation or not without moving each other), and estimates
 the rank's slope robustly (Theil-Sen over the pairs half a window apart, in time). A rank
 drifts when all those pairs rise (a sign test), its slope stands ``z`` robust standard
 deviations above its peers' slopes (every rank's latest, when an observation carries only
@@ -76,6 +78,8 @@ class Trend(Stepwise):
         f, w = len(self._names), window
         self._y, self._t = np.zeros((0, f, w), order="F"), np.zeros((0, f, w), order="F")
         self._level = np.zeros((0, f), order="F")
+        # Each slot's first report since its (re)launch: the origin of its changes.
+        self._first = np.zeros((0, f), order="F")
         self._n = np.zeros((0, f), dtype=np.int64, order="F")
         self._pos = np.zeros((0, f), dtype=np.int64, order="F")
         self._count = np.zeros((0, f), dtype=np.int64, order="F")
@@ -109,13 +113,20 @@ class Trend(Stepwise):
         seen = np.isfinite(x)
         if seen.sum() < self.min_ranks:
             return []
+        first = self._first[:, j]
+        start = seen & (self._n[:, j] == 0)
+        first[start] = x[start]
         seen &= self._step[:, j] != batch.step  # a step reported again adds nothing
+        # Changes, not levels: the median level of the ranks in one observation would
+        # move with which ranks it carries (a node of the heavier stage scraped at the
+        # same moment as one of the lighter).
+        change = x - first
         if np.isnan(x).any():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                y = x - np.nanmedian(x)
+                y = change - np.nanmedian(change)
         else:
-            y = x - median(x)  # np.nanmedian's number: with no NaN, np.median's
+            y = change - median(change)  # np.nanmedian's number: with no NaN, np.median's
         self._record(j, seen, x, y, batch.time)
         self._step[seen, j] = batch.step
         full = seen & (self._n[:, j] >= self.window)
@@ -234,7 +245,7 @@ class Trend(Stepwise):
             return np.asfortranarray(np.pad(a, pad, constant_values=fill))
 
         self._y, self._t = padded(self._y, pad3), padded(self._t, pad3)
-        self._level = padded(self._level, pad2)
+        self._level, self._first = padded(self._level, pad2), padded(self._first, pad2)
         self._n, self._pos = padded(self._n, pad2), padded(self._pos, pad2)
         self._count, self._quiet = padded(self._count, pad2), padded(self._quiet, pad2)
         self._fired = padded(self._fired, pad2)
