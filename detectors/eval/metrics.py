@@ -9,7 +9,7 @@ import numpy as np
 
 from detectors.eval.generate import HARD_KINDS
 from detectors.eval.runner import Emitted
-from detectors.eval.trace import FaultWindow, Trace, subject_label
+from detectors.eval.trace import FaultWindow, Trace, step_seconds, subject_label
 
 #: Steps after a window's end in which a finding still counts as detecting it.
 GRACE_STEPS = 10
@@ -74,14 +74,9 @@ def score_trace(trace: Trace, emitted: Sequence[Emitted]) -> TraceResult:
 
 
 def _step_seconds(trace: Trace) -> float:
-    """The median time from a step's first observation to the next step's: observations
-    that repeat a step (GPU scrapes, heartbeats) do not shorten it."""
-    if len(trace.times) < 2:
-        return 1.0
-    starts = np.r_[True, np.diff(trace.steps) > 0]
-    gaps = np.diff(trace.times[starts])
-    gaps = gaps[gaps > 0]
-    return float(np.median(gaps)) if len(gaps) else 1.0
+    """The median time from a step's first observation to the next step's (1 s without
+    two steps)."""
+    return step_seconds(trace.steps, trace.times) or 1.0
 
 
 def _onset_time(trace: Trace, step: int) -> float:

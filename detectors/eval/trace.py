@@ -1,12 +1,13 @@
 """The labelled trace format: long rows of telemetry plus JSON fault windows.
 
 Rows: ``time, step, job, replica, node, rank, metric, value`` (CSV or Parquet). Rows of one
-observation share its ``(step, time)``; several observations may share a step (heartbeats
-of a job stuck on that step). Metric names may be any alias of collector.vocabulary
-(``DCGM_FI_DEV_GPU_TEMP``, ``gpu_temp_c``, ``step_time_ms``): they are read in canonical
-names and units. Labels: a JSON list of ``{kind, subject, start_step,
-end_step}``, where ``subject`` is ``"rank:<n>"``, ``"node:<name>"``, ``"replica:<n>"`` or
-``"job"``. See docs/trace-format.md.
+observation share its ``(step, time)``; rows completing one step may lie within
+``SNAP_SHARE`` of the median step time (ranks that stamp their rows with their own clock); several
+observations may share a step (heartbeats of a job stuck on that step). Metric names may
+be any alias of collector.vocabulary (``DCGM_FI_DEV_GPU_TEMP``, ``gpu_temp_c``,
+``step_time_ms``): they are read in canonical names and units. Labels: a JSON list of
+``{kind, subject, start_step, end_step}``, where ``subject`` is ``"rank:<n>"``,
+``"node:<name>"``, ``"replica:<n>"`` or ``"job"``. See docs/trace-format.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from detectors.eval._csvcheck import integers, numbers, read_csv_checked
 from detectors.stepbatch import StepBatch
 
 COLUMNS = ("time", "step", "job", "replica", "node", "rank", "metric", "value")
+#: Rows completing one step (with a ``step_time``) stamped within this share of the median
+#: step time of the first of them are one observation, unless a rank's metric would appear
+#: in it twice: the ranks of a synchronous job end a step together, but each may stamp its
+#: rows with its own clock.
+SNAP_SHARE = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,17 +134,20 @@ class Trace:
                 "split it into one trace per job"
             )
         rows = _canonical_rows(rows)
-        ticks = rows[["step", "time"]].drop_duplicates().sort_values(["time", "step"])
-        tick_of = {(s, t): i for i, (s, t) in enumerate(ticks.itertuples(index=False))}
         rank_info = rows.drop_duplicates("rank").sort_values("rank")
         row_of = {r: i for i, r in enumerate(rank_info["rank"])}
         metrics = tuple(sorted(rows["metric"].astype(str).unique()))
         metric_of = {m: i for i, m in enumerate(metrics)}
-        shape = (len(ticks), len(rank_info), len(metrics))
-        values, present = np.full(shape, np.nan), np.zeros(shape, dtype=bool)
-        t = np.array([tick_of[k] for k in zip(rows["step"], rows["time"], strict=True)])
         r = rows["rank"].map(row_of).to_numpy()
         m = rows["metric"].astype(str).map(metric_of).to_numpy()
+        t, tick_steps, tick_times = _observations(
+            rows["step"].to_numpy(),
+            rows["time"].to_numpy(dtype=float),
+            r * len(metrics) + m,
+            (rows["metric"] == "step_time").to_numpy(dtype=float),
+        )
+        shape = (len(tick_steps), len(rank_info), len(metrics))
+        values, present = np.full(shape, np.nan), np.zeros(shape, dtype=bool)
         values[t, r, m] = rows["value"].to_numpy(dtype=float)
         present[t, r, m] = True
         return cls(
@@ -147,12 +156,74 @@ class Trace:
             rank_info["node"].astype(str).to_numpy(dtype=object),
             rank_info["replica"].to_numpy(dtype=int),
             metrics,
-            ticks["step"].to_numpy(dtype=int),
-            ticks["time"].to_numpy(dtype=float),
+            tick_steps,
+            tick_times,
             values,
             present,
             tuple(labels),
         )
+
+
+def step_seconds(steps: np.ndarray, times: np.ndarray) -> float | None:
+    """The median time from a step's first observation to the next step's (observations in
+    time order): observations that repeat a step (GPU scrapes, heartbeats) do not shorten
+    it. None without two steps."""
+    starts = np.r_[True, np.diff(steps) > 0]
+    gaps = np.diff(times[starts])
+    gaps = gaps[gaps > 0]
+    return float(np.median(gaps)) if len(gaps) else None
+
+
+def _observations(
+    steps: np.ndarray, times: np.ndarray, cells: np.ndarray, completes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's observation, and the observations' steps and times, in time order.
+
+    ``cells`` numbers each row's rank and metric; ``completes`` marks its ``step_time``
+    rows. The ``(step, time)`` pairs that complete one step and lie within ``SNAP_SHARE``
+    of the median step time of the first of them are one observation, stamped with the
+    latest of their times (when it is whole), unless one of its cells would come twice (a
+    job stuck on a step sends its heartbeats as observations of their own). Other pairs
+    (GPUs scraped on each node's own schedule) stay observations of their own: merged,
+    they would set nodes of different pipeline stages side by side now and then.
+    """
+    pairs = pd.DataFrame({"step": steps, "time": times}).drop_duplicates()
+    pairs = pairs.sort_values(["step", "time"], kind="stable")
+    at = pd.MultiIndex.from_frame(pairs).get_indexer(pd.MultiIndex.from_arrays([steps, times]))
+    by_time = pairs.sort_values(["time", "step"], kind="stable")
+    step_s = step_seconds(by_time["step"].to_numpy(), by_time["time"].to_numpy())
+    by_pair = np.argsort(at, kind="stable")
+    bounds = np.searchsorted(at[by_pair], np.arange(len(pairs) + 1))
+    cells_of = [cells[by_pair[a:b]] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    bears = np.bincount(at, weights=completes, minlength=len(pairs)) > 0
+    group = _snapped(pairs, cells_of, bears, SNAP_SHARE * step_s if step_s else 0.0)
+    merged = pairs.groupby(group).agg(step=("step", "first"), time=("time", "max"))
+    order = np.lexsort((merged["step"].to_numpy(), merged["time"].to_numpy()))
+    tick_of_group = np.empty(len(order), dtype=np.int64)
+    tick_of_group[order] = np.arange(len(order))
+    return (
+        tick_of_group[group[at]],
+        merged["step"].to_numpy(dtype=int)[order],
+        merged["time"].to_numpy(dtype=float)[order],
+    )
+
+
+def _snapped(
+    pairs: pd.DataFrame, cells_of: list[np.ndarray], bears: np.ndarray, snap: float
+) -> np.ndarray:
+    """The observation of each ``(step, time)`` pair (sorted by step, then time), given the
+    cells each pair carries and whether it completes the step."""
+    group = np.empty(len(pairs), dtype=np.int64)
+    k, step, start, taken, bearing = -1, None, 0.0, set[int](), False
+    pair_steps, pair_times = pairs["step"].to_numpy(), pairs["time"].to_numpy()
+    for i, (s, t) in enumerate(zip(pair_steps, pair_times, strict=True)):
+        mine = cells_of[i].tolist()
+        joins = bearing and bears[i] and s == step and t - start <= snap
+        if not (joins and taken.isdisjoint(mine)):
+            k, step, start, taken, bearing = k + 1, s, t, set(), bool(bears[i])
+        taken.update(mine)
+        group[i] = k
+    return group
 
 
 def _canonical_rows(rows: pd.DataFrame) -> pd.DataFrame:
