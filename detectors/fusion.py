@@ -82,19 +82,30 @@ def _precedence(kind: str) -> int:
 
 
 def merge(a: Finding, b: Finding) -> Finding:
-    """One finding explaining both: the root-cause kind and subject win, evidence unites."""
+    """One finding explaining both: the root-cause kind and subject win, evidence unites.
+
+    It dates from the earliest of its parts (a hot GPU's clock before its temperature),
+    but a symptom or a generic finding taken in by a specific one does not date it: a job
+    slowed by congestion before a rank became slow does not make the slow rank's fault
+    begin then.
+    """
     first, second = (a, b) if _precedence(a.kind) <= _precedence(b.kind) else (b, a)
     evidence = {**second.evidence, **first.evidence}
     evidence["merged_findings"] = a.evidence.get("merged_findings", 1.0) + b.evidence.get(
         "merged_findings", 1.0
     )
     severity = max(a.severity, b.severity, key=_SEVERITY_RANK.__getitem__)
+    vague = SYMPTOMS | GENERIC
+    if second.kind in vague and first.kind not in vague:
+        time, step = first.time, first.step
+    else:
+        time, step = min(a.time, b.time), _min_step(a.step, b.step)
     return replace(
         first,
         score=max(a.score, b.score),
         severity=severity,
-        time=min(a.time, b.time),
-        step=_min_step(a.step, b.step),
+        time=time,
+        step=step,
         evidence=evidence,
     )
 

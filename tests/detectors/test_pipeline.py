@@ -70,6 +70,22 @@ def test_throughput_drop_near_a_specific_fault_is_absorbed() -> None:
     assert fuser.tick(30.0) == []
 
 
+def test_a_symptom_taken_in_by_a_later_fault_does_not_date_it() -> None:
+    # A job slowed by congestion from step 10, held for its cause; a rank slow from step 25
+    # takes it in. The fault is the rank's, from step 25, not from the congestion's step.
+    fuser = Fuser(FusionPolicy(hold_steps=2))
+    fuser.add(_f("throughput_drop", JOB, 10, steps_shifted=4.0))
+    fuser.add(_f("metric_outlier", R3, 12))
+    fuser.add(_f("slow_rank", R3, 25, compute_ms=4000.0))
+    out = fuser.tick(28.0)
+    assert [(f.kind, f.subject, f.step, f.time) for f in out] == [("slow_rank", R3, 25, 25.0)]
+    assert out[0].evidence["merged_findings"] == 3
+    # parts of one fault still date it from the first: the clock before the temperature
+    fuser.add(_f("thermal", Subject(0, 5, "n1"), 40, sm_clock=900.0))
+    fuser.add(_f("thermal", Subject(0, 5, "n1"), 41, gpu_temp=90.0))
+    assert [(f.kind, f.step) for f in fuser.tick(44.0)] == [("thermal", 40)]
+
+
 def test_an_unexplained_throughput_drop_is_reported() -> None:
     fuser = Fuser()
     fuser.add(_f("throughput_drop", JOB, 10))
