@@ -2,12 +2,13 @@
 
 Rows: ``time, step, job, replica, node, rank, metric, value`` (CSV or Parquet). Rows of one
 observation share its ``(step, time)``; rows completing one step may lie within
-``SNAP_SHARE`` of the median step time (ranks that stamp their rows with their own clock); several
-observations may share a step (heartbeats of a job stuck on that step). Metric names may
-be any alias of collector.vocabulary (``DCGM_FI_DEV_GPU_TEMP``, ``gpu_temp_c``,
-``step_time_ms``): they are read in canonical names and units. Labels: a JSON list of
-``{kind, subject, start_step, end_step}``, where ``subject`` is ``"rank:<n>"``,
-``"node:<name>"``, ``"replica:<n>"`` or ``"job"``. See docs/trace-format.md.
+``SNAP_SHARE`` of the median step time (ranks that stamp their rows with their own
+clock); several observations may share a step (heartbeats of a job stuck on that step).
+Metric names may be any alias of collector.vocabulary (``DCGM_FI_DEV_GPU_TEMP``,
+``gpu_temp_c``, ``step_time_ms``): they are read in canonical names and units. Labels: a
+JSON list of ``{kind, subject, start_step, end_step}``, where ``subject`` is
+``"rank:<n>"``, ``"node:<name>"``, ``"replica:<n>"`` or ``"job"``. See
+docs/trace-format.md.
 """
 
 from __future__ import annotations
