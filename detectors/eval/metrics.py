@@ -55,7 +55,7 @@ def score_trace(trace: Trace, emitted: Sequence[Emitted]) -> TraceResult:
     healthy = np.ones(len(trace.steps), dtype=bool)
     for w in trace.labels:
         healthy &= ~((trace.steps >= w.start_step) & (trace.steps <= w.end_step + GRACE_STEPS))
-    step_s = _step_seconds(trace)
+    step_s = step_seconds(trace.steps, trace.times) or 1.0  # 1 s without two steps
     used: set[int] = set()
     matches = []
     for w in trace.labels:
@@ -71,12 +71,6 @@ def score_trace(trace: Trace, emitted: Sequence[Emitted]) -> TraceResult:
     false = tuple(e for i, e in enumerate(emitted) if i not in used)
     released = tuple(e.step for e in emitted)
     return TraceResult(tuple(matches), false, len(emitted), trace.node_days, step_s, released)
-
-
-def _step_seconds(trace: Trace) -> float:
-    """The median time from a step's first observation to the next step's (1 s without
-    two steps)."""
-    return step_seconds(trace.steps, trace.times) or 1.0
 
 
 def _onset_time(trace: Trace, step: int) -> float:
