@@ -53,6 +53,7 @@ def _register_builtins() -> None:
     from detectors.numerics import Divergence, grad_norm_spike, loss_spike
     from detectors.peer import PeerOutlier
     from detectors.progress import ProgressStall
+    from detectors.quiet import QuietJob
     from detectors.rules import (
         CollectiveTimeout,
         MemoryFatal,
@@ -78,6 +79,7 @@ def _register_builtins() -> None:
     register("divergence", Divergence)
     register("trend", Trend)
     register("generic_peer", GenericPeer)
+    register("when_quiet", QuietJob)
     register("isolation_forest", isolation_forest)
     register("pca_reconstruction", pca_reconstruction)
     register("autoencoder", autoencoder)

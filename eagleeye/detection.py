@@ -59,7 +59,11 @@ def live_specs() -> tuple[DetectorSpec, ...]:
     """The statistical detectors of a live run.
 
     Peer outliers need a 50 % shift in three of five steps, held two (a loaded host's
-    jitter stays well under it; an injected straggler is far over it); change points need
+    jitter stays well under it; an injected straggler is far over it). A job whose ranks'
+    compute times keep within 10 % of their usual share (GPUs: 1 to 4 %; a
+    shared CPU host: 20 to 90 %) is also judged by the precise peer comparison of traces
+    (``when_quiet``: a 10 % slower rank or node, a NIC's collective time, a slow leak,
+    each rank's fixed offset removed); change points need
     a replica's or node's step time doubled and held (on a shared 2-core host, healthy
     tiny steps of 25 to 35 ms jump to 50 to 70 ms for several steps at a time, which a
     50 % shift with ``h`` = 2 took for a change point). Hangs are the progress detector's,
@@ -77,6 +81,7 @@ def live_specs() -> tuple[DetectorSpec, ...]:
                 "offset_alpha": 0.0,  # a 50 % bar: GPUs' few per cent of spread are moot
             },
         ),
+        DetectorSpec("when_quiet", {"detector": "peer_outlier"}),
         # The highest rank's loss over a batch of a few dozen tokens doubles now and then in
         # a healthy run (the base preset, 2 x 32 tokens): a live spike must be three times
         # its level, a gradient-norm spike twice it, neither judged in the first 20 steps.

@@ -94,6 +94,42 @@ def test_a_straggler_is_one_slow_rank_finding_with_its_evidence() -> None:
     assert found[0].evidence["compute_ms"] > 5 * found[0].evidence["compute_ms_peer_median"]
 
 
+def _synchronous_job(jitter: float, slow_from: int, steps: int = 120) -> list:
+    """16 ranks on 2 nodes in lockstep: each rank computes (its GPU's fixed speed, noise
+    of ``jitter``), then waits in the all-reduce for the slowest; rank 11 computes 10 %
+    longer from ``slow_from``. Fed to the live fused tier as the hook reports it."""
+    rng = np.random.default_rng(3)
+    speed = 1.0 + 0.015 * rng.standard_normal(16)
+    fused = FusedDetectors(live_config().build())
+    found = []
+    for step in range(steps):
+        compute = 0.2 * speed * np.exp(jitter * rng.standard_normal(16))
+        if step >= slow_from:
+            compute[11] *= 1.10
+        step_time = compute.max() + 0.02
+        for rank in range(16):
+            values = {
+                "step_time": step_time,
+                "collective_time": step_time - compute[rank] - 0.001,
+                "section.data": 0.001,
+            }
+            subject = Subject(0, rank, f"node{rank // 8}")
+            found += fused.process(Frame(subject, step, 100.0 + step * step_time, values))
+    return found + fused.flush()
+
+
+def test_a_ten_percent_slow_rank_of_a_quiet_job_is_found_live() -> None:
+    found = _synchronous_job(jitter=0.01, slow_from=60)
+    assert [(f.kind, f.subject.rank) for f in found] == [("slow_rank", 11)]
+    assert 60 < (found[0].step or 0) <= 80  # within 20 steps
+
+
+def test_a_noisy_host_keeps_the_coarse_bar() -> None:
+    # Compute times that stray by a third from step to step (a shared CPU host): a 10 %
+    # slowdown is not told from the noise, and nothing is claimed.
+    assert _synchronous_job(jitter=0.3, slow_from=60) == []
+
+
 def test_hard_rules_and_progress_stall_stay_outside_fusion() -> None:
     names = [d.name for d in live_detectors()]
     assert names == ["process_exit", "non_finite_loss", "progress_stall", "fused"]
