@@ -133,6 +133,8 @@ class PeerCore:
         self._sign = np.zeros(0)
         self._shift = np.zeros(0)
         self._abs = np.zeros(0)
+        self._share = np.zeros(0)  # of the job's median step, in milliseconds
+        self._step_ms = 0.0  # the job's median step time at the last step that had one
         self._votes = np.zeros(0, dtype=np.int8)
         self._persist = np.zeros(0, dtype=np.int32)
         self.layout = RankLayout()
@@ -159,11 +161,14 @@ class PeerCore:
         votes: int = _VOTES,
         persistence: int | None = None,
         sustained: bool = False,
+        step_share: float = 0.0,
     ) -> None:
         """Watches one more feature (``sign`` +1 high is bad, -1 low is bad, 0 either);
         ``votes`` of its last five reports must beat the bar (a clean flag needs one);
-        ``sustained``: a mean z above ``sustained_z`` beats it too."""
+        ``sustained``: a mean z above ``sustained_z`` beats it too; ``step_share``: a
+        deviation (in milliseconds) must also be that share of the job's median step."""
         self.names.append(name)
+        self._share = np.append(self._share, step_share)
         self._sustained = np.append(self._sustained, sustained and self.sustained_z > 0)
         self._means_ready = np.append(self._means_ready, False)
         self._votes = np.append(self._votes, np.int8(min(max(votes, 1), _OF)))
@@ -213,6 +218,9 @@ class PeerCore:
             return None
         med, scale = self._peer_stats(x, len(cols) < len(self.names))
         floor = np.maximum(self._shift[cols] * np.abs(med), self._abs[cols])
+        share = self._share[cols]
+        if share.any():  # an excess that costs a sliver of the step is no finding
+            floor = np.maximum(floor, share * self._median_step_ms(batch))
         bar = np.maximum(self.z * scale, floor)
         beats = self._beats(x, med, bar, cols)
         learning = self.offsets.learning()  # offsets not known yet: learn, do not judge
@@ -403,6 +411,16 @@ class PeerCore:
             return None
         source = [batch.features.index(self.names[j]) for j in have]
         return np.array(source, dtype=np.intp), np.array(have, dtype=np.intp)
+
+    def _median_step_ms(self, batch: StepBatch) -> float:
+        """The job's median step time in milliseconds (of a sample of ranks at scale);
+        an observation without step times (GPU scrapes) keeps the last one."""
+        if "step_time" in batch.features:
+            steps = batch.column("step_time")[:_SAMPLE]
+            steps = steps[np.isfinite(steps)]
+            if len(steps):
+                self._step_ms = 1000.0 * float(np.median(steps))
+        return self._step_ms
 
     def _peer_stats(self, x: np.ndarray, nan_seen: bool) -> tuple[np.ndarray, np.ndarray]:
         """Median and MAD-based scale per feature, from a sample of ranks at large scale."""

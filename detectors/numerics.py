@@ -97,6 +97,7 @@ class SeriesSpike(JobSeries):
         self.window, self.warmup, self.clear = window, warmup, clear
         self.recent = recent
         self._states: dict[Subject, _State] = {}
+        self._ranks: tuple[StepBatch, int] | None = None  # the step of a max-mode call
 
     def score_one(self, frame: Frame) -> float:
         """How many robust deviations above the baseline the value is (0 in warm-up)."""
@@ -126,8 +127,11 @@ class SeriesSpike(JobSeries):
         values = {self.feature: float(column[row])}
         if self.confirm and (confirm := job_value(batch, self.confirm)) is not None:
             values[self.confirm] = confirm
-        found = self.process(Frame(JOB, batch.step, batch.time, values))
-        return [replace(f, subject=batch.subject(row)) for f in found]
+        self._ranks = (batch, row)
+        try:
+            return self.process(Frame(JOB, batch.step, batch.time, values))
+        finally:
+            self._ranks = None
 
     def process(self, frame: Frame) -> Sequence[Finding]:
         state = self._state(frame.subject)
@@ -192,9 +196,12 @@ class SeriesSpike(JobSeries):
             "ratio": value / med if med else 0.0,
             "robust_z": score,
         }
+        subject = frame.subject
+        if self._ranks is not None:  # the highest rank's spike: its rank, or the job's
+            subject = self._spiking(*self._ranks, med, (value - med) / score, evidence)
         return Finding(
             self.kind,
-            frame.subject,
+            subject,
             score,
             Severity.WARN,
             frame.time,
@@ -202,6 +209,21 @@ class SeriesSpike(JobSeries):
             evidence,
             self.name,
         )
+
+    def _spiking(
+        self, batch: StepBatch, row: int, level: float, floor: float, evidence: dict[str, float]
+    ) -> Subject:
+        """The subject of a spike of the highest rank: that rank, or the job when more than
+        half the ranks reporting the series are above the same bar (a spike of the whole
+        job's loss is no one rank's bad batch); their count goes into ``evidence``."""
+        column = batch.column(self.feature)
+        reported = np.isfinite(column)
+        with np.errstate(invalid="ignore"):
+            spiking = int(np.count_nonzero(column > level + self.z * floor))
+        evidence["ranks_spiking"] = float(spiking)
+        if spiking > np.count_nonzero(reported) / 2:
+            return JOB
+        return batch.subject(row)
 
     def _state(self, subject: Subject) -> _State:
         state = self._states.get(subject)

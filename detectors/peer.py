@@ -29,8 +29,9 @@ class PeerFeature:
     (either), the finding ``kind``, its own ``min_shift`` (None: the detector's), an
     absolute floor ``min_abs`` in the feature's unit, whether the rank's stable ``offset``
     is removed, how many of the last five reports must beat the bar (``votes``: noisy
-    timings need three, a clean flag one) and its own ``persistence`` (None: the
-    detector's)."""
+    timings need three, a clean flag one), its own ``persistence`` (None: the
+    detector's), and the share of the job's median step an excess time must also reach
+    (``step_share``; a time in milliseconds)."""
 
     direction: int
     kind: str
@@ -39,6 +40,7 @@ class PeerFeature:
     offset: bool = True
     votes: int = 3
     persistence: int | None = None
+    step_share: float = 0.0
 
     @classmethod
     def parse(cls, name: str, spec: object) -> PeerFeature:
@@ -55,7 +57,9 @@ class PeerFeature:
 
 _ERRORS = PeerFeature(1, "nic_degradation", 0.0, 1.0, offset=False)  # errors a second
 #: The features compared by default. Times need 5 ms of excess at least (a data wait of
-#: 2 ms against 0.5 ms is four times its peers' and costs nothing), a temperature 5 °C (a
+#: 2 ms against 0.5 ms is four times its peers' and costs nothing), and a data wait 2 % of
+#: the job's step (50 ms on a 2.5 s step: a loader hiccup of a few tens of milliseconds
+#: that a rank's usual wait doubles is no stall worth a look), a temperature 5 °C (a
 #: GPU usually cooler than its peers that warms to within a few degrees of them is not
 #: overheating). Memory gets a smaller minimum shift: a leak must be caught while it is
 #: still small. Flags and error rates idle at 0: they need no offset, and an absolute
@@ -65,7 +69,7 @@ _ERRORS = PeerFeature(1, "nic_degradation", 0.0, 1.0, offset=False)  # errors a 
 DEFAULT_FEATURES: Mapping[str, PeerFeature] = MappingProxyType(
     {
         "compute_ms": PeerFeature(1, "slow_rank", min_abs=5.0),
-        "data_wait_ms": PeerFeature(1, "dataloader_stall", min_abs=5.0),
+        "data_wait_ms": PeerFeature(1, "dataloader_stall", min_abs=5.0, step_share=0.02),
         "comm_ms": PeerFeature(1, "nic_degradation", min_abs=5.0, offset=False),
         "nic_gbps": PeerFeature(-1, "nic_degradation"),
         "gpu_temp": PeerFeature(1, "thermal", min_abs=5.0, votes=2),
@@ -141,7 +145,15 @@ class PeerOutlier(Stepwise):
             # longer in every all-reduce) would look like a shift: the sustained bar is
             # for features compared after their offsets are removed.
             self.core.add(
-                name, f.direction, shift, f.min_abs, offset, f.votes, f.persistence, offset
+                name,
+                f.direction,
+                shift,
+                f.min_abs,
+                offset,
+                f.votes,
+                f.persistence,
+                sustained=offset,
+                step_share=f.step_share,
             )
         self._kinds = [f.kind for f in self.features.values()]
         self._groups = GroupFindings(

@@ -51,7 +51,7 @@ HOST_GPU_RULES = (XidError, MemoryFatal, ThermalThrottle)
 #: 0.5 ms is four times theirs and costs nothing.
 LIVE_PEER_FEATURES: Mapping[str, PeerFeature] = {
     "compute_ms": PeerFeature(1, "slow_rank", min_abs=20.0, offset=False),
-    "data_wait_ms": PeerFeature(1, "dataloader_stall", min_abs=20.0, offset=False),
+    "data_wait_ms": PeerFeature(1, "dataloader_stall", min_abs=20.0, offset=False, step_share=0.02),
 }
 
 

@@ -176,3 +176,23 @@ def test_persistence_counts_the_reports_of_a_feature_not_other_observations() ->
         found += det.process_step(batch(s, {"sm_clock": clock}))  # a GPU scrape
         found += det.process_step(batch(s, {"compute_ms": np.full(16, 100.0)}))  # a step
     assert [(f.kind, f.subject.rank, f.step) for f in found] == [("thermal", 5, 2)]
+
+
+def _data_waits(step_s: float, extra_ms: float, steps: int = 120, at: int = 60):
+    """16 ranks waiting 10 ms for data (steps of ``step_s``); rank 9 waits ``extra_ms``
+    more from step ``at``."""
+    rng = np.random.default_rng(4)
+    for s in range(steps):
+        wait = 10.0 * (1.0 + 0.05 * rng.standard_normal(16))
+        if s >= at:
+            wait[9] += extra_ms
+        yield batch(s, {"data_wait_ms": wait, "step_time": np.full(16, step_s)})
+
+
+@pytest.mark.parametrize(("step_s", "fires"), [(3.0, False), (0.5, True)])
+def test_a_data_wait_must_cost_a_share_of_the_step(step_s: float, fires: bool) -> None:
+    # 40 ms more than its peers' 10 ms: five times their wait, 1.3 % of a 3 s step (a
+    # loader hiccup, no stall) and 8 % of a 0.5 s one.
+    det = PeerOutlier()
+    found = [f for b in _data_waits(step_s, 40.0) for f in det.process_step(b)]
+    assert [(f.kind, f.subject.rank) for f in found] == ([("dataloader_stall", 9)] if fires else [])

@@ -87,6 +87,21 @@ def test_loss_spike_on_one_rank_is_seen_in_max_mode_and_names_the_rank() -> None
         SeriesSpike(reduce="mean")
 
 
+def test_a_spike_of_most_ranks_in_max_mode_is_the_job_s() -> None:
+    from collector.types import JOB
+    from tests.detectors._batches import batch
+
+    det = SeriesSpike(warmup=5, reduce="max")
+    found = []
+    for s in range(30):
+        loss = 3.0 - 0.01 * s + 0.01 * np.arange(8)
+        if s == 25:
+            loss[1:] *= 3  # seven ranks of eight
+        found += det.process_step(batch(s, {"loss": loss}))
+    assert [(f.kind, f.subject, f.step) for f in found] == [("loss_spike", JOB, 25)]
+    assert found[0].evidence["ranks_spiking"] == 7
+
+
 def _norm_and_loss(spike_at: int, loss_after: float, lasting: int = 10) -> list[Frame]:
     """A decaying gradient norm with a twelvefold jump at ``spike_at``; the loss after it
     multiplied by ``loss_after`` for ``lasting`` steps."""
@@ -151,3 +166,21 @@ def test_the_highest_rank_s_gradient_spike_is_confirmed_by_the_job_s_loss() -> N
             found[-1] += det.process_step(batch(frame.step, {"grad_norm": norm, "loss": loss}))
     assert found[0] == []
     assert [(f.kind, f.step) for f in found[1]] == [("grad_spike", 60)]
+    assert found[1][0].subject.rank is None  # the all-reduced norm: every rank's, the job's
+
+
+def test_a_confirmed_spike_names_the_rank_that_spiked_not_the_highest_when_confirmed() -> None:
+    from detectors.numerics import grad_norm_spike
+    from tests.detectors._batches import batch
+
+    det = grad_norm_spike(warmup=20, min_ratio=1.0, reduce="max")
+    found = []
+    for frame in _norm_and_loss(60, 2.0):
+        norm = np.full(4, frame.values["grad_norm"])
+        if frame.step != 60:
+            norm[1] *= 1.01  # rank 1 the highest on every other step
+        else:
+            norm[[0, 1, 3]] = norm[2] / 12  # rank 2's own norm jumped
+        loss = np.full(4, frame.values["loss"])
+        found += det.process_step(batch(frame.step, {"grad_norm": norm, "loss": loss}))
+    assert [(f.kind, f.step, f.subject.rank) for f in found] == [("grad_spike", 60, 2)]
