@@ -21,6 +21,7 @@ def pick_columns(array: np.ndarray, cols: np.ndarray) -> np.ndarray:
 
 
 SLOW_WEIGHT = 0.1  # of a drifting cell's learning, against a calm one's
+_CENTRE_SAMPLE = 4096  # ranks whose factors give the median factor, at most (a stride)
 
 
 class Offsets:
@@ -106,3 +107,21 @@ class Offsets:
             weight = np.where(slow, SLOW_WEIGHT * weight, weight)
 
         factor += np.where(ok, weight * (np.where(ok, ratio, 1.0) - factor), 0.0)
+        self._centre(factor, count)
+
+    @staticmethod
+    def _centre(factor: np.ndarray, count: np.ndarray) -> None:
+        """Keeps a feature's factors relative to the median rank's (its factor 1).
+
+        Each step's reference is the median of the values with their factors divided
+        out, so nothing ties the factors to 1: learnt from a skewed ratio (a data wait's
+        mean over its median is above 1) they would all creep up together, by about a
+        per cent a step, and the divided values would shrink against the features'
+        absolute floors (5 ms of data wait became 100 ms in 400 steps)."""
+        stride = max(1, len(factor) // _CENTRE_SAMPLE)
+        learnt = factor[::stride][count[::stride] > 0]
+        if not len(learnt):
+            return
+        centre = float(np.median(learnt))
+        if centre > 0 and abs(centre - 1.0) > 1e-3:
+            factor /= centre
