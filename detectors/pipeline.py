@@ -54,6 +54,9 @@ class Fuser:
             return []
         if self._noted_already(finding, now):
             return []
+        if self._found_by_another(finding, now):
+            self.suppressed += 1
+            return []
         if self._caused(finding, now):
             return []
         finding = self._absorb_held_effects(finding, now)
@@ -168,6 +171,20 @@ class Fuser:
                 and inc.opened_at <= now
                 and covers(inc.finding.subject, generic.subject)
             ),
+        )
+
+    def _found_by_another(self, finding: Finding, now: float) -> bool:
+        """Whether another detector released this fail-slow finding (its kind, its subject)
+        while the fault may still be on: two detectors' bars (a live run's coarse and
+        precise peer comparisons) are crossed at different steps of one fault. A detector's
+        own hysteresis says when its fault cleared; another's does not."""
+        return finding.severity == Severity.WARN and any(
+            inc.released
+            and inc.finding.kind == finding.kind
+            and inc.finding.subject == finding.subject
+            and inc.finding.detector != finding.detector
+            and self._may_still_be_on(inc, now)
+            for inc in [*self.incidents, *self._history]
         )
 
     def _may_still_be_on(self, inc: Incident, now: float) -> bool:

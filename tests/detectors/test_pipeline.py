@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -256,3 +257,21 @@ def test_a_generic_finding_on_a_fail_slow_fault_still_on_is_its_effect() -> None
     assert [(f.kind, f.subject.rank) for f in fuser.tick(151.0)] == [("metric_outlier", 4)]
     fuser.add(_f("metric_outlier", R3, 300, gpu_util=77.0))
     assert [(f.kind, f.subject.rank) for f in fuser.tick(321.0)] == [("metric_outlier", 3)]
+
+
+def test_a_fault_found_again_by_another_detector_is_one_finding() -> None:
+    # A live run's coarse and precise peer comparisons cross their bars at different steps
+    # of one slowdown: the second, 30 steps on (after the incident closed), is the same
+    # fault. The same detector firing again has re-armed on its own: a new fault.
+    fuser = Fuser()
+    fuser.add(replace(_f("slow_rank", R3, 60), detector="peer_outlier/quiet"))
+    assert [f.kind for f in fuser.tick(62.0)] == ["slow_rank"]
+    fuser.tick(85.0)  # closed
+    assert fuser.add(replace(_f("slow_rank", R3, 90), detector="peer_outlier")) == []
+    assert fuser.tick(95.0) == []
+    assert fuser.suppressed == 1
+    fuser.add(replace(_f("slow_rank", R3, 120), detector="peer_outlier/quiet"))
+    assert [(f.kind, f.step) for f in fuser.tick(122.0)] == [("slow_rank", 120)]
+    other = Subject(0, 4, "n0")  # another rank's is its own fault
+    fuser.add(replace(_f("slow_rank", other, 125), detector="peer_outlier"))
+    assert [(f.kind, f.subject.rank) for f in fuser.tick(127.0)] == [("slow_rank", 4)]
