@@ -97,7 +97,10 @@ class SeriesSpike(JobSeries):
         self.window, self.warmup, self.clear = window, warmup, clear
         self.recent = recent
         self._states: dict[Subject, _State] = {}
-        self._ranks: tuple[StepBatch, int] | None = None  # the step of a max-mode call
+        # Max mode: the step in hand (its batch, the highest row, the median's rise) and
+        # the level of the ranks' median.
+        self._ranks: tuple[StepBatch, int, float] | None = None
+        self._median = RobustWindow(window)
 
     def score_one(self, frame: Frame) -> float:
         """How many robust deviations above the baseline the value is (0 in warm-up)."""
@@ -127,11 +130,24 @@ class SeriesSpike(JobSeries):
         values = {self.feature: float(column[row])}
         if self.confirm and (confirm := job_value(batch, self.confirm)) is not None:
             values[self.confirm] = confirm
-        self._ranks = (batch, row)
+        self._ranks = (batch, row, self._median_rise(column[finite_rows]))
         try:
             return self.process(Frame(JOB, batch.step, batch.time, values))
         finally:
             self._ranks = None
+
+    def _median_rise(self, values: np.ndarray) -> float:
+        """How far the step's median over ranks rose above its own level (a ratio less 1;
+        0 before ``warmup`` steps). A rise past ``min_ratio`` is not learnt into it."""
+        median = float(np.median(values))
+        window = self._median
+        rise = 0.0
+        if len(window) >= self.warmup:
+            level, _ = window.local(self.recent)
+            rise = median / level - 1.0 if level > 0 else 0.0
+        if rise <= self.min_ratio:
+            window.add(median)
+        return rise
 
     def process(self, frame: Frame) -> Sequence[Finding]:
         state = self._state(frame.subject)
@@ -198,7 +214,8 @@ class SeriesSpike(JobSeries):
         }
         subject = frame.subject
         if self._ranks is not None:  # the highest rank's spike: its rank, or the job's
-            subject = self._spiking(*self._ranks, med, (value - med) / score, evidence)
+            batch, row, median_rise = self._ranks
+            subject = self._spiking(batch, row, median_rise, med, (value - med) / score, evidence)
         return Finding(
             self.kind,
             subject,
@@ -211,17 +228,26 @@ class SeriesSpike(JobSeries):
         )
 
     def _spiking(
-        self, batch: StepBatch, row: int, level: float, floor: float, evidence: dict[str, float]
+        self,
+        batch: StepBatch,
+        row: int,
+        median_rise: float,
+        level: float,
+        floor: float,
+        evidence: dict[str, float],
     ) -> Subject:
-        """The subject of a spike of the highest rank: that rank, or the job when more than
-        half the ranks reporting the series are above the same bar (a spike of the whole
-        job's loss is no one rank's bad batch); their count goes into ``evidence``."""
+        """The subject of a spike of the highest rank: that rank, or the job when the
+        ranks' median rose at least half as much as the highest rank (against their own
+        levels) or more than half the ranks are above the highest rank's bar: a spike of
+        the whole job's loss is no one rank's bad batch. Both go into ``evidence``."""
         column = batch.column(self.feature)
         reported = np.isfinite(column)
         with np.errstate(invalid="ignore"):
             spiking = int(np.count_nonzero(column > level + self.z * floor))
+        rise = float(column[row]) / level - 1.0 if level > 0 else 0.0
         evidence["ranks_spiking"] = float(spiking)
-        if spiking > np.count_nonzero(reported) / 2:
+        evidence["median_rise"] = median_rise
+        if median_rise >= 0.5 * rise or spiking > np.count_nonzero(reported) / 2:
             return JOB
         return batch.subject(row)
 

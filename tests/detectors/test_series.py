@@ -102,6 +102,23 @@ def test_a_spike_of_most_ranks_in_max_mode_is_the_job_s() -> None:
     assert found[0].evidence["ranks_spiking"] == 7
 
 
+def test_a_spike_of_the_ranks_median_in_max_mode_is_the_job_s() -> None:
+    # Losses spread from 2 to 4 over 16 ranks, every one 1.5 times higher at step 25: only
+    # the highest five pass the highest rank's bar, but the median rose by half.
+    from collector.types import JOB
+    from tests.detectors._batches import batch
+
+    det = SeriesSpike(warmup=5, reduce="max")
+    found = []
+    for s in range(30):
+        loss = (2.0 + 2.0 * np.arange(16) / 15) * (1.0 - 0.001 * s)
+        if s == 25:
+            loss *= 1.5
+        found += det.process_step(batch(s, {"loss": loss}))
+    assert [(f.kind, f.subject, f.step) for f in found] == [("loss_spike", JOB, 25)]
+    assert found[0].evidence["ranks_spiking"] < 8
+
+
 def _norm_and_loss(spike_at: int, loss_after: float, lasting: int = 10) -> list[Frame]:
     """A decaying gradient norm with a twelvefold jump at ``spike_at``; the loss after it
     multiplied by ``loss_after`` for ``lasting`` steps."""
