@@ -115,9 +115,9 @@ class Offsets:
 
         Each step's reference is the median of the values with their factors divided
         out, so nothing ties the factors to 1: learnt from a skewed ratio (a data wait's
-        mean over its median is above 1) they would all creep up together, by about a
-        per cent a step, and the divided values would shrink against the features'
-        absolute floors (5 ms of data wait became 100 ms in 400 steps)."""
+        mean over its median is above 1) they would all creep up together (a generated
+        job's data waits: 20 times in 1,200 steps; exponential waits: 2,000 times in 400)
+        and the divided values would shrink against the features' absolute floors."""
         stride = max(1, len(factor) // _CENTRE_SAMPLE)
         learnt = factor[::stride][count[::stride] > 0]
         if not len(learnt):

@@ -200,8 +200,8 @@ def test_a_data_wait_must_cost_a_share_of_the_step(step_s: float, fires: bool) -
 
 def test_offsets_of_a_skewed_feature_stay_relative_to_the_median_rank() -> None:
     # Data waits drawn from an exponential: a rank's mean over the peers' median is about
-    # 1.4. Learnt without centring, every factor crept up together (20 times in 400
-    # steps) and the divided waits shrank below the 5 ms floor, hiding a 1 s stall.
+    # 1.4. Learnt without centring, every factor crept up together (2,000 times in 400
+    # steps) and the divided waits shrank below the floors, hiding a 1 s stall.
     rng = np.random.default_rng(5)
     det = PeerOutlier()
     found = []
