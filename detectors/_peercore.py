@@ -413,13 +413,12 @@ class PeerCore:
         return np.array(source, dtype=np.intp), np.array(have, dtype=np.intp)
 
     def _median_step_ms(self, batch: StepBatch) -> float:
-        """The job's median step time in milliseconds (of a sample of ranks at scale);
-        an observation without step times (GPU scrapes) keeps the last one."""
-        if "step_time" in batch.features:
-            steps = batch.column("step_time")[:_SAMPLE]
-            steps = steps[np.isfinite(steps)]
-            if len(steps):
-                self._step_ms = 1000.0 * float(np.median(steps))
+        """The job's median step time in milliseconds (the batch's, worked out once for
+        every detector that asks); an observation without step times (GPU scrapes) keeps
+        the last one."""
+        step_s = batch.job_median("step_time")
+        if step_s is not None:
+            self._step_ms = 1000.0 * step_s
         return self._step_ms
 
     def _peer_stats(self, x: np.ndarray, nan_seen: bool) -> tuple[np.ndarray, np.ndarray]:

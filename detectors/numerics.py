@@ -130,16 +130,17 @@ class SeriesSpike(JobSeries):
         values = {self.feature: float(column[row])}
         if self.confirm and (confirm := job_value(batch, self.confirm)) is not None:
             values[self.confirm] = confirm
-        self._ranks = (batch, row, self._median_rise(column[finite_rows]))
+        self._ranks = (batch, row, self._median_rise(batch))
         try:
             return self.process(Frame(JOB, batch.step, batch.time, values))
         finally:
             self._ranks = None
 
-    def _median_rise(self, values: np.ndarray) -> float:
+    def _median_rise(self, batch: StepBatch) -> float:
         """How far the step's median over ranks rose above its own level (a ratio less 1;
         0 before ``warmup`` steps). A rise past ``min_ratio`` is not learnt into it."""
-        median = float(np.median(values))
+        median = job_value(batch, self.feature)
+        assert median is not None  # the caller saw a finite value
         window = self._median
         rise = 0.0
         if len(window) >= self.warmup:
