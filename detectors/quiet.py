@@ -29,6 +29,7 @@ import numpy as np
 
 from collector.vocabulary import canonical_name
 from detectors._buffer import Stepwise
+from detectors._layout import RankLayout
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding
@@ -86,8 +87,7 @@ class QuietJob(Stepwise):
         self.feature = canonical_name(feature)
         self.max_noise, self.window, self.warmup, self.every = max_noise, window, warmup, every
         self.noise: float | None = None  # the last measure; None: not measured yet
-        self._slot = np.zeros(0, dtype=np.int64)  # rank -> column of the window, or -1
-        self._used = 0  # columns given to ranks
+        self._layout = RankLayout()  # each rank's column of the window, in order seen
         self._ratios = np.full((window, max_ranks), np.nan)
         self._filled = 0  # steps written into the window
         self.dropped = 0  # findings withheld while the job was noisy
@@ -115,35 +115,19 @@ class QuietJob(Stepwise):
         finite = np.isfinite(values) & (values > 0)
         if np.count_nonzero(finite) < _MIN_RANKS:
             return
-        ranks = batch.ranks[finite]
-        slots = self._slots_of(ranks)
-        kept = slots >= 0
+        slots = self._layout.rows_to_slots(batch.ranks, batch.nodes, batch.replicas)
+        if slots is None:  # rows are slots
+            slots = np.arange(len(batch.ranks))
+        kept = finite & (slots < self._ratios.shape[1])
         row = self._ratios[self._filled % self.window]
         row[:] = np.nan
-        row[slots[kept]] = values[finite][kept] / np.median(values[finite])
+        row[slots[kept]] = values[kept] / np.median(values[finite])
         self._filled += 1
         if self._filled >= self.window and self._filled % self.every == 0:
             self.noise = self._spread()
 
-    def _slots_of(self, ranks: np.ndarray) -> np.ndarray:
-        """Each rank's column of the window (-1 beyond ``max_ranks``); new ranks get the
-        next free columns."""
-        if len(ranks) and ranks.max() >= len(self._slot):
-            grown = np.full(int(ranks.max()) + 1, -1, dtype=np.int64)
-            grown[: len(self._slot)] = self._slot
-            self._slot = grown
-        slots: np.ndarray = self._slot[ranks]
-        new = np.unique(ranks[slots < 0])
-        free = self._ratios.shape[1] - self._used
-        if len(new) and free > 0:
-            new = new[:free]
-            self._slot[new] = np.arange(self._used, self._used + len(new))
-            self._used += len(new)
-            slots = self._slot[ranks]
-        return slots
-
     def _spread(self) -> float | None:
-        ratios = self._ratios[:, : self._used]
+        ratios = self._ratios[:, : len(self._layout.ranks)]
         counted = np.count_nonzero(np.isfinite(ratios), axis=0) >= self.window // 2
         if np.count_nonzero(counted) < _MIN_RANKS:
             return None
