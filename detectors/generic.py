@@ -50,8 +50,12 @@ def watchable(name: str, exclude: Iterable[str] = ()) -> bool:
     return not name.startswith(SECTION_PREFIX) and "." not in name
 
 
+#: The kind of every finding of this detector.
+GENERIC_KIND = "metric_outlier"
+
+
 def _kind(column: int) -> str:
-    return "metric_outlier"
+    return GENERIC_KIND
 
 
 class GenericPeer(Stepwise):

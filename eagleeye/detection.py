@@ -29,12 +29,14 @@ from detectors.changepoint import ThroughputChange
 from detectors.config import DetectorsConfig, DetectorSpec
 from detectors.edge import derive
 from detectors.fusion import FusionPolicy
+from detectors.generic import GENERIC_KIND
 from detectors.hang import FR_BEHIND, FR_PENDING
-from detectors.peer import PeerFeature
+from detectors.peer import DEFAULT_FEATURES, PeerFeature
 from detectors.pipeline import DetectorPipeline
 from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
 from detectors.rules import MemoryFatal, NonFiniteLoss, ProcessExit, ThermalThrottle, XidError
 from detectors.standout import StandsOut
+from detectors.trend import DEFAULT_TRENDS
 from detectors.types import Finding, Severity
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus
 
@@ -96,6 +98,22 @@ def live_specs() -> tuple[DetectorSpec, ...]:
             {"feature": "step_time.max", "min_shift": 1.0, "h": 8.0, "warmup": 10},
         ),
     )
+
+
+#: The live detectors that judge a rank against the other ranks of its host or against its
+#: own past: across hosts each agent runs them on its ranks' full series, which never leave
+#: the host (the controller sees summaries: ``eagleeye.agents.hostjudge``).
+HOST_TIER = ("when_quiet", "generic_peer", "trend")
+
+#: What the host tier can find: the peer comparison's kinds, a leak's, a metric no one reads.
+HOST_TIER_KINDS = frozenset(
+    {f.kind for f in DEFAULT_FEATURES.values()} | set(DEFAULT_TRENDS.values()) | {GENERIC_KIND}
+)
+
+
+def host_tier_config() -> DetectorsConfig:
+    """The members of ``live_specs`` named in ``HOST_TIER``, fused by the default policy."""
+    return DetectorsConfig(tuple(s for s in live_specs() if s.name in HOST_TIER), FusionPolicy())
 
 
 def live_config() -> DetectorsConfig:

@@ -77,8 +77,14 @@ from eagleeye.agents.eviction import (
 )
 from eagleeye.agents.graceful import GraceWindow, leaving_grace, stop_grace
 from eagleeye.agents.hangstacks import STACK_WAIT_S, STACKS, StackGather
+from eagleeye.agents.hostjudge import HOST_FINDINGS
 from eagleeye.agents.intake import SummaryIntake
-from eagleeye.agents.judging import ReducedJudge, job_frames
+from eagleeye.agents.judging import (
+    ReducedJudge,
+    host_findings,
+    job_frames,
+    node_rank_of,
+)
 from eagleeye.agents.membership import (
     AgentLost,
     AgentReport,
@@ -254,7 +260,7 @@ class JobCoordinator:
         if self._spares.drop(agent):
             self.members.fence(agent, f"{cause} to the spare {agent}", key="drained")
             return
-        node = next((n for n, a in self._by_node.items() if a.agent == agent), None)
+        node = node_rank_of(agent, self._by_node)
         if (
             node is not None
             and self._leaving is None
@@ -428,6 +434,8 @@ class JobCoordinator:
             self._rank_events(report)
         elif report.kind == "progress":
             self._rank_progress(report)
+        elif report.kind == HOST_FINDINGS:
+            self._host_findings(report)
         elif report.kind == "leaving":
             cause = str(report.body.get("cause", "a signal"))
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
@@ -438,6 +446,17 @@ class JobCoordinator:
             self.on_update(report)
         elif report.kind == STACKS:  # after its hang was acted on
             self._gather.late(report)
+
+    def _host_findings(self, report: AgentReport) -> None:
+        """What an agent's judge of its ranks found: checked (``host_findings``), and
+        answered when it is of this attempt and no other detector found it already."""
+        node = node_rank_of(report.agent, self._by_node)
+        if node is None:
+            return
+        attempt, found = host_findings(report.body, report.agent, node, self.layout, self.clock())
+        if attempt == self.attempt:
+            for finding in self._judge.once(found):
+                self._answer(finding)
 
     def _host_samples(self, report: AgentReport) -> None:
         """A host's samples: stored, and read by the host rules (an XID, an ECC error, a

@@ -47,6 +47,7 @@ from collector.types import Sample
 from detectors.errors import DetectorError
 from detectors.progress import HangLimits
 from eagleeye.agents.hangstacks import STACKS, StackRequest, answer
+from eagleeye.agents.hostjudge import HOST_FINDINGS, HostJudge
 from eagleeye.agents.link import AgentLink
 from eagleeye.agents.ranktelemetry import HostTelemetry
 from eagleeye.agents.snapshots import HostHolder
@@ -287,7 +288,7 @@ class HostAgent:
         folder.mkdir(parents=True, exist_ok=True)
         (self.log_dir / REQUEST).unlink(missing_ok=True)  # an earlier stop's request
         if self.telemetry is None:
-            self.telemetry = HostTelemetry(self.log_dir)
+            self.telemetry = HostTelemetry(self.log_dir, judge=HostJudge())
         self.telemetry.expect(spec.rank for spec in self.specs)
         run_dir = self.log_dir.resolve()
         ours = {
@@ -352,7 +353,7 @@ class HostAgent:
             self.stop_ranks([rank], 0.0)
         self._open_sources()
         if self.telemetry is None and not self.local:  # a local rank's goes to the run
-            self.telemetry = HostTelemetry(self.log_dir)
+            self.telemetry = HostTelemetry(self.log_dir, judge=HostJudge())
         if self.telemetry is not None:
             self.telemetry.expect([*self._ranks, rank])
         given = Path(str(body.get("log", f"replica-{generation}/rank-{rank}.log")))
@@ -443,6 +444,7 @@ class HostAgent:
             self._send("events", events)
             for summary in summaries:
                 self.link.summary(summary)
+            self._send_findings()
             if self._progress is not None:
                 now = time.time()
                 self._progress.observe(self.telemetry.marks, now)
@@ -450,6 +452,17 @@ class HostAgent:
                     r: held.proc.pid for r, held in self._ranks.items() if held.proc.poll() is None
                 }
                 self._send("progress", self._progress.report(now, live, live))
+
+    def _send_findings(self) -> None:
+        """What the host's judge of its ranks found (``HostJudge``), one report per
+        attempt, for the controller to check and answer."""
+        assert self.telemetry is not None
+        found, self.telemetry.findings = self.telemetry.findings, []
+        for attempt in sorted({a for a, _ in found}):
+            rows = [f.to_json() for a, f in found if a == attempt]
+            for start in range(0, len(rows), CHUNK):
+                body = {"attempt": attempt, "findings": rows[start : start + CHUNK]}
+                self.link.report(HOST_FINDINGS, body)
 
     def _send(self, kind: str, samples: Sequence[Sample]) -> None:
         for start in range(0, len(samples), CHUNK):

@@ -3,17 +3,40 @@ coordinators (``--recovery job`` and ``--recovery replica``) do with the frames 
 summary intake (``eagleeye.agents.intake``). The frames are stored (the outlier rows, the
 job's and the outstanding hosts' frames) and read by ``reduced_detectors`` (a non-finite
 loss, a rank slower than its host's others, the job's step time falling off); the
-findings are returned for the coordinator to answer through its policy."""
+findings are returned for the coordinator to answer through its policy.
+
+The agents judge their own ranks' full series too (``eagleeye.agents.hostjudge``) and
+report what they find; ``host_findings`` checks each such finding before anything acts on
+it: a kind the host's detectors can find, a warning (never critical), a rank of the
+sender's own node, finite numbers, the current attempt. One fault crossing both the
+controller's bar and a host's (a 60 % slower rank) is one finding (``ReducedJudge.once``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from collector.types import Frame, Sample
+from collector.types import Frame, Sample, Subject
 from detectors.base import Detector
-from detectors.types import Finding
-from eagleeye.detection import reduced_detectors
+from detectors.fusion import FusionPolicy
+from detectors.types import Finding, Severity
+from eagleeye.agents.membership import AgentState
+from eagleeye.detection import HOST_TIER_KINDS, reduced_detectors
 from eagleeye.store import RunStore
+from ft_runtime.layout import JobLayout
+
+log = logging.getLogger(__name__)
+
+#: The most findings one report may carry, and evidence entries one finding.
+MAX_HOST_FINDINGS = 1000
+MAX_EVIDENCE = 64
+#: Steps after a finding in which another detector's of its kind and subject is the same
+#: fault (the fusion's ``ongoing_window``).
+ONGOING_STEPS = FusionPolicy().ongoing_window
 
 
 @dataclass
@@ -24,10 +47,13 @@ class ReducedJudge:
 
     store: RunStore
     detectors: list[Detector] = field(default_factory=reduced_detectors)
+    suppressed: int = 0  # findings of a fault another detector had found
+    _answered: dict[tuple[str, Subject], tuple[str, int]] = field(default_factory=dict)
 
     def reset(self) -> None:
         """Fresh detectors: a new attempt's baseline."""
         self.detectors = reduced_detectors()
+        self._answered.clear()
 
     def judge(self, frames: list[Frame], now: float) -> list[Finding]:
         """The frames stored and judged; returns the findings (not yet answered)."""
@@ -38,7 +64,88 @@ class ReducedJudge:
                 found += detector.process(frame)
         for detector in self.detectors:
             found += detector.poll(now)
-        return found
+        return self.once(found)
+
+    def once(self, found: list[Finding]) -> list[Finding]:
+        """``found`` less the warnings of a kind and subject another detector (the
+        controller's or a host's) found within ``ONGOING_STEPS`` steps before: two bars
+        crossed at different steps of one fault. The same detector firing again has
+        re-armed by its own hysteresis: a new fault."""
+        out = []
+        for finding in found:
+            key, step = (finding.kind, finding.subject), finding.step
+            last = self._answered.get(key)
+            if (
+                finding.severity is Severity.WARN
+                and step is not None
+                and last is not None
+                and last[0] != finding.detector
+                and 0 <= step - last[1] <= ONGOING_STEPS
+            ):
+                self.suppressed += 1
+                continue
+            if step is not None:
+                if len(self._answered) >= 65536:
+                    self._answered.clear()
+                self._answered[key] = (finding.detector, step)
+            out.append(finding)
+        return out
+
+
+def host_findings(
+    body: Mapping[str, Any], agent: str, node_rank: int, layout: JobLayout, now: float
+) -> tuple[int, list[Finding]]:
+    """The attempt and the sound findings of an agent's ``findings`` report (the agent of
+    ``node_rank``), each on its rank's place in ``layout``, at ``now``, named
+    ``host:<detector>``; each unsound one is logged and dropped, never acted on."""
+    attempt, rows = body.get("attempt"), body.get("findings")
+    if not isinstance(attempt, int) or attempt < 0 or not isinstance(rows, list):
+        log.warning("dropped the findings of %s: no attempt or no list of findings", agent)
+        return -1, []
+    if len(rows) > MAX_HOST_FINDINGS:
+        log.warning("dropped the findings of %s: %d, over %d", agent, len(rows), MAX_HOST_FINDINGS)
+        return -1, []
+    out = []
+    for row in rows:
+        try:
+            finding = Finding.from_json(row)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("dropped a finding of %s that does not parse: %s", agent, exc)
+            continue
+        why = _unsound(finding, node_rank, layout)
+        if why:
+            log.warning("dropped a finding of %s: %s", agent, why)
+            continue
+        assert finding.subject.rank is not None
+        spec = layout.rank(finding.subject.rank)
+        subject = Subject(replica=spec.replica, rank=spec.rank, node=spec.node)
+        out.append(replace(finding, subject=subject, time=now, detector=f"host:{finding.detector}"))
+    return attempt, out
+
+
+def node_rank_of(agent: str, by_node: Mapping[int, AgentState]) -> int | None:
+    """The node rank ``agent`` holds in the job; None when it holds none (a spare)."""
+    return next((n for n, a in by_node.items() if a.agent == agent), None)
+
+
+def _unsound(finding: Finding, node_rank: int, layout: JobLayout) -> str:
+    """Why a host's finding must not be acted on; empty when it is sound."""
+    rank = finding.subject.rank
+    if finding.kind not in HOST_TIER_KINDS:
+        return f"kind {finding.kind!r} is none the host's detectors find"
+    if finding.severity is not Severity.WARN:
+        return f"severity {finding.severity.value}: the host's detectors only warn"
+    if rank is None or not 0 <= rank < layout.world_size:
+        return f"it names no rank of the job ({finding.subject})"
+    if rank // layout.nproc_per_node != node_rank:
+        return f"rank {rank} is not on node rank {node_rank}"
+    if finding.step is None or finding.step < 0:
+        return f"step {finding.step}: a host's finding is of a step"
+    if not math.isfinite(finding.score) or len(finding.evidence) > MAX_EVIDENCE:
+        return f"score {finding.score}, {len(finding.evidence)} evidence entries"
+    if len(finding.detector) > 128 or any(len(k) > 128 for k in finding.evidence):
+        return "a detector or evidence name over 128 characters"
+    return ""
 
 
 def job_frames(frames: list[Frame]) -> list[Frame]:
@@ -65,4 +172,4 @@ def frame_samples(frame: Frame) -> list[Sample]:
     ]
 
 
-__all__ = ["ReducedJudge", "frame_samples", "job_frames"]
+__all__ = ["ReducedJudge", "frame_samples", "host_findings", "job_frames", "node_rank_of"]

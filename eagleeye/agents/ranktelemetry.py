@@ -12,7 +12,9 @@ Events (checkpoints, faults, a loop that listens for a checkpoint request) are f
 and go to the controller as they are; step samples become per-rank frames with the
 peer features (``compute_ms``, ``data_wait_ms``, ``comm_ms``) added, and a step is
 summarised (``summarise``) once every rank of the host has sent its step report
-(``step_time``), or ``wait_s`` after the first sample of it came. Progress reports (a
+(``step_time``), or ``wait_s`` after the first sample of it came; with a ``judge``, the
+complete step of every rank is judged on the host too (``eagleeye.agents.hostjudge``).
+Progress reports (a
 collective a rank waits in, a pause, a look at /proc) stay on the host: each ``take``
 leaves them, with the step reports, in ``marks`` for the agent's view of its ranks'
 progress (``eagleeye.agents.waits``), which tells the controller only when the host
@@ -31,8 +33,10 @@ from typing import IO
 
 from collector.frames import frames_from_samples
 from collector.transport import TelemetryReceiver
-from collector.types import Sample
+from collector.types import Sample, Subject
 from detectors.progress import PROC_FEATURES
+from detectors.types import Finding
+from eagleeye.agents.hostjudge import HostJudge
 from eagleeye.agents.summary import HostSummary, Reduction, summarise
 from eagleeye.config import ENV_TELEMETRY, ENV_TELEMETRY_KEY
 from eagleeye.detection import peer_features
@@ -49,6 +53,7 @@ MARKERS = frozenset({"in_collective", "closing", "pause", "job_restart"}) | PROC
 class _Step:
     first: float
     values: dict[int, dict[str, float]] = field(default_factory=dict)
+    subjects: dict[int, Subject] = field(default_factory=dict)
     ended: set[int] = field(default_factory=set)  # ranks whose step report (step_time) came
 
 
@@ -60,6 +65,8 @@ class HostTelemetry:
     reduction: when a rank stands out against the host.
     raw_max_bytes: the size at which the raw series' file is rotated.
     raw_keep: rotated files kept (``telemetry.jsonl.1`` the newest).
+    judge: the detectors run on each complete step of the host's ranks (``HostJudge``);
+        None: none. Their findings wait in ``findings`` for the agent to send.
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class HostTelemetry:
         clock: Callable[[], float] = time.time,
         raw_max_bytes: int = RAW_MAX_BYTES,
         raw_keep: int = RAW_KEEP,
+        judge: HostJudge | None = None,
     ) -> None:
         if raw_max_bytes < 1 or raw_keep < 0:
             raise ValueError(
@@ -92,6 +100,8 @@ class HostTelemetry:
         self._raw: IO[str] = self.raw_path.open("a")
         self._steps: dict[tuple[int, int], _Step] = {}  # (attempt, step)
         self.marks: list[Sample] = []  # the last take's progress marks and step reports
+        self.judge = judge
+        self.findings: list[tuple[int, Finding]] = []  # (attempt, finding), not yet sent
 
     def expect(self, ranks: Iterable[int]) -> None:
         """The ranks this host runs now (from a launch)."""
@@ -122,6 +132,7 @@ class HostTelemetry:
             attempt = by_rank_step.get((str(rank), step), 0)
             pending = self._steps.setdefault((attempt, step), _Step(now))
             values = pending.values.setdefault(rank, {})
+            pending.subjects[rank] = frame.subject
             found = frame.values
             if "step_time" in found:  # the rank's step report: its step is complete
                 values.update(peer_features({**values, **found}))
@@ -136,10 +147,16 @@ class HostTelemetry:
             for key, pending in self._steps.items()
             if len(pending.ended) >= len(self.ranks) or now - pending.first >= self.wait_s
         )
-        return [
-            summarise(step, attempt, self._steps.pop((attempt, step)).values, self.reduction)
-            for attempt, step in done
-        ]
+        summaries = []
+        for attempt, step in done:
+            pending = self._steps.pop((attempt, step))
+            summaries.append(summarise(step, attempt, pending.values, self.reduction))
+            if self.judge is not None:
+                found = self.judge.judge(attempt, step, pending.subjects, pending.values, now)
+                self.findings += [(attempt, f) for f in found]
+        if self.judge is not None:
+            self.findings += [(self.judge.attempt, f) for f in self.judge.poll(now)]
+        return summaries
 
     def _rotate(self) -> None:
         """``telemetry.jsonl`` becomes ``.1``, ``.1`` becomes ``.2``, ...; the file past

@@ -65,8 +65,14 @@ from eagleeye.agents.eviction import (
     spare_refusal,
 )
 from eagleeye.agents.graceful import GraceWindow, leaving_grace, stop_grace
+from eagleeye.agents.hostjudge import HOST_FINDINGS
 from eagleeye.agents.intake import SummaryIntake
-from eagleeye.agents.judging import ReducedJudge, job_frames
+from eagleeye.agents.judging import (
+    ReducedJudge,
+    host_findings,
+    job_frames,
+    node_rank_of,
+)
 from eagleeye.agents.membership import (
     AgentLost,
     AgentReport,
@@ -436,6 +442,8 @@ class ReplicaCoordinator:
             self.launcher.exited(report.agent, rank, code, attempt, ended_ago_s(body))
         elif report.kind == "samples":
             self._host_samples(report)
+        elif report.kind == HOST_FINDINGS:
+            self._host_findings(report)
         elif report.kind == "leaving":
             cause = str(body.get("cause", "a signal"))
             self._event(f"agent:{report.agent}", Phase.EXITED, reason=f"{cause} to the agent")
@@ -444,6 +452,18 @@ class ReplicaCoordinator:
                 self._stop_grace = leaving_grace(self.grace_s, body.get("grace_s"))
         elif report.kind == "outcome":
             self.on_update(report)
+
+    def _host_findings(self, report: AgentReport) -> None:
+        """What an agent's judge of its ranks found: checked (``host_findings``) and
+        answered unless another detector found it already. (Replicas restart apart, so
+        there is no one attempt to hold it to: the agent's judge starts afresh with each
+        newer attempt of its ranks.)"""
+        node = node_rank_of(report.agent, self._by_node)
+        if node is None:
+            return
+        _, found = host_findings(report.body, report.agent, node, self.layout, self.clock())
+        for finding in self._judge.once(found):
+            self._answer(finding)
 
     def _host_samples(self, report: AgentReport) -> None:
         """A host's samples: stored; its word on its ranks' processes (stopped, or running
