@@ -8,9 +8,11 @@ the controller's side: the step's messages through ``Membership.receive_all``, a
 ``poll`` hands over a drained socket (each one's connection's agent and MAC; then the
 headers, names and statistics checked together, the replay check, the intake), then the
 step reduced across hosts (``SummaryIntake.frames``) and the frames stored and judged by
-the controller's detectors (``JobCoordinator._detect``). Printed: controller CPU per step
-(median of the steps, ``time.process_time``, with the split of that median step) and
-bytes per step.
+the controller's detectors (``JobCoordinator._detect``, the hosts' medians compared with
+each other among them). Printed: controller CPU per step (median of the steps,
+``time.process_time``, with the split of that median step), the comparison of the hosts
+alone (this thread's CPU: the process's counts the run store's writer thread whenever it
+runs) and bytes per step.
 
 Side by side, the intake of raw per-rank samples as `eagleeye run`'s controller takes
 them: one message per rank per step (the hook's step report: step time, sections,
@@ -35,8 +37,10 @@ import zmq
 
 from benchmarks.bench_intake import batch
 from collector.transport import TelemetryReceiver
+from detectors.types import Finding
 from eagleeye.agents import Membership
 from eagleeye.agents.coordinator import JobCoordinator
+from eagleeye.agents.intake import HostMedians
 from eagleeye.agents.summary import encode_summary, summarise
 from eagleeye.agents.wire import Message, seal
 from eagleeye.detection import peer_features
@@ -62,6 +66,24 @@ def rank_values(rng: random.Random, slow: bool) -> dict[str, float]:
     }
     values.update({f"section.{s}": compute / 4 * rng.uniform(0.98, 1.02) for s in SECTIONS})
     return peer_features(values)
+
+
+def timed_hosts(coordinator: JobCoordinator) -> list[float]:
+    """The CPU time of the calling thread in each step's comparison of the hosts (the
+    process's CPU also counts the run store's writer thread, whenever it runs)."""
+    peers = coordinator._judge.hosts
+    assert peers is not None
+    spent: list[float] = []
+    judge = peers.judge
+
+    def timed(step: HostMedians) -> list[Finding]:
+        start = time.thread_time()
+        found = judge(step)
+        spent.append(time.thread_time() - start)
+        return found
+
+    peers.judge = timed  # type: ignore[method-assign]
+    return spent
 
 
 def summaries(hosts: int, per_host: int, step: int, seed: int) -> list:
@@ -94,6 +116,7 @@ def main() -> None:
             hello = Message("hello", f"agent-{h}", sessions[h], 1, {"node_rank": h})
             members.receive([identity, *seal(SECRET, hello)])
         cpu, wall, sizes, rows, per_message, reduction = [], [], [], [], [], []
+        hosts_cpu = timed_hosts(coordinator)
         for step in range(args.steps):
             made = summaries(hosts, per_host, step, seed=step)
             sealed = [
@@ -140,6 +163,10 @@ def main() -> None:
         f"{messages_cpu * 1e3:.1f} ms ({messages_cpu / hosts * 1e6:.2f} us a host); the "
         f"step's reduction across hosts: {reduction_cpu * 1e3:.1f} ms; storing and "
         f"detectors: {(step_cpu - messages_cpu - reduction_cpu) * 1e3:.1f} ms"
+    )
+    print(
+        f"  of which the hosts compared with each other (HostPeers, this thread's CPU): "
+        f"{statistics.median(hosts_cpu[1:]) * 1e3:.1f} ms (first step {hosts_cpu[0] * 1e3:.1f} ms)"
     )
     print(f"recv of one step's summaries from a loopback socket: {recv_s * 1e3:.1f} ms")
     print(

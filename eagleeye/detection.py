@@ -116,6 +116,13 @@ def host_tier_config() -> DetectorsConfig:
     return DetectorsConfig(tuple(s for s in live_specs() if s.name in HOST_TIER), FusionPolicy())
 
 
+def host_peer_config() -> DetectorsConfig:
+    """The precise peer comparison of ``live_specs`` (``when_quiet``), for the controller
+    to compare the hosts' medians with each other: a node 10 % slower than the others."""
+    specs = tuple(s for s in live_specs() if s.name == "when_quiet")
+    return DetectorsConfig(specs, FusionPolicy())
+
+
 def live_config() -> DetectorsConfig:
     """The fused detectors of a live run (see ``live_specs``) with the default fusion."""
     return DetectorsConfig(live_specs(), FusionPolicy())
@@ -127,11 +134,16 @@ def replay_config(limits: HangLimits | None = None) -> DetectorsConfig:
     memory errors, a held thermal throttle) join the fused detectors, and the collective-hang
     wait-for graph stands in for the progress detector (a trace has no /proc and no clock
     between its rows), with its silence limit."""
+    process_exit, *host_rules, hang = replay_rules(limits)
+    rules = (process_exit, DetectorSpec(NonFiniteLoss.name), *host_rules)
+    return DetectorsConfig((*rules, *live_specs(), hang), FusionPolicy())
+
+
+def replay_rules(limits: HangLimits | None = None) -> tuple[DetectorSpec, ...]:
+    """What judges forwarded evidence in a replay: a process exit, the hosts' GPU rules
+    (an XID, uncorrectable memory errors, a held thermal throttle) and, standing in for
+    the progress detector, the collective-hang wait-for graph with its silence limit."""
     limits = limits or HangLimits()
-    rules = tuple(
-        DetectorSpec(rule.name)
-        for rule in (ProcessExit, NonFiniteLoss, *HOST_GPU_RULES)  # the controller's, the hosts'
-    )
     hang = DetectorSpec(
         "collective_hang",
         {
@@ -141,7 +153,7 @@ def replay_config(limits: HangLimits | None = None) -> DetectorsConfig:
             "stopped_s": limits.stopped_s,
         },
     )
-    return DetectorsConfig((*rules, *live_specs(), hang), FusionPolicy())
+    return (*(DetectorSpec(rule.name) for rule in (ProcessExit, *HOST_GPU_RULES)), hang)
 
 
 def peer_features(values: Mapping[str, float]) -> dict[str, float]:

@@ -179,7 +179,7 @@ class JobCoordinator:
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
         self._gather = StackGather(self.members, self.stack_wait_s)
-        self._judge = ReducedJudge(self.store)
+        self._judge = ReducedJudge(self.store, self.layout)
         self._stops = StoppedRankHang(self.layout.world_size)
         self._waits = CollectiveWaitHang(self.layout.world_size, self.hang)
         if self.intake is None:
@@ -341,7 +341,8 @@ class JobCoordinator:
             if step_time is not None:
                 self._step_times.append(step_time)
             self.on_job_frame(frame)
-        found = self._judge.judge(frames, now)
+        assert self.intake is not None
+        found = self._judge.judge(frames, now, self.intake.take_medians())
         found += self._stops.poll(now)
         found += self._waits.poll(now)
         for finding in found:

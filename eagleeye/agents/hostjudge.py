@@ -70,5 +70,9 @@ class HostJudge:
         """Findings the fusion held long enough without a new step."""
         return self.pipeline.poll(now)
 
+    def flush(self) -> list[Finding]:
+        """The end of the series: what the detectors still hold, released."""
+        return self.pipeline.flush()
+
 
 __all__ = ["HOST_FINDINGS", "HostJudge"]

@@ -43,6 +43,19 @@ class _Step:
     stats: list[np.ndarray] = field(default_factory=list)
 
 
+@dataclass(frozen=True, eq=False)
+class HostMedians:
+    """One step of every host that sent it: each metric's median over the host's ranks
+    (``medians``: metrics × hosts, NaN where a host has no such metric), by node rank."""
+
+    step: int
+    attempt: int
+    time: float
+    nodes: np.ndarray  # node ranks, one per column
+    names: tuple[str, ...]
+    medians: np.ndarray
+
+
 @dataclass
 class SummaryIntake:
     """Args:
@@ -63,6 +76,7 @@ class SummaryIntake:
     _steps: dict[tuple[int, int], _Step] = field(default_factory=dict)  # (attempt, step)
     _frames: list[Frame] = field(default_factory=list)
     _done: dict[int, int] = field(default_factory=dict)  # attempt -> newest step reduced
+    _medians: list[HostMedians] = field(default_factory=list)
 
     def take(self, node_rank: int, parsed: Parsed, nbytes: int, now: float) -> None:
         """One host's summary (``parse_summary``'s parts, its statistics not yet checked:
@@ -162,6 +176,12 @@ class SummaryIntake:
             self._done[attempt] = max(self._done.get(attempt, -1), step)
         return out
 
+    def take_medians(self) -> list[HostMedians]:
+        """The hosts' medians of the steps reduced since the last call (for the precise
+        comparison of hosts, ``eagleeye.agents.hostpeers``); at most ``max_steps`` kept."""
+        out, self._medians = self._medians, []
+        return out
+
     def _reduce(self, step: int, pending: _Step, hosts: int) -> list[Frame]:
         nodes = np.concatenate(pending.nodes)
         ranks = np.concatenate(pending.ranks)
@@ -188,6 +208,11 @@ class SummaryIntake:
             highs = high([high(b[:, :, 3], axis=0) for b in blocks], axis=0)
         for which, column in (("median", centre), ("min", lows), ("max", highs)):
             job.update({f"{n}.{which}": float(v) for n, v in zip(names, column, strict=True)})
+        now = self.clock()
+        self._medians = [
+            *self._medians[-self.max_steps + 1 :],
+            HostMedians(step, pending.attempt, now, nodes, names, medians),
+        ]
         starts = np.cumsum([0] + [len(b) for b in blocks])
         out = []
         for j in self._standing_out(medians, centre, gaps):
@@ -236,4 +261,4 @@ def _union(
     return union, table
 
 
-__all__ = ["SummaryIntake"]
+__all__ = ["HostMedians", "SummaryIntake"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,6 +24,8 @@ from collector.types import Frame, Sample, Subject
 from detectors.base import Detector
 from detectors.fusion import FusionPolicy
 from detectors.types import Finding, Severity
+from eagleeye.agents.hostpeers import HostPeers
+from eagleeye.agents.intake import HostMedians
 from eagleeye.agents.membership import AgentState
 from eagleeye.detection import HOST_TIER_KINDS, reduced_detectors
 from eagleeye.store import RunStore
@@ -42,28 +44,43 @@ ONGOING_STEPS = FusionPolicy().ongoing_window
 @dataclass
 class ReducedJudge:
     """Args:
-    store: the run store the frames' samples go to.
+    store: the run store the frames' samples go to (None: kept nowhere, as in a replay).
+    layout: the job's layout; with it the hosts' medians are compared with each other.
     """
 
-    store: RunStore
+    store: RunStore | None
+    layout: JobLayout | None = None
     detectors: list[Detector] = field(default_factory=reduced_detectors)
     suppressed: int = 0  # findings of a fault another detector had found
+    hosts: HostPeers | None = field(init=False, default=None)
     _answered: dict[tuple[str, Subject], tuple[str, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.reset()
 
     def reset(self) -> None:
         """Fresh detectors: a new attempt's baseline."""
         self.detectors = reduced_detectors()
+        self.hosts = None if self.layout is None else HostPeers(self.layout)
         self._answered.clear()
 
-    def judge(self, frames: list[Frame], now: float) -> list[Finding]:
-        """The frames stored and judged; returns the findings (not yet answered)."""
-        self.store.add_samples(s for frame in frames for s in frame_samples(frame))
+    def judge(
+        self, frames: list[Frame], now: float, medians: Sequence[HostMedians] = ()
+    ) -> list[Finding]:
+        """The frames stored and judged, and the hosts' medians of each step compared
+        with each other (``HostPeers``, with a ``layout``); returns the findings (not yet
+        answered)."""
+        if self.store is not None:
+            self.store.add_samples(s for frame in frames for s in frame_samples(frame))
         found: list[Finding] = []
         for frame in frames:
             for detector in self.detectors:
                 found += detector.process(frame)
         for detector in self.detectors:
             found += detector.poll(now)
+        if self.hosts is not None:
+            for step in medians:
+                found += self.hosts.judge(step)
         return self.once(found)
 
     def once(self, found: list[Finding]) -> list[Finding]:

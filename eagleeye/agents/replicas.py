@@ -66,7 +66,7 @@ from eagleeye.agents.eviction import (
 )
 from eagleeye.agents.graceful import GraceWindow, leaving_grace, stop_grace
 from eagleeye.agents.hostjudge import HOST_FINDINGS
-from eagleeye.agents.intake import SummaryIntake
+from eagleeye.agents.intake import HostMedians, SummaryIntake
 from eagleeye.agents.judging import (
     ReducedJudge,
     host_findings,
@@ -162,7 +162,7 @@ class ReplicaCoordinator:
 
     def __post_init__(self) -> None:
         self._spares = Spares(self.members)
-        self._judge = ReducedJudge(self.store)
+        self._judge = ReducedJudge(self.store, self.layout)
         self.launcher = AgentLauncher(self.members, self.layout, self.clock)
         self.members.intake = SummaryIntake(self.layout, clock=self.clock)
         self.remediator = Remediator(self.policy, self, self.dry_run, clock=self.clock)
@@ -381,7 +381,7 @@ class ReplicaCoordinator:
                 self._report(got)
         intake = self.members.intake
         if intake is not None:
-            self._detect(intake.frames(hosts=self.layout.nnodes))
+            self._detect(intake.frames(hosts=self.layout.nnodes), intake.take_medians())
         for finding in self.inbox() if self.inbox is not None else ():
             if off_the_job(finding, self.layout):
                 self.store.add_finding(finding)
@@ -389,14 +389,14 @@ class ReplicaCoordinator:
             else:
                 self._answer(finding)
 
-    def _detect(self, frames: list[Frame]) -> None:
+    def _detect(self, frames: list[Frame], medians: list[HostMedians]) -> None:
         """The ranks' telemetry reduced on the hosts: stored and judged as in job recovery
-        (``ReducedJudge``); each finding is on its rank and node (the host holding that
-        node rank) and answered by the policy (the built-in one notes a non-finite loss;
-        a finding it has no rule for is recorded only)."""
+        (``ReducedJudge``, the hosts' ``medians`` compared with each other); each finding
+        is on its rank or node and answered by the policy (the built-in one notes a
+        non-finite loss; a finding it has no rule for is recorded only)."""
         for frame in job_frames(frames):
             self.on_job_frame(frame)
-        for finding in self._judge.judge(frames, self.clock()):
+        for finding in self._judge.judge(frames, self.clock(), medians):
             self._answer(finding)
 
     def _joined(self, agent: AgentState) -> None:

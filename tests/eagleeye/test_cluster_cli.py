@@ -44,6 +44,7 @@ class Cluster:
         script: str = RANK,
         controller: tuple[str, ...] = (),
         agent_errors: bool = False,
+        nnodes: int = 2,
     ) -> None:
         (tmp / "secret").write_text("0123456789abcdef0123456789abcdef\n")
         (tmp / "rank.py").write_text(script)
@@ -53,7 +54,7 @@ class Cluster:
         # its log goes to a file: a pipe nobody reads would block it once 64 KiB are said
         self.controller_log = (tmp / "controller.err").open("w")
         self.controller = subprocess.Popen(
-            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", "2", *common]
+            [*EAGLEEYE, "controller", "--listen", self.listen, "--nnodes", str(nnodes), *common]
             + ["--nproc-per-node", str(nproc), *controller]
             + ["--runs-dir", str(tmp / "runs"), "--run-id", "r"],
             stdout=subprocess.PIPE,
@@ -62,7 +63,7 @@ class Cluster:
         )
         self.read(lambda i: "listening" in i)
         # with agent_errors, each agent's stderr goes to agent-N.err (what it says at its end)
-        self.errors = [(tmp / f"agent-{n}.err").open("w") for n in range(2) if agent_errors]
+        self.errors = [(tmp / f"agent-{n}.err").open("w") for n in range(nnodes) if agent_errors]
         self.agents = [
             subprocess.Popen(
                 [*EAGLEEYE, "agent", "--controller", self.listen, "--node-rank", str(n), *common]
@@ -70,7 +71,7 @@ class Cluster:
                 + ["--log-dir", str(tmp / f"logs{n}"), str(tmp / "rank.py"), seconds],
                 stderr=self.errors[n] if agent_errors else subprocess.DEVNULL,
             )
-            for n in range(2)
+            for n in range(nnodes)
         ]
         self.pids: list[int] = []
         self.by_rank: dict[tuple[int, int], int] = {}  # (attempt, rank) → its process

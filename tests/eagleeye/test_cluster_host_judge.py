@@ -1,7 +1,8 @@
-"""The agents judge their own ranks' full series (`eagleeye controller` + `eagleeye agent`
-on loopback): a rank 10 % slower than the others of its host never stands out in the host
-summary (its bar is 20 %), but the agent's precise peer comparison finds it, and the
-controller answers the finding on the right rank and host; no other rank is named."""
+"""Precise comparisons across hosts (`eagleeye controller` + `eagleeye agent` on
+loopback). A rank 10 % slower than the others of its host never stands out in the host
+summary (its bar is 20 %), but the agent's precise peer comparison of its ranks finds it;
+a node whose every rank is 10 % slower is found by the controller's comparison of the
+hosts' medians. Each is one finding on the right rank or node; nothing else is named."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.eagleeye.test_cluster_cli import Cluster
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200)]
 
 # Ranks in lockstep, as a collective keeps them: every step ends on the clock. Each rank
-# computes 100 ms; rank 1 computes 110 ms from its 40th step on (it notes the step).
+# computes 100 ms; the ranks SLOW compute 110 ms from their 40th step on (they note it).
 LOCKSTEP = """
 import os, sys, time
 import eagleeye
@@ -24,7 +25,7 @@ PERIOD = 0.3
 for i in range(int(float(sys.argv[1]))):
     slot = int(time.time() / PERIOD) + 1
     ee.step_start(slot)
-    slow = rank == 1 and i >= 40
+    slow = rank in SLOW and i >= 40
     if slow and i == 40:
         open(SLOW_FROM, "w").write(str(slot))
     time.sleep(0.11 if slow else 0.1)
@@ -35,11 +36,11 @@ ee.close()
 """
 
 
-def test_a_rank_ten_per_cent_slower_is_found_on_its_host(tmp_path: Path) -> None:
-    slow_from = tmp_path / "slow_from"
-    script = LOCKSTEP.replace("SLOW_FROM", repr(str(slow_from)))
-    cluster = Cluster(tmp_path, "75", nproc=4, script=script)
-    findings = []
+def _findings(tmp_path: Path, slow: set[int], nnodes: int, nproc: int) -> list[dict]:
+    script = LOCKSTEP.replace("SLOW_FROM", repr(str(tmp_path / "slow_from")))
+    script = script.replace("SLOW", repr(slow))
+    cluster = Cluster(tmp_path, "75", nproc=nproc, script=script, nnodes=nnodes)
+    findings: list[dict] = []
     try:
         end = cluster.read(
             lambda i: (
@@ -48,12 +49,26 @@ def test_a_rank_ten_per_cent_slower_is_found_on_its_host(tmp_path: Path) -> None
             )[1]
         )
         assert end["phase"] == "succeeded"
-        assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
+        assert [a.wait(timeout=30) for a in cluster.agents] == [0] * nnodes
     finally:
         cluster.close()
+    cluster.no_rank_left()
+    return findings
+
+
+def test_a_rank_ten_per_cent_slower_is_found_on_its_host(tmp_path: Path) -> None:
+    findings = _findings(tmp_path, {1}, nnodes=2, nproc=4)
     named = [(f["kind"], f["subject"]["rank"], f["subject"]["node"]) for f in findings]
     assert named == [("slow_rank", 1, "node0")], findings
     (found,) = findings
     assert found["detector"] == "host:peer_outlier/quiet"
-    assert 0 <= found["step"] - int(slow_from.read_text()) <= 20  # within 20 steps
-    cluster.no_rank_left()
+    assert 0 <= found["step"] - int((tmp_path / "slow_from").read_text()) <= 20
+
+
+def test_a_node_ten_per_cent_slower_is_found_against_the_other_hosts(tmp_path: Path) -> None:
+    findings = _findings(tmp_path, {4, 5}, nnodes=4, nproc=2)  # node 2's ranks
+    named = [(f["kind"], f["subject"].get("rank"), f["subject"]["node"]) for f in findings]
+    assert named == [("slow_node", None, "node2")], findings
+    (found,) = findings
+    assert found["detector"] == "hosts:peer_outlier/quiet"
+    assert 0 <= found["step"] - int((tmp_path / "slow_from").read_text()) <= 20

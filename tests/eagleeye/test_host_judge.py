@@ -141,7 +141,7 @@ def _warn(detector: str, step: int, kind: str = "slow_rank", rank: int = 19) -> 
 
 
 def test_one_fault_crossing_two_detectors_bars_is_one_finding(tmp_path) -> None:
-    judge = ReducedJudge(store=None)  # type: ignore[arg-type]  # once() stores nothing
+    judge = ReducedJudge(store=None)
     first = _warn("stands_out", 100)
     assert judge.once([first]) == [first]
     assert judge.once([_warn("host:peer_outlier/quiet", 130)]) == []  # the same fault
