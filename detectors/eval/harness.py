@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -18,7 +18,7 @@ from detectors.eval.nab import probation_length
 from detectors.eval.nab_corpus import read_series
 from detectors.eval.nab_detectors import DEFAULT_DETECTOR, series_verdict
 from detectors.eval.runner import Emitted, run_trace
-from detectors.eval.trace import labels_path, read_trace
+from detectors.eval.trace import Trace, labels_path, read_trace
 
 #: Seeds the reported figures use, per generator: faulty and healthy. Development looked
 #: at others only (docs/detectors.md, "Evaluation").
@@ -58,6 +58,11 @@ def _score(trace: Any, config: DetectorsConfig | None) -> TraceResult:
     return score_trace(trace, run_trace(trace, config))
 
 
+#: Runs a trace through some path to the findings it would draw (``run_trace`` with a
+#: config, or another deployment's path, such as the one across hosts).
+TraceRunner = Callable[[Trace], list[Emitted]]
+
+
 def report(faulty: Sequence[TraceResult], healthy: Sequence[TraceResult]) -> dict[str, Any]:
     """Per-class and headline numbers as plain data (JSON-ready)."""
     classes = {
@@ -82,9 +87,12 @@ def report(faulty: Sequence[TraceResult], healthy: Sequence[TraceResult]) -> dic
     }
 
 
-def evaluate_trace_file(path: Path, config: DetectorsConfig | None = None) -> dict[str, Any]:
-    """Scores the detectors on one labelled trace file. A trace labelled with no window
-    (``[]``) is a healthy one: its findings are false alarms per node-day.
+def evaluate_trace_file(
+    path: Path, config: DetectorsConfig | None = None, runner: TraceRunner | None = None
+) -> dict[str, Any]:
+    """Scores the detectors (``config``, or what ``runner`` runs) on one labelled trace
+    file. A trace labelled with no window (``[]``) is a healthy one: its findings are false
+    alarms per node-day.
 
     Raises:
         DetectorError: the trace has no labels file beside it (scoring needs one).
@@ -97,7 +105,8 @@ def evaluate_trace_file(path: Path, config: DetectorsConfig | None = None) -> di
             "([] for a healthy trace; docs/trace-format.md), or run "
             f"`eagleeye detect {path}` for its findings alone"
         )
-    result = _score(trace, config)
+    emitted = runner(trace) if runner is not None else run_trace(trace, config)
+    result = score_trace(trace, emitted)
     return report([], [result]) if not trace.labels else report([result], [])
 
 

@@ -457,7 +457,7 @@ class HostAgent:
         """What the host's judge of its ranks found (``HostJudge``), one report per
         attempt, for the controller to check and answer."""
         assert self.telemetry is not None
-        found, self.telemetry.findings = self.telemetry.findings, []
+        found, self.telemetry.steps.findings = self.telemetry.steps.findings, []
         for attempt in sorted({a for a, _ in found}):
             rows = [f.to_json() for a, f in found if a == attempt]
             for start in range(0, len(rows), CHUNK):

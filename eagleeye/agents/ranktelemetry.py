@@ -33,7 +33,7 @@ from typing import IO
 
 from collector.frames import frames_from_samples
 from collector.transport import TelemetryReceiver
-from collector.types import Sample, Subject
+from collector.types import Frame, Sample, Subject
 from detectors.progress import PROC_FEATURES
 from detectors.types import Finding
 from eagleeye.agents.hostjudge import HostJudge
@@ -55,6 +55,62 @@ class _Step:
     values: dict[int, dict[str, float]] = field(default_factory=dict)
     subjects: dict[int, Subject] = field(default_factory=dict)
     ended: set[int] = field(default_factory=set)  # ranks whose step report (step_time) came
+
+
+class HostSteps:
+    """The host's ranks' steps as their frames come: a step is complete once every one of
+    ``ranks`` sent its step report (``step_time``; the peer features are added then), or
+    ``wait_s`` after its first frame; then it is summarised and, with a ``judge``, judged
+    (its findings wait in ``findings``, with their attempt, for the agent to send).
+
+    Args:
+        ranks: how many ranks the host runs (``expect``).
+    """
+
+    def __init__(
+        self,
+        ranks: int = 0,
+        wait_s: float = 2.0,
+        reduction: Reduction | None = None,
+        judge: HostJudge | None = None,
+    ) -> None:
+        self.ranks, self.wait_s = ranks, wait_s
+        self.reduction = reduction or Reduction()
+        self.judge = judge
+        self.findings: list[tuple[int, Finding]] = []  # (attempt, finding), not yet sent
+        self._steps: dict[tuple[int, int], _Step] = {}  # (attempt, step)
+
+    def add(self, frame: Frame, attempt: int, now: float) -> None:
+        """A rank's frame of one step (others are ignored)."""
+        rank, step = frame.subject.rank, frame.step
+        if rank is None or step is None:
+            return
+        pending = self._steps.setdefault((attempt, step), _Step(now))
+        values = pending.values.setdefault(rank, {})
+        pending.subjects[rank] = frame.subject
+        if "step_time" in frame.values:  # the rank's step report: its step is complete
+            values.update(peer_features({**values, **frame.values}))
+            pending.ended.add(rank)
+        else:
+            values.update(frame.values)
+
+    def ready(self, now: float) -> list[HostSummary]:
+        """The summaries of the steps complete at ``now`` (judged too, with a judge)."""
+        done = sorted(
+            key
+            for key, pending in self._steps.items()
+            if len(pending.ended) >= self.ranks or now - pending.first >= self.wait_s
+        )
+        summaries = []
+        for attempt, step in done:
+            pending = self._steps.pop((attempt, step))
+            summaries.append(summarise(step, attempt, pending.values, self.reduction))
+            if self.judge is not None:
+                found = self.judge.judge(attempt, step, pending.subjects, pending.values, now)
+                self.findings += [(attempt, f) for f in found]
+        if self.judge is not None:
+            self.findings += [(self.judge.attempt, f) for f in self.judge.poll(now)]
+        return summaries
 
 
 class HostTelemetry:
@@ -88,8 +144,7 @@ class HostTelemetry:
         key = secrets.token_hex(32)
         self.receiver = TelemetryReceiver(address, key=key.encode())
         self.env = {ENV_TELEMETRY: self.receiver.address, ENV_TELEMETRY_KEY: key}
-        self.wait_s = wait_s
-        self.reduction = reduction or Reduction()
+        self.steps = HostSteps(0, wait_s, reduction, judge)
         self.clock = clock
         self.ranks: set[str] = set()  # this host's ranks, as labels
         self.foreign = 0  # samples naming a rank that is not this host's, dropped
@@ -98,14 +153,12 @@ class HostTelemetry:
         self.raw_max_bytes = raw_max_bytes
         self.raw_keep = raw_keep
         self._raw: IO[str] = self.raw_path.open("a")
-        self._steps: dict[tuple[int, int], _Step] = {}  # (attempt, step)
         self.marks: list[Sample] = []  # the last take's progress marks and step reports
-        self.judge = judge
-        self.findings: list[tuple[int, Finding]] = []  # (attempt, finding), not yet sent
 
     def expect(self, ranks: Iterable[int]) -> None:
         """The ranks this host runs now (from a launch)."""
         self.ranks = {str(rank) for rank in ranks}
+        self.steps.ranks = len(self.ranks)
 
     def take(self) -> tuple[list[HostSummary], list[Sample]]:
         """The summaries of the steps complete now and the events that arrived."""
@@ -120,43 +173,15 @@ class HostTelemetry:
         events = [s for s in own if s.step is None or s.name.startswith("event.")]
         self.marks = [s for s in own if s.name in MARKERS or s.name == "step_time"]
         now = self.clock()
-        by_rank_step = {}
+        by_rank_step: dict[tuple[str, int | None], int] = {}
         for s in own:
             if s.step is not None:
                 by_rank_step[(s.labels["rank"], s.step)] = int(s.labels.get("attempt", 0))
         steps = [s for s in own if s.name not in MARKERS]
         for frame in frames_from_samples(steps):
-            rank, step = frame.subject.rank, frame.step
-            if rank is None or step is None:
-                continue
-            attempt = by_rank_step.get((str(rank), step), 0)
-            pending = self._steps.setdefault((attempt, step), _Step(now))
-            values = pending.values.setdefault(rank, {})
-            pending.subjects[rank] = frame.subject
-            found = frame.values
-            if "step_time" in found:  # the rank's step report: its step is complete
-                values.update(peer_features({**values, **found}))
-                pending.ended.add(rank)
-            else:
-                values.update(found)
-        return self._ready(now), events
-
-    def _ready(self, now: float) -> list[HostSummary]:
-        done = sorted(
-            key
-            for key, pending in self._steps.items()
-            if len(pending.ended) >= len(self.ranks) or now - pending.first >= self.wait_s
-        )
-        summaries = []
-        for attempt, step in done:
-            pending = self._steps.pop((attempt, step))
-            summaries.append(summarise(step, attempt, pending.values, self.reduction))
-            if self.judge is not None:
-                found = self.judge.judge(attempt, step, pending.subjects, pending.values, now)
-                self.findings += [(attempt, f) for f in found]
-        if self.judge is not None:
-            self.findings += [(self.judge.attempt, f) for f in self.judge.poll(now)]
-        return summaries
+            attempt = by_rank_step.get((str(frame.subject.rank), frame.step), 0)
+            self.steps.add(frame, attempt, now)
+        return self.steps.ready(now), events
 
     def _rotate(self) -> None:
         """``telemetry.jsonl`` becomes ``.1``, ``.1`` becomes ``.2``, ...; the file past
@@ -179,4 +204,4 @@ class HostTelemetry:
         self._raw.close()
 
 
-__all__ = ["RAW_KEEP", "RAW_MAX_BYTES", "HostTelemetry"]
+__all__ = ["RAW_KEEP", "RAW_MAX_BYTES", "HostSteps", "HostTelemetry"]

@@ -147,6 +147,13 @@ def add_parser(sub: Any) -> None:
         help="score the detector set of live runs (hard rules plus the fused detectors of "
         "`eagleeye run`) instead of the trace defaults; for traces exported from runs",
     )
+    t.add_argument(
+        "--hosts",
+        action="store_true",
+        help="score the path of `eagleeye controller` with agents: each node a host whose "
+        "agent summarises its ranks' steps and judges their full series, the controller "
+        "judging the summaries and the hosts' medians (ranks 0..N-1 in equal blocks per node)",
+    )
 
 
 def _range(text: str) -> range:
@@ -201,14 +208,19 @@ def _trace(args: argparse.Namespace) -> int:
     from detectors.config import load_config
     from detectors.eval.harness import evaluate_trace_file, print_report
 
-    if args.live and args.config:
-        raise EagleEyeError("--live and --config both choose the detectors; give one")
+    if sum((args.live, args.hosts, args.config is not None)) > 1:
+        raise EagleEyeError("--live, --hosts and --config each choose the detectors; give one")
     config = load_config(args.config)
     if args.live:
         from eagleeye.detection import replay_config
 
         config = replay_config()
-    result = evaluate_trace_file(args.path, config)
+    if args.hosts:
+        from eagleeye.agents.replay import run_trace_across_hosts
+
+        result = evaluate_trace_file(args.path, runner=run_trace_across_hosts)
+    else:
+        result = evaluate_trace_file(args.path, config)
     print_report(result, sys.stdout)
     _emit(result, args)
     return 0
