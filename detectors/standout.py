@@ -5,8 +5,9 @@ the ranks that stand out against the host's median, each beside that median
 (``<feature>.host_median``). This detector judges those rows: a rank whose compute time
 (or data wait) is ``min_shift`` above its host's median, and ``min_abs`` milliseconds
 above it, for ``persistence`` consecutive steps is a slow rank (or a data-loader stall),
-the same bar as the live peer comparison. One finding per rank and feature, again only
-``clear_steps`` after the last.
+the same bar as the live peer comparison; a data wait's excess must also be ``step_share``
+of the host's median step (a wait of 40 ms against 20 on a 3.5 s step costs nothing). One
+finding per rank and feature, again only ``clear_steps`` after the last.
 
 >>> from collector.types import Frame, Subject
 >>> det = StandsOut(persistence=2)
@@ -25,6 +26,8 @@ from collector.types import Frame
 from detectors.types import Finding, Severity
 
 FEATURES = {"compute_ms": "slow_rank", "data_wait_ms": "dataloader_stall"}
+#: The share of the step a feature's excess must also reach (the live peer comparison's).
+STEP_SHARE = {"data_wait_ms": 0.02}
 
 
 class StandsOut:
@@ -33,6 +36,8 @@ class StandsOut:
     min_abs: how far above it at least, in the feature's unit (milliseconds).
     persistence: consecutive steps standing out before a finding.
     clear_steps: steps before the same rank and feature are named again.
+    step_share: per feature, the share of the host's median step time (``step_time``, in
+        seconds, beside the row) its excess must reach as well.
     """
 
     name = "host_outlier"
@@ -43,8 +48,10 @@ class StandsOut:
         min_abs: float = 20.0,
         persistence: int = 3,
         clear_steps: int = 50,
+        step_share: dict[str, float] | None = None,
     ) -> None:
         self.min_shift, self.min_abs = min_shift, min_abs
+        self.step_share = STEP_SHARE if step_share is None else step_share
         self.persistence, self.clear_steps = persistence, clear_steps
         self._runs: dict[tuple[int, str], tuple[int, int]] = {}  # -> (steps, last step)
         self._named: dict[tuple[int, str], int] = {}
@@ -60,7 +67,11 @@ class StandsOut:
             if value is None or median is None or not math.isfinite(value + median):
                 continue
             key = (rank, feature)
-            if value < median * (1 + self.min_shift) or value - median < self.min_abs:
+            floor = self.min_abs
+            share, step_s = self.step_share.get(feature), _step_s(frame)
+            if share is not None and step_s is not None:
+                floor = max(floor, share * 1000.0 * step_s)
+            if value < median * (1 + self.min_shift) or value - median < floor:
                 self._runs.pop(key, None)
                 continue
             count, last = self._runs.get(key, (0, step - 1))
@@ -87,6 +98,12 @@ class StandsOut:
 
     def poll(self, now: float) -> Sequence[Finding]:
         return ()
+
+
+def _step_s(frame: Frame) -> float | None:
+    """The host's median step time beside the row (the rank's own when alone), seconds."""
+    step_s = frame.values.get("step_time.host_median", frame.values.get("step_time"))
+    return step_s if step_s is not None and math.isfinite(step_s) else None
 
 
 __all__ = ["StandsOut"]
