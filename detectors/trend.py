@@ -135,8 +135,8 @@ class Trend(Stepwise):
         self._calls += 1
         if full.sum() < self.min_ranks or (len(x) > 8192 and self._calls % 4):
             return []
-        slope, rising = self._slopes(j, np.flatnonzero(full))
-        return self._judge(j, full, slope, rising, batch)
+        slope, rising, noise = self._slopes(j, np.flatnonzero(full))
+        return self._judge(j, full, slope, rising, noise, batch)
 
     def _record(self, j: int, seen: np.ndarray, x: np.ndarray, y: np.ndarray, now: float) -> None:
         """Appends the reports of the ``seen`` slots to their windows of feature ``j``."""
@@ -157,8 +157,11 @@ class Trend(Stepwise):
         self._pos[rows, j] = (pos + 1) % self.window
         self._n[rows, j] += 1
 
-    def _slopes(self, j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Theil-Sen slope over the pairs half a window apart, and whether all rise."""
+    def _slopes(self, j: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """Theil-Sen slope over the pairs half a window apart, whether all rise, and the
+        standard error of such a slope from the pairs' own spread, pooled over the rows
+        (the median row's median absolute deviation of its pair slopes, as a standard
+        deviation, over the root of the pairs)."""
         w, h = self.window, self.window // 2
         pos = self._pos[rows, j]
         if len(rows) == len(self._pos) and len(pos) and (pos == pos[0]).all():
@@ -176,10 +179,20 @@ class Trend(Stepwise):
         with np.errstate(invalid="ignore", divide="ignore"):
             slopes = np.where(dt > 0, dy / dt, 0.0)  # reports at one time: no slope
         rising = np.logical_and((dy > 0).all(axis=1), (dt > 0).all(axis=1))
-        return _row_medians(slopes), rising
+        slope = _row_medians(slopes)
+        spread = _row_medians(np.abs(slopes - slope[:, None]))
+        finite = spread[np.isfinite(spread)]
+        noise = _MEDIAN_SE * 1.4826 * median(finite) / np.sqrt(h) if len(finite) else 0.0
+        return slope, rising, float(noise)
 
     def _judge(
-        self, j: int, full: np.ndarray, slope: np.ndarray, rising: np.ndarray, batch: StepBatch
+        self,
+        j: int,
+        full: np.ndarray,
+        slope: np.ndarray,
+        rising: np.ndarray,
+        noise: float,
+        batch: StepBatch,
     ) -> list[Finding]:
         rows = np.flatnonzero(full)
         at: np.ndarray | slice = slice(None) if len(rows) == len(full) else rows
@@ -189,7 +202,10 @@ class Trend(Stepwise):
             latest = self._slope[:, j]
             peers = latest[np.isfinite(latest)]
         med = median(peers)
-        scale = max(1.4826 * median(np.abs(peers - med)), 1e-12)
+        # The peers' spread of slopes, but never below what one slope's own noise allows:
+        # among a host's 8 ranks the spread of 8 slopes can be far below it by chance, and
+        # a rank's noise then stood at z 7 to 21 (a flat series wobbling by 0.3 %).
+        scale = max(1.4826 * median(np.abs(peers - med)), noise, 1e-12)
         rise = slope * self.horizon_s
         level = np.abs(self._level[at, j])
         drifting = rising & ((slope - med) / scale > self.z) & (rise >= self.min_rise * level)
@@ -253,6 +269,10 @@ class Trend(Stepwise):
             padded(self._slope, pad2, np.nan),
             padded(self._step, pad2, np.nan),
         )
+
+
+#: The standard error of a median over that of a mean, for normal noise (sqrt(pi / 2)).
+_MEDIAN_SE = 1.2533
 
 
 def _row_medians(x: np.ndarray) -> np.ndarray:
