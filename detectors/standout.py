@@ -7,7 +7,8 @@ the ranks that stand out against the host's median, each beside that median
 above it, for ``persistence`` consecutive steps is a slow rank (or a data-loader stall),
 the same bar as the live peer comparison; a data wait's excess must also be ``step_share``
 of the host's median step (a wait of 40 ms against 20 on a 3.5 s step costs nothing). One
-finding per rank and feature, again only ``clear_steps`` after the last.
+finding per run of steps standing out, for each rank and feature; a new run is named
+only ``clear_steps`` after the last finding.
 
 >>> from collector.types import Frame, Subject
 >>> det = StandsOut(persistence=2)
@@ -78,7 +79,9 @@ class StandsOut:
             count = count + 1 if last == step - 1 else 1
             self._runs[key] = (count, step)
             named = self._named.get(key)
-            if count >= self.persistence and (named is None or step - named > self.clear_steps):
+            # once per run of steps standing out (a stall of a hundred steps is one fault),
+            # and a new run not within ``clear_steps`` of the last finding
+            if count == self.persistence and (named is None or step - named > self.clear_steps):
                 self._named[key] = step
                 evidence = {feature: value, "host_median": median, "steps": float(count)}
                 score = value / median if median > 0 else math.inf

@@ -26,3 +26,10 @@ def test_a_stall_that_costs_its_share_is_found_and_compute_has_no_share() -> Non
     slow = {"compute_ms": 130.0, "compute_ms.host_median": 80.0, "step_time.host_median": 9.0}
     assert [f.kind for f in _found(StandsOut(), [slow] * 3)] == ["slow_rank"]
     assert _found(StandsOut(step_share={}), [{**stall, "data_wait_ms": 41.0}] * 3) != []
+
+
+def test_a_long_stall_is_one_finding_and_a_new_one_later_another() -> None:
+    stall = {"data_wait_ms": 900.0, "data_wait_ms.host_median": 50.0, "step_time": 3.5}
+    calm = {"data_wait_ms": 50.0, "data_wait_ms.host_median": 50.0, "step_time": 3.5}
+    rows = [stall] * 120 + [calm] * 10 + [stall] * 5  # one stall of 120 steps, then another
+    assert [f.step for f in _found(StandsOut(), rows)] == [2, 132]
