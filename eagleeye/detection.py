@@ -18,8 +18,9 @@ makes step and section times noisy, and a soft finding on a healthy run is a fal
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from collector.frames import subject_of
 from collector.types import Frame, Sample, Subject
@@ -31,6 +32,7 @@ from detectors.edge import derive
 from detectors.fusion import FusionPolicy
 from detectors.generic import GENERIC_KIND
 from detectors.hang import FR_BEHIND, FR_PENDING
+from detectors.numerics import SeriesSpike
 from detectors.peer import DEFAULT_FEATURES, PeerFeature
 from detectors.pipeline import DetectorPipeline
 from detectors.progress import PROC_FEATURES, HangLimits, ProgressStall
@@ -290,13 +292,39 @@ def reduced_detectors() -> list[Detector]:
     (``eagleeye.agents.intake``): a non-finite loss or gradient norm on the rank that
     sent it (a non-finite value always stands out, so its row reaches the controller), a
     rank that stands out against its host's median step after step (``StandsOut``: slow
-    compute, a data-loader stall), and a change point in the job's slowest rank's step
-    time (the job frame's ``step_time.max``, the bar of ``live_specs``)."""
+    compute, a data-loader stall), a change point in the job's slowest rank's step time
+    (the job frame's ``step_time.max``, the bar of ``live_specs``) and a spike of the
+    job's highest loss (``loss.max``, the live loss spike's bars), on the job."""
     return [
         NonFiniteLoss(),
         StandsOut(),
         ThroughputChange("step_time.max", min_shift=1.0, h=8.0, warmup=10),
+        OnJobFrames(SeriesSpike("loss.max", "loss_spike", **_live_loss_spike())),
     ]
+
+
+def _live_loss_spike() -> dict[str, Any]:
+    """The live loss spike's bars (``live_specs``), for a series already reduced."""
+    (spec,) = (s for s in live_specs() if s.name == "loss_spike")
+    return {k: v for k, v in spec.params.items() if k != "reduce"}
+
+
+@dataclass
+class OnJobFrames:
+    """``detector`` fed the job's frames only (a reduced step's highest loss is the job's;
+    a host that stands out has its own frame, now and then, which is no series)."""
+
+    detector: Detector
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.detector.name
+
+    def process(self, frame: Frame) -> Sequence[Finding]:
+        return self.detector.process(frame) if frame.subject.scope == "job" else ()
+
+    def poll(self, now: float) -> Sequence[Finding]:
+        return self.detector.poll(now)
 
 
 def host_detectors() -> list[Detector]:

@@ -159,3 +159,17 @@ def test_one_fault_crossing_two_detectors_bars_is_one_finding(tmp_path) -> None:
         "nan", Subject(1, 19, "node2"), math.inf, Severity.CRITICAL, 1.0, 352, {}, "a"
     )
     assert judge.once([critical, critical]) == [critical, critical]  # never held back
+
+
+def test_the_controller_finds_a_spike_of_the_job_s_highest_loss_on_the_job() -> None:
+    from collector.types import Frame
+
+    judge = ReducedJudge(None)
+    found = []
+    for step in range(60):
+        loss = 7.0 if step == 50 else 2.0 + 0.02 * (step % 3)
+        job = Frame(Subject(), step, float(step), {"loss.max": loss, "loss.median": 2.0})
+        # a host standing out now and then has its own frame: no series of its own
+        node = Frame(Subject(node="node1"), step, float(step), {"loss.max": 9.0 * (step % 7)})
+        found += judge.judge([node, job], float(step))
+    assert [(f.kind, f.subject.scope, f.step) for f in found] == [("loss_spike", "job", 50)]
