@@ -60,8 +60,11 @@ class _Step:
 class HostSteps:
     """The host's ranks' steps as their frames come: a step is complete once every one of
     ``ranks`` sent its step report (``step_time``; the peer features are added then), or
-    ``wait_s`` after its first frame; then it is summarised and, with a ``judge``, judged
-    (its findings wait in ``findings``, with their attempt, for the agent to send).
+    ``wait_s`` after its first frame, or once a later step is complete; then it is
+    summarised and, with a ``judge``, judged
+    (its findings wait in ``findings``, with their attempt, for the agent to send). A frame
+    of a step already summarised (a sample that came late, a GPU's reading labelled with
+    the step it was taken in) joins the next step: one summary per host and step.
 
     Args:
         ranks: how many ranks the host runs (``expect``).
@@ -79,12 +82,14 @@ class HostSteps:
         self.judge = judge
         self.findings: list[tuple[int, Finding]] = []  # (attempt, finding), not yet sent
         self._steps: dict[tuple[int, int], _Step] = {}  # (attempt, step)
+        self._done: dict[int, int] = {}  # attempt -> newest step summarised
 
     def add(self, frame: Frame, attempt: int, now: float) -> None:
         """A rank's frame of one step (others are ignored)."""
         rank, step = frame.subject.rank, frame.step
         if rank is None or step is None:
             return
+        step = max(step, self._done.get(attempt, -1) + 1)
         pending = self._steps.setdefault((attempt, step), _Step(now))
         values = pending.values.setdefault(rank, {})
         pending.subjects[rank] = frame.subject
@@ -96,14 +101,21 @@ class HostSteps:
 
     def ready(self, now: float) -> list[HostSummary]:
         """The summaries of the steps complete at ``now`` (judged too, with a judge)."""
-        done = sorted(
+        complete = [
             key
             for key, pending in self._steps.items()
             if len(pending.ended) >= self.ranks or now - pending.first >= self.wait_s
-        )
+        ]
+        # An earlier step than one complete is complete too: every rank has moved on (the
+        # report a rank missed will not come), and the steps go out in order.
+        newest: dict[int, int] = {}
+        for attempt, step in complete:
+            newest[attempt] = max(newest.get(attempt, step), step)
+        done = sorted(key for key in self._steps if key[1] <= newest.get(key[0], -1))
         summaries = []
         for attempt, step in done:
             pending = self._steps.pop((attempt, step))
+            self._done[attempt] = max(self._done.get(attempt, -1), step)
             summaries.append(summarise(step, attempt, pending.values, self.reduction))
             if self.judge is not None:
                 found = self.judge.judge(attempt, step, pending.subjects, pending.values, now)
