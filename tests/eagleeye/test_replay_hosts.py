@@ -19,6 +19,8 @@ from detectors.eval.trace import write_trace
 from eagleeye.agents.replay import layout_of, run_trace_across_hosts
 from eagleeye.cli import main
 
+pytestmark = pytest.mark.slow  # a whole trace through every host's path: tens of seconds
+
 CLASSES_ON_THE_HOSTS = {  # what the controller and the agents judge, not the forwarded rules
     "slow_rank",
     "slow_node",
