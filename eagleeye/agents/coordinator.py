@@ -354,6 +354,7 @@ class JobCoordinator:
         first, before anything acts on its ranks."""
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
+        self._judge.note(finding)  # its fault's symptoms on the hosts are not new faults
         if finding.kind == "hang":
             self._capture_stacks(finding, finding_id)
         for decision in self.remediator.handle(finding):

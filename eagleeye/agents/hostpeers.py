@@ -20,6 +20,7 @@ import numpy as np
 from collector.types import Subject
 from collector.vocabulary import canonical_name
 from detectors.config import DetectorsConfig
+from detectors.edge import COUNTERS
 from detectors.peer import DEFAULT_FEATURES, NODE_KINDS
 from detectors.pipeline import DetectorPipeline
 from detectors.stepbatch import StepBatch
@@ -88,11 +89,16 @@ class HostPeers:
 @lru_cache(maxsize=64)
 def _read(names: tuple[str, ...]) -> np.ndarray:
     """The columns of ``names`` the comparison reads (its features, in any spelling, and
-    the step time its data-wait floor is a share of); a step's other metrics (the loss,
-    the sections) would only cost their copy."""
+    what the edge derives some of them from: the counters whose rates it compares, the
+    throttle reasons; the step time its data-wait floor is a share of); a step's other
+    metrics (the loss, the sections) would only cost their copy."""
     return np.array([i for i, n in enumerate(names) if canonical_name(n) in _FEATURES], dtype=int)
 
 
-_FEATURES = frozenset(DEFAULT_FEATURES) | {"step_time"}
+_FEATURES = (
+    frozenset(DEFAULT_FEATURES)
+    | {"step_time", "throttle_reasons"}  # a data wait's share; the thermal flag's source
+    | {name for name in COUNTERS if f"{name}_rate" in DEFAULT_FEATURES}  # a NIC's errors
+)
 
 __all__ = ["HOSTS_PREFIX", "HostPeers"]

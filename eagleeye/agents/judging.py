@@ -22,7 +22,7 @@ from typing import Any
 
 from collector.types import Frame, Sample, Subject
 from detectors.base import Detector
-from detectors.fusion import FusionPolicy
+from detectors.fusion import GENERIC, FusionPolicy
 from detectors.types import Finding, Severity
 from eagleeye.agents.hostpeers import HostPeers
 from eagleeye.agents.intake import HostMedians
@@ -54,6 +54,7 @@ class ReducedJudge:
     suppressed: int = 0  # findings of a fault another detector had found
     hosts: HostPeers | None = field(init=False, default=None)
     _answered: dict[tuple[str, Subject], tuple[str, int]] = field(default_factory=dict)
+    _on: dict[tuple[str, object], int] = field(default_factory=dict)  # -> its latest step
 
     def __post_init__(self) -> None:
         self.reset()
@@ -63,6 +64,7 @@ class ReducedJudge:
         self.detectors = reduced_detectors()
         self.hosts = None if self.layout is None else HostPeers(self.layout)
         self._answered.clear()
+        self._on.clear()
 
     def judge(
         self, frames: list[Frame], now: float, medians: Sequence[HostMedians] = ()
@@ -85,28 +87,52 @@ class ReducedJudge:
 
     def once(self, found: list[Finding]) -> list[Finding]:
         """``found`` less the warnings of a kind and subject another detector (the
-        controller's or a host's) found within ``ONGOING_STEPS`` steps before: two bars
-        crossed at different steps of one fault. The same detector firing again has
-        re-armed by its own hysteresis: a new fault."""
+        controller's or a host's) found within ``ONGOING_STEPS`` steps before (two bars
+        crossed at different steps of one fault; the same detector firing again has
+        re-armed by its own hysteresis: a new fault), and less a metric no one reads
+        standing out on a subject with a fault still on (a hung rank's power falls)."""
         out = []
         for finding in found:
-            key, step = (finding.kind, finding.subject), finding.step
-            last = self._answered.get(key)
-            if (
-                finding.severity is Severity.WARN
-                and step is not None
-                and last is not None
-                and last[0] != finding.detector
-                and 0 <= step - last[1] <= ONGOING_STEPS
-            ):
+            if finding.severity is Severity.WARN and self._known(finding):
                 self.suppressed += 1
                 continue
-            if step is not None:
-                if len(self._answered) >= 65536:
-                    self._answered.clear()
-                self._answered[key] = (finding.detector, step)
+            self.note(finding)
             out.append(finding)
         return out
+
+    def note(self, finding: Finding) -> None:
+        """A finding answered (of this judge's or from elsewhere: an exit, a hang, the
+        host rules): its fault may be on for ``ONGOING_STEPS`` steps."""
+        if finding.step is None:
+            return
+        if len(self._answered) >= 65536:
+            self._answered.clear()
+            self._on.clear()
+        self._answered[(finding.kind, finding.subject)] = (finding.detector, finding.step)
+        self._on[_where(finding.subject)] = finding.step
+
+    def _known(self, finding: Finding) -> bool:
+        step = finding.step
+        if step is None:
+            return False
+        if finding.kind in GENERIC:
+            since = self._on.get(_where(finding.subject))
+            if since is not None and 0 <= step - since <= ONGOING_STEPS:
+                return True
+        last = self._answered.get((finding.kind, finding.subject))
+        return (
+            last is not None
+            and last[0] != finding.detector
+            and 0 <= step - last[1] <= ONGOING_STEPS
+        )
+
+
+def _where(subject: Subject) -> tuple[str, object]:
+    """A subject by its most specific place (a rank by its number alone: a finding of the
+    hosts' rules and one of the summaries' place it alike)."""
+    if subject.rank is not None:
+        return ("rank", subject.rank)
+    return (subject.scope, str(subject))
 
 
 def host_findings(

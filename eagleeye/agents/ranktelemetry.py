@@ -51,7 +51,7 @@ MARKERS = frozenset({"in_collective", "closing", "pause", "job_restart"}) | PROC
 
 @dataclass
 class _Step:
-    first: float
+    first: float | None = None  # when its first step report came
     values: dict[int, dict[str, float]] = field(default_factory=dict)
     subjects: dict[int, Subject] = field(default_factory=dict)
     ended: set[int] = field(default_factory=set)  # ranks whose step report (step_time) came
@@ -60,7 +60,8 @@ class _Step:
 class HostSteps:
     """The host's ranks' steps as their frames come: a step is complete once every one of
     ``ranks`` sent its step report (``step_time``; the peer features are added then), or
-    ``wait_s`` after its first frame, or once a later step is complete; then it is
+    ``wait_s`` after the first rank's report of it, or once a later step is complete (a
+    step that only GPU reads or late samples joined waits for its reports); then it is
     summarised and, with a ``judge``, judged
     (its findings wait in ``findings``, with their attempt, for the agent to send). A frame
     of a step already summarised (a sample that came late, a GPU's reading labelled with
@@ -90,12 +91,13 @@ class HostSteps:
         if rank is None or step is None:
             return
         step = max(step, self._done.get(attempt, -1) + 1)
-        pending = self._steps.setdefault((attempt, step), _Step(now))
+        pending = self._steps.setdefault((attempt, step), _Step())
         values = pending.values.setdefault(rank, {})
         pending.subjects[rank] = frame.subject
         if "step_time" in frame.values:  # the rank's step report: its step is complete
             values.update(peer_features({**values, **frame.values}))
             pending.ended.add(rank)
+            pending.first = now if pending.first is None else pending.first
         else:
             values.update(frame.values)
 
@@ -104,7 +106,8 @@ class HostSteps:
         complete = [
             key
             for key, pending in self._steps.items()
-            if len(pending.ended) >= self.ranks or now - pending.first >= self.wait_s
+            if len(pending.ended) >= self.ranks
+            or (pending.first is not None and now - pending.first >= self.wait_s)
         ]
         # An earlier step than one complete is complete too: every rank has moved on (the
         # report a rank missed will not come), and the steps go out in order.

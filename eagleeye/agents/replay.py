@@ -77,28 +77,37 @@ def run_trace_across_hosts(trace: Trace, limits: HangLimits | None = None) -> li
     judge = ReducedJudge(None, layout)
     agents = [HostSteps(layout.nproc_per_node, judge=HostJudge()) for _ in names]
     per_node = layout.nproc_per_node
+    launches = np.zeros(layout.world_size, dtype=int)  # each rank's, the first one included
+    attempt = 0  # the job's: a restart relaunches every rank, which reports ``launched``
     out: list[Emitted] = []
     step, seq = 0, 0
     for batch in trace.batches():
         step, now[0] = batch.step, batch.time
-        out += [Emitted(f, step, batch.time) for f in rules.process_step(batch)]
+        for finding in rules.process_step(batch):
+            judge.note(finding)
+            out.append(Emitted(finding, step, batch.time))
         for frame in _reported(batch):
-            agents[(frame.subject.rank or 0) // per_node].add(frame, 0, batch.time)
+            rank = frame.subject.rank or 0
+            launches[rank] += "launched" in frame.values
+            if launches[rank] - 1 > attempt:  # a new attempt: the controller starts afresh
+                attempt = int(launches[rank]) - 1
+                judge.reset()
+            agents[rank // per_node].add(frame, max(int(launches[rank]) - 1, 0), batch.time)
         found: list[Finding] = []
         for node, agent in enumerate(agents):
             for summary in agent.ready(batch.time):
                 seq += 1
                 sealed = encode_summary(summary, _KEY, _SESSION, seq)
                 intake.take(node, parse_summary(_KEY, *sealed), len(sealed[0]), batch.time)
-            found += _checked(agent, node, layout, batch.time, judge)
+            found += _checked(agent, node, layout, batch.time, judge, attempt)
         found += judge.judge(intake.frames(hosts=layout.nnodes), now[0], intake.take_medians())
         out += [Emitted(_named(f, names), step, batch.time) for f in found]
     out += [Emitted(f, step, now[0]) for f in rules.flush()]
     last: list[Finding] = []
     for node, agent in enumerate(agents):
         if agent.judge is not None:
-            agent.findings += [(0, f) for f in agent.judge.flush()]
-        last += _checked(agent, node, layout, now[0], judge)
+            agent.findings += [(agent.judge.attempt, f) for f in agent.judge.flush()]
+        last += _checked(agent, node, layout, now[0], judge, attempt)
     if judge.hosts is not None:
         last += judge.once(judge.hosts.flush())
     return out + [Emitted(_named(f, names), step, now[0]) for f in last]
@@ -118,15 +127,17 @@ def _reported(batch: StepBatch) -> list[Frame]:
 
 
 def _checked(
-    agent: HostSteps, node: int, layout: JobLayout, now: float, judge: ReducedJudge
+    agent: HostSteps, node: int, layout: JobLayout, now: float, judge: ReducedJudge, attempt: int
 ) -> list[Finding]:
     """A host's findings as the controller takes them: over the wire's JSON, checked and
-    placed (``host_findings``), one per fault."""
+    placed (``host_findings``), of the job's attempt, one per fault."""
     reported, agent.findings = agent.findings, []
-    if not reported:
+    rows = [f.to_json() for a, f in reported if a == attempt]
+    if not rows:
         return []
-    body = {"attempt": 0, "findings": [f.to_json() for _, f in reported]}
-    _, placed = host_findings(body, f"replay-{node}", node, layout, now)
+    _, placed = host_findings(
+        {"attempt": attempt, "findings": rows}, f"replay-{node}", node, layout, now
+    )
     return judge.once(placed)
 
 

@@ -365,6 +365,7 @@ class ReplicaCoordinator:
         (a signal) only recorded: nothing is restarted into a stop."""
         finding_id = self.store.add_finding(finding)
         self.on_update(finding)
+        self._judge.note(finding)  # its fault's symptoms on the hosts are not new faults
         if self._stop is not None:
             return
         for decision in self.remediator.handle(finding):

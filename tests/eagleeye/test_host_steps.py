@@ -49,3 +49,17 @@ def test_a_step_a_rank_never_ends_goes_out_after_the_wait() -> None:
     steps.add(_frame(0, 5, step_time=0.5), 0, 1.0)
     assert steps.ready(2.9) == []
     assert [s.ranks for s in steps.ready(3.0)] == [1]
+
+
+def test_a_step_only_late_samples_joined_waits_for_its_reports() -> None:
+    # GPU reads labelled with a step already out join the next one; they do not start its
+    # wait, or a step of 3 s would go out with the reads alone and its reports be pushed on
+    steps = HostSteps(ranks=1, wait_s=2.0)
+    steps.add(_frame(0, 5, step_time=3.0), 0, 0.0)
+    assert [s.step for s in steps.ready(0.0)] == [5]
+    steps.add(_frame(0, 5, gpu_temp=70.0), 0, 0.5)
+    assert steps.ready(2.9) == []
+    steps.add(_frame(0, 6, step_time=3.0), 0, 3.0)
+    (summary,) = steps.ready(3.0)
+    assert (summary.step, summary.stat("gpu_temp", "median")) == (6, 70.0)
+    assert summary.stat("step_time", "median") == 3.0
