@@ -11,10 +11,10 @@ most about ``(raw_keep + 1) × raw_max_bytes`` of the host's disk, the newest ke
 Events (checkpoints, faults, a loop that listens for a checkpoint request) are few
 and go to the controller as they are; step samples become per-rank frames with the
 peer features (``compute_ms``, ``data_wait_ms``, ``comm_ms``) added, and a step is
-summarised (``summarise``) once every rank of the host has sent its step report
-(``step_time``), or ``wait_s`` after the first sample of it came; with a ``judge``, the
-complete step of every rank is judged on the host too (``eagleeye.agents.hostjudge``).
-Progress reports (a
+summarised (``summarise``, ``HostSteps``) once every rank of the host has sent its step
+report (``step_time``), ``wait_s`` after the first of them came, or once a later step is
+complete; steps go out in order, once each. With a ``judge``, each step of every rank is
+judged on the host too (``eagleeye.agents.hostjudge``). Progress reports (a
 collective a rank waits in, a pause, a look at /proc) stay on the host: each ``take``
 leaves them, with the step reports, in ``marks`` for the agent's view of its ranks'
 progress (``eagleeye.agents.waits``), which tells the controller only when the host
