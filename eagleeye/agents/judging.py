@@ -22,7 +22,7 @@ from typing import Any
 
 from collector.types import Frame, Sample, Subject
 from detectors.base import Detector
-from detectors.fusion import GENERIC, FusionPolicy
+from detectors.fusion import GENERIC, SYMPTOMS, FusionPolicy
 from detectors.types import Finding, Severity
 from eagleeye.agents.hostpeers import HostPeers
 from eagleeye.agents.intake import HostMedians
@@ -55,6 +55,7 @@ class ReducedJudge:
     hosts: HostPeers | None = field(init=False, default=None)
     _answered: dict[tuple[str, Subject], tuple[str, int]] = field(default_factory=dict)
     _on: dict[tuple[str, object], int] = field(default_factory=dict)  # -> its latest step
+    _fault: float = -math.inf  # the step of the latest finding of a fault (not a symptom)
 
     def __post_init__(self) -> None:
         self.reset()
@@ -65,6 +66,7 @@ class ReducedJudge:
         self.hosts = None if self.layout is None else HostPeers(self.layout)
         self._answered.clear()
         self._on.clear()
+        self._fault = -math.inf
 
     def judge(
         self, frames: list[Frame], now: float, medians: Sequence[HostMedians] = ()
@@ -89,8 +91,10 @@ class ReducedJudge:
         """``found`` less the warnings of a kind and subject another detector (the
         controller's or a host's) found within ``ONGOING_STEPS`` steps before (two bars
         crossed at different steps of one fault; the same detector firing again has
-        re-armed by its own hysteresis: a new fault), and less a metric no one reads
-        standing out on a subject with a fault still on (a hung rank's power falls)."""
+        re-armed by its own hysteresis: a new fault), less a metric no one reads
+        standing out on a subject with a fault still on (a hung rank's power falls), and
+        less the job's throughput falling off while any fault may still be on (a slow
+        rank slows the job: the fusion's symptom rule)."""
         out = []
         for finding in found:
             if finding.severity is Severity.WARN and self._known(finding):
@@ -110,6 +114,8 @@ class ReducedJudge:
             self._on.clear()
         self._answered[(finding.kind, finding.subject)] = (finding.detector, finding.step)
         self._on[_where(finding.subject)] = finding.step
+        if finding.kind not in SYMPTOMS and finding.kind not in GENERIC:
+            self._fault = finding.step
 
     def _known(self, finding: Finding) -> bool:
         step = finding.step
@@ -119,6 +125,8 @@ class ReducedJudge:
             since = self._on.get(_where(finding.subject))
             if since is not None and 0 <= step - since <= ONGOING_STEPS:
                 return True
+        if finding.kind in SYMPTOMS and 0 <= step - self._fault <= ONGOING_STEPS:
+            return True
         last = self._answered.get((finding.kind, finding.subject))
         return (
             last is not None

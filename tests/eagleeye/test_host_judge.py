@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -173,3 +174,18 @@ def test_the_controller_finds_a_spike_of_the_job_s_highest_loss_on_the_job() -> 
         node = Frame(Subject(node="node1"), step, float(step), {"loss.max": 9.0 * (step % 7)})
         found += judge.judge([node, job], float(step))
     assert [(f.kind, f.subject.scope, f.step) for f in found] == [("loss_spike", "job", 50)]
+
+
+def test_symptoms_of_a_fault_still_on_are_not_new_findings() -> None:
+    judge = ReducedJudge(store=None)
+    hang = Finding("hang", Subject(1, 19, "node2"), 1.0, Severity.CRITICAL, 1.0, 300, {}, "h")
+    judge.note(hang)  # answered by the controller's hang rules, outside this judge
+    power = _warn("host:generic_peer", 310, "metric_outlier")  # the hung rank's GPU idles
+    assert judge.once([power]) == []
+    elsewhere = _warn("host:generic_peer", 310, "metric_outlier", rank=21)
+    assert judge.once([elsewhere]) == [elsewhere]  # another rank: its own finding
+    drop = Finding("throughput_drop", Subject(), 1.0, Severity.WARN, 1.0, 320, {}, "tc")
+    assert judge.once([drop]) == []  # the job slows while the fault may still be on
+    later = replace(drop, step=300 + 151 + 10)  # past the window after the hang
+    assert judge.once([later]) == [later]
+    assert judge.suppressed == 2
