@@ -47,7 +47,7 @@ class StandsOut:
         self,
         min_shift: float = 0.5,
         min_abs: float = 20.0,
-        persistence: int = 3,
+        persistence: int = 4,  # the live comparison's three of five steps, held two
         clear_steps: int = 50,
         step_share: dict[str, float] | None = None,
     ) -> None:

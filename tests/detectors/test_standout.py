@@ -17,19 +17,20 @@ def test_a_data_wait_that_costs_little_of_a_long_step_is_no_stall() -> None:
     assert _found(StandsOut(), [row] * 5) == []
     # the same wait on a 0.5 s step is 4 % of it: a stall
     short = {**row, "step_time.host_median": 0.5}
-    assert [(f.kind, f.step) for f in _found(StandsOut(), [short] * 5)] == [("dataloader_stall", 2)]
+    assert [(f.kind, f.step) for f in _found(StandsOut(), [short] * 5)] == [("dataloader_stall", 3)]
 
 
 def test_a_stall_that_costs_its_share_is_found_and_compute_has_no_share() -> None:
     stall = {"data_wait_ms": 400.0, "data_wait_ms.host_median": 20.0, "step_time": 3.5}
-    assert [f.kind for f in _found(StandsOut(), [stall] * 3)] == ["dataloader_stall"]
+    assert [f.kind for f in _found(StandsOut(), [stall] * 4)] == ["dataloader_stall"]
+    assert _found(StandsOut(), [stall] * 3) == []  # three steps: a hiccup
     slow = {"compute_ms": 130.0, "compute_ms.host_median": 80.0, "step_time.host_median": 9.0}
-    assert [f.kind for f in _found(StandsOut(), [slow] * 3)] == ["slow_rank"]
-    assert _found(StandsOut(step_share={}), [{**stall, "data_wait_ms": 41.0}] * 3) != []
+    assert [f.kind for f in _found(StandsOut(), [slow] * 4)] == ["slow_rank"]
+    assert _found(StandsOut(step_share={}), [{**stall, "data_wait_ms": 41.0}] * 4) != []
 
 
 def test_a_long_stall_is_one_finding_and_a_new_one_later_another() -> None:
     stall = {"data_wait_ms": 900.0, "data_wait_ms.host_median": 50.0, "step_time": 3.5}
     calm = {"data_wait_ms": 50.0, "data_wait_ms.host_median": 50.0, "step_time": 3.5}
     rows = [stall] * 120 + [calm] * 10 + [stall] * 5  # one stall of 120 steps, then another
-    assert [f.step for f in _found(StandsOut(), rows)] == [2, 132]
+    assert [f.step for f in _found(StandsOut(), rows)] == [3, 133]
