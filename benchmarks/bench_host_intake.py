@@ -40,6 +40,7 @@ from collector.transport import TelemetryReceiver
 from detectors.types import Finding
 from eagleeye.agents import Membership
 from eagleeye.agents.coordinator import JobCoordinator
+from eagleeye.agents.hostjudge import HostJudge
 from eagleeye.agents.intake import HostMedians
 from eagleeye.agents.summary import encode_summary, summarise
 from eagleeye.agents.wire import Message, seal
@@ -84,6 +85,22 @@ def timed_hosts(coordinator: JobCoordinator) -> list[float]:
 
     peers.judge = timed  # type: ignore[method-assign]
     return spent
+
+
+def agent_judge_cpu(per_host: int, steps: int = 400) -> tuple[float, float]:
+    """An agent's judge of its ranks (``HostJudge``) over ``steps`` steps of
+    ``per_host`` ranks: the median and 90th percentile of its CPU a step, the first 50
+    steps (its warm-up) left out."""
+    rng = random.Random(0)
+    judge = HostJudge()
+    spent = []
+    for step in range(steps):
+        values = {rank: rank_values(rng, False) for rank in range(per_host)}
+        start = time.thread_time()
+        judge.judge(0, step, {}, values, 100.0 + step)
+        spent.append(time.thread_time() - start)
+    kept = sorted(spent[50:])
+    return statistics.median(kept), kept[int(0.9 * (len(kept) - 1))]
 
 
 def summaries(hosts: int, per_host: int, step: int, seed: int) -> list:
@@ -169,6 +186,11 @@ def main() -> None:
         f"{statistics.median(hosts_cpu[1:]) * 1e3:.1f} ms (first step {hosts_cpu[0] * 1e3:.1f} ms)"
     )
     print(f"recv of one step's summaries from a loopback socket: {recv_s * 1e3:.1f} ms")
+    judge_median, judge_p90 = agent_judge_cpu(per_host)
+    print(
+        f"an agent's judge of its {per_host} ranks: {judge_median * 1e3:.2f} ms a step "
+        f"(90th percentile {judge_p90 * 1e3:.2f} ms)"
+    )
     print(
         f"controller CPU per step, raw samples: {raw_cpu * scale * 1e3:7.0f} ms  "
         f"({raw_cpu / args.raw_ranks * 1e6:.1f} us a rank, measured on "
