@@ -298,7 +298,7 @@ def reduced_detectors() -> list[Detector]:
     return [
         NonFiniteLoss(),
         StandsOut(),
-        ThroughputChange("step_time.max", min_shift=1.0, h=8.0, warmup=10),
+        OnJobFrames(ThroughputChange("step_time.max", min_shift=1.0, h=8.0, warmup=10)),
         OnJobFrames(SeriesSpike("loss.max", "loss_spike", **_live_loss_spike())),
     ]
 
@@ -311,8 +311,9 @@ def _live_loss_spike() -> dict[str, Any]:
 
 @dataclass
 class OnJobFrames:
-    """``detector`` fed the job's frames only (a reduced step's highest loss is the job's;
-    a host that stands out has its own frame, now and then, which is no series)."""
+    """``detector`` fed the job's frames only (a reduced step's slowest rank and highest
+    loss are the job's; a host that stands out has its own frame, now and then, which is
+    no series: its step time's change points were false ones)."""
 
     detector: Detector
     name: str = ""

@@ -189,3 +189,20 @@ def test_symptoms_of_a_fault_still_on_are_not_new_findings() -> None:
     later = replace(drop, step=300 + 151 + 10)  # past the window after the hang
     assert judge.once([later]) == [later]
     assert judge.suppressed == 2
+
+
+def test_a_host_standing_out_now_and_then_is_no_step_time_series() -> None:
+    from collector.types import Frame
+
+    judge = ReducedJudge(None)
+    found = []
+    for step in range(60):
+        job = Frame(Subject(), step, float(step), {"step_time.max": 3.8 + 0.01 * (step % 2)})
+        frames = [job]
+        if step in (10, 11, 30, 31, 32, 33, 34, 35, 36, 37, 38):  # the host's own frame
+            slow = 4.0 if step < 30 else 14.0
+            frames.insert(
+                0, Frame(Subject(node="node1"), step, float(step), {"step_time.max": slow})
+            )
+        found += judge.judge(frames, float(step))
+    assert found == []
