@@ -109,6 +109,17 @@ class Cluster:
             )
             seen.add(int(item["detail"]["rank"]))
 
+    def findings_to_the_end(self) -> tuple[dict, list[dict]]:
+        """Reads to the job's end; its end and every finding said before it."""
+        findings: list[dict] = []
+        end = self.read(
+            lambda i: (
+                findings.append(i) if i.get("type") == "Finding" else None,
+                i.get("subject") == "job" and i.get("phase") in ("succeeded", "failed"),
+            )[1]
+        )
+        return end, findings
+
     def ended(self) -> dict:
         return self.read(
             lambda i: i.get("subject") == "job" and i.get("phase") in ("succeeded", "failed")

@@ -40,14 +40,8 @@ def _findings(tmp_path: Path, slow: set[int], nnodes: int, nproc: int) -> list[d
     script = LOCKSTEP.replace("SLOW_FROM", repr(str(tmp_path / "slow_from")))
     script = script.replace("SLOW", repr(slow))
     cluster = Cluster(tmp_path, "75", nproc=nproc, script=script, nnodes=nnodes)
-    findings: list[dict] = []
     try:
-        end = cluster.read(
-            lambda i: (
-                findings.append(i) if i.get("type") == "Finding" else None,
-                i.get("subject") == "job" and i.get("phase") in ("succeeded", "failed"),
-            )[1]
-        )
+        end, findings = cluster.findings_to_the_end()
         assert end["phase"] == "succeeded"
         assert [a.wait(timeout=30) for a in cluster.agents] == [0] * nnodes
     finally:

@@ -35,14 +35,8 @@ ee.close()
 
 def test_slow_and_nan_ranks_are_found_from_host_summaries(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, "30", nproc=4, script=HOOKED)
-    findings = []
     try:
-        end = cluster.read(
-            lambda i: (
-                findings.append(i) if i.get("type") == "Finding" else None,
-                i.get("subject") == "job" and i.get("phase") in ("succeeded", "failed"),
-            )[1]
-        )
+        end, findings = cluster.findings_to_the_end()
         assert end["phase"] == "succeeded"
         assert [a.wait(timeout=30) for a in cluster.agents] == [0, 0]
     finally:
