@@ -172,7 +172,8 @@ def test_summaries_cross_real_sockets_and_a_slow_rank_is_found() -> None:
         link.close()
         members.close()
     assert intake.summaries == 5
-    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 6, 2)]
+    # named at its fourth step standing out (the live comparison's three of five, held two)
+    assert [(f.kind, f.subject.rank, f.step) for f in found] == [("slow_rank", 6, 3)]
     assert len([f for f in frames if f.subject.rank == 6]) == 5
 
 
