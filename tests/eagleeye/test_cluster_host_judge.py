@@ -15,20 +15,21 @@ from tests.eagleeye.test_cluster_cli import Cluster
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(200)]
 
 # Ranks in lockstep, as a collective keeps them: every step ends on the clock. Each rank
-# computes 100 ms; the ranks SLOW compute 110 ms from their 40th step on (they note it).
+# computes 200 ms (a sleep: its jitter on a loaded 2-core host stays a few per cent of it);
+# the ranks SLOW compute 220 ms from their 40th step on (they note it).
 LOCKSTEP = """
 import os, sys, time
 import eagleeye
 ee = eagleeye.init()
 rank = int(os.environ["RANK"])
-PERIOD = 0.3
+PERIOD = 0.4
 for i in range(int(float(sys.argv[1]))):
     slot = int(time.time() / PERIOD) + 1
     ee.step_start(slot)
     slow = rank in SLOW and i >= 40
     if slow and i == 40:
         open(SLOW_FROM, "w").write(str(slot))
-    time.sleep(0.11 if slow else 0.1)
+    time.sleep(0.22 if slow else 0.2)
     with ee.collective("all_reduce"):  # the others wait for it here
         time.sleep(max(slot * PERIOD - time.time(), 0.0))
     ee.step_end(slot, loss=1.0)
