@@ -118,16 +118,17 @@ class StepBatch:
     def subject(self, row: int) -> Subject:
         return Subject(int(self.replicas[row]), int(self.ranks[row]), str(self.nodes[row]))
 
-    def frames(self) -> Iterator[Frame]:
-        """One Frame per rank, without the NaN (missing) features."""
+    def frames(self, reported_only: bool = False) -> Iterator[Frame]:
+        """One Frame per rank, without the NaN (missing) features; with ``reported_only``,
+        only the ranks that reported something (a scrape of one node's GPUs, a step report
+        of a few ranks, among thousands of silent rows)."""
         mask = ~np.isnan(self.values) if self.present is None else self.present
-        for row in range(len(self.ranks)):
-            vals = {
-                f: float(v)
-                for f, v, ok in zip(self.features, self.values[row], mask[row], strict=True)
-                if ok
-            }
-            yield Frame(self.subject(row), self.step, self.time, vals)
+        rows = np.flatnonzero(mask.any(axis=1)) if reported_only else range(len(self.ranks))
+        for row in rows:
+            cols = np.flatnonzero(mask[row]).tolist()
+            names = [self.features[c] for c in cols]
+            values = dict(zip(names, self.values[row, cols].tolist(), strict=True))
+            yield Frame(self.subject(int(row)), self.step, self.time, values)
 
     @classmethod
     def from_frames(cls, frames: Sequence[Frame]) -> StepBatch:

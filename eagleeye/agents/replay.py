@@ -22,14 +22,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from collector.types import Frame
 from detectors.config import DetectorsConfig
 from detectors.errors import DetectorError
 from detectors.eval.runner import Emitted
 from detectors.eval.trace import Trace
 from detectors.fusion import FusionPolicy
 from detectors.progress import HangLimits
-from detectors.stepbatch import StepBatch
 from detectors.types import Finding
 from eagleeye.agents.hostjudge import HostJudge
 from eagleeye.agents.intake import SummaryIntake
@@ -86,7 +84,7 @@ def run_trace_across_hosts(trace: Trace, limits: HangLimits | None = None) -> li
         for finding in rules.process_step(batch):
             judge.note(finding)
             out.append(Emitted(finding, step, batch.time))
-        for frame in _reported(batch):
+        for frame in batch.frames(reported_only=True):
             rank = frame.subject.rank or 0
             launches[rank] += "launched" in frame.values
             if launches[rank] - 1 > attempt:  # a new attempt: the controller starts afresh
@@ -111,19 +109,6 @@ def run_trace_across_hosts(trace: Trace, limits: HangLimits | None = None) -> li
     if judge.hosts is not None:
         last += judge.once(judge.hosts.flush())
     return out + [Emitted(_named(f, names), step, now[0]) for f in last]
-
-
-def _reported(batch: StepBatch) -> list[Frame]:
-    """A frame of each rank that reported at this observation (most report nothing: a
-    scrape of one node's GPUs, a step report of a few ranks)."""
-    present = batch.present if batch.present is not None else ~np.isnan(batch.values)
-    frames = []
-    for row in np.flatnonzero(present.any(axis=1)).tolist():
-        cols = np.flatnonzero(present[row]).tolist()
-        names = [batch.features[c] for c in cols]
-        values = dict(zip(names, batch.values[row, cols].tolist(), strict=True))
-        frames.append(Frame(batch.subject(row), batch.step, batch.time, values))
-    return frames
 
 
 def _checked(
