@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -13,6 +14,8 @@ from detectors._series import JobSeries, RobustWindow, finite, job_frame, job_va
 from detectors.errors import DetectorError
 from detectors.stepbatch import StepBatch
 from detectors.types import Finding, Severity
+
+_QUIET_QUANTILE = 0.9  # of the values' moves, for the quiet bar
 
 
 @dataclass
@@ -34,6 +37,7 @@ class _State:
     below: int = 0
     fired: bool = False
     pending: _Pending | None = None
+    moves: deque[float] = field(default_factory=deque)  # each value's rise over its level
 
 
 class SeriesSpike(JobSeries):
@@ -60,6 +64,15 @@ class SeriesSpike(JobSeries):
     clipped hard batch). A frame without the confirming series fires at once, as without
     ``confirm``.
 
+    With ``quiet_ratio`` the bar follows the series' own noise: while the 90th percentile
+    of how far each value's rise over its level strays from the median rise, over the last
+    ``quiet_window`` values, is at most ``quiet_ratio / z``, the bar is ``quiet_ratio``
+    instead of ``min_ratio``. A large batch's loss moves a per cent or two a step and a
+    rise of half is a fault; the loss of a few dozen tokens moves a tenth or more and
+    doubles now and then, healthy. A steady fall (early training) moves every rise alike
+    and does not count as noise; every value counts, a spike too, so a series that keeps
+    spiking is not quiet.
+
     >>> det = SeriesSpike("loss", "loss_spike", warmup=5)
     >>> from collector.types import Frame, JOB
     >>> out = [det.process(Frame(JOB, s, float(s), {"loss": 2.0 + 0.01 * (s % 3)}))
@@ -83,7 +96,17 @@ class SeriesSpike(JobSeries):
         react: int = 10,
         react_z: float = 6.0,
         react_ratio: float = 0.25,
+        quiet_ratio: float | None = None,
+        quiet_window: int = 50,
     ) -> None:
+        if quiet_ratio is not None and not 0 < quiet_ratio <= min_ratio:
+            raise DetectorError(
+                f"quiet_ratio must be above 0 and at most min_ratio ({min_ratio}), "
+                f"got {quiet_ratio!r}"
+            )
+        if quiet_window < 10:
+            raise DetectorError(f"quiet_window must be at least 10 values, got {quiet_window}")
+        self.quiet_ratio, self.quiet_window = quiet_ratio, quiet_window
         if reduce not in ("median", "max"):
             raise DetectorError(f"reduce must be 'median' or 'max', got {reduce!r}")
         if react < 1:
@@ -109,8 +132,27 @@ class SeriesSpike(JobSeries):
         if state is None or value is None or len(state.window) < self.warmup:
             return 0.0
         level, noise = state.window.local(self.recent)
-        floor = max(noise, self.min_ratio * abs(level) / self.z, 1e-12)
+        floor = max(noise, self._bar(state) * abs(level) / self.z, 1e-12)
         return max(0.0, (value - level) / floor)
+
+    def _bar(self, state: _State) -> float:
+        """The smallest rise over the level that is a spike: ``quiet_ratio`` while the
+        series is quiet, else ``min_ratio``."""
+        if self.quiet_ratio is None or len(state.moves) < self.quiet_window:
+            return self.min_ratio
+        moves = np.fromiter(state.moves, dtype=float)
+        spread = float(np.quantile(np.abs(moves - np.median(moves)), _QUIET_QUANTILE))
+        return self.quiet_ratio if spread <= self.quiet_ratio / self.z else self.min_ratio
+
+    def _move(self, state: _State, value: float) -> None:
+        """Notes the value's rise over the series' level for the quiet bar."""
+        if self.quiet_ratio is None or len(state.window) < self.warmup:
+            return
+        level, _ = state.window.local(self.recent)
+        if level > 0:
+            state.moves.append(value / level - 1.0)
+            if len(state.moves) > self.quiet_window:
+                state.moves.popleft()
 
     def learn_one(self, frame: Frame) -> None:
         value = finite(frame, self.feature)
@@ -138,7 +180,8 @@ class SeriesSpike(JobSeries):
 
     def _median_rise(self, batch: StepBatch) -> float:
         """How far the step's median over ranks rose above its own level (a ratio less 1;
-        0 before ``warmup`` steps). A rise past ``min_ratio`` is not learnt into it."""
+        0 before ``warmup`` steps). A rise past the bar (``min_ratio``, or ``quiet_ratio``
+        while the job's series is quiet) is not learnt into it."""
         median = job_value(batch, self.feature)
         assert median is not None  # the caller saw a finite value
         window = self._median
@@ -146,7 +189,7 @@ class SeriesSpike(JobSeries):
         if len(window) >= self.warmup:
             level, _ = window.local(self.recent)
             rise = median / level - 1.0 if level > 0 else 0.0
-        if rise <= self.min_ratio:
+        if rise <= self._bar(self._state(JOB)):
             window.add(median)
         return rise
 
@@ -157,6 +200,7 @@ class SeriesSpike(JobSeries):
         if value is None:
             self._learn_confirm(state, frame)
             return confirmed
+        self._move(state, value)
         score = self.score_one(frame)
         if score <= self.z:
             state.window.add(value)
@@ -212,6 +256,7 @@ class SeriesSpike(JobSeries):
             f"{self.feature}_baseline": med,
             "ratio": value / med if med else 0.0,
             "robust_z": score,
+            "bar_ratio": self._bar(state),
         }
         subject = frame.subject
         if self._ranks is not None:  # the highest rank's spike: its rank, or the job's

@@ -89,7 +89,11 @@ def live_specs() -> tuple[DetectorSpec, ...]:
         # The highest rank's loss over a batch of a few dozen tokens doubles now and then in
         # a healthy run (the base preset, 2 x 32 tokens): a live spike must be three times
         # its level, a gradient-norm spike twice it, neither judged in the first 20 steps.
-        DetectorSpec("loss_spike", {"reduce": "max", "min_ratio": 2.0, "warmup": 20}),
+        # A loss that moves a few per cent a step (a large batch's) is quiet, and a quarter
+        # over its level is a spike there, as in traces.
+        DetectorSpec(
+            "loss_spike", {"reduce": "max", "min_ratio": 2.0, "warmup": 20, "quiet_ratio": 0.25}
+        ),
         DetectorSpec("grad_norm_spike", {"min_ratio": 1.0, "warmup": 20}),
         # A metric no one reads (a user's own, a GPU's utilisation) needs the live peer bar
         # too; a leak is a trend whatever the host's jitter.

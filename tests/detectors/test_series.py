@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from collector.types import JOB, Frame
 from detectors.changepoint import ThroughputChange
@@ -201,3 +202,51 @@ def test_a_confirmed_spike_names_the_rank_that_spiked_not_the_highest_when_confi
         loss = np.full(4, frame.values["loss"])
         found += det.process_step(batch(frame.step, {"grad_norm": norm, "loss": loss}))
     assert [(f.kind, f.step, f.subject.rank) for f in found] == [("grad_spike", 60, 2)]
+
+
+def _live_loss(spread: float, spike: float, seed: int = 0, fall: float = 0.0) -> list:
+    """The live loss bars (the highest rank's loss, three times its level, a quarter while
+    quiet) over 300 steps of 8 ranks whose loss falls from 6 to 3 (and by ``fall`` more
+    each step) with lognormal noise of ``spread``; every rank's loss ``spike`` times higher
+    at step 200."""
+    from tests.detectors._batches import batch
+
+    rng = np.random.default_rng(seed)
+    det = SeriesSpike(reduce="max", min_ratio=2.0, warmup=20, quiet_ratio=0.25)
+    found = []
+    for s in range(300):
+        loss = (3.0 + 3.0 * np.exp(-s / 40)) * np.exp(-fall * s) * rng.lognormal(0, spread, 8)
+        if s == 200:
+            loss *= spike
+        found += det.process_step(batch(s, {"loss": loss}))
+    return found
+
+
+@pytest.mark.parametrize(("spike", "fall"), [(1.4, 0.0), (2.5, 0.0), (1.4, 0.015)])
+def test_a_quiet_loss_is_judged_by_the_quiet_bar(spike: float, fall: float) -> None:
+    # A large batch's loss, a per cent of noise: a rise of 40 % is a spike, though the
+    # series' everyday bar is three times its level. A loss falling 1.5 % a step, each
+    # value 3 % under the level of the last five, is as quiet: the fall is no noise.
+    assert _live_loss(0.01, 1.0, fall=fall) == []
+    found = _live_loss(0.01, spike, fall=fall)
+    assert [(f.kind, f.subject, f.step) for f in found] == [("loss_spike", JOB, 200)]
+    assert found[0].evidence["bar_ratio"] == 0.25
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_noisy_loss_keeps_the_everyday_bar(seed: int) -> None:
+    # The loss of a few dozen tokens: a fifth of noise, its highest rank doubling now and
+    # then. Neither that nor a rise of 80 % is a spike; three and a half times is.
+    assert _live_loss(0.2, 1.8, seed) == []
+    found = _live_loss(0.2, 4.5, seed)
+    assert [(f.kind, f.step) for f in found] == [("loss_spike", 200)]
+    assert found[0].evidence["bar_ratio"] == 2.0
+
+
+def test_a_quiet_bar_above_the_everyday_one_is_refused() -> None:
+    from detectors.errors import DetectorError
+
+    with pytest.raises(DetectorError, match="quiet_ratio"):
+        SeriesSpike(min_ratio=0.25, quiet_ratio=0.5)
+    with pytest.raises(DetectorError, match="quiet_window"):
+        SeriesSpike(quiet_ratio=0.1, quiet_window=5)

@@ -133,6 +133,31 @@ def test_a_noisy_host_keeps_the_coarse_bar() -> None:
     assert _synchronous_job(jitter=0.3, slow_from=60) == []
 
 
+def _loss_job(spread: float, spike: float) -> list:
+    """8 ranks reporting a loss that falls from 6 to 3 with lognormal noise of ``spread``,
+    every rank's ``spike`` times higher at step 150, fed to the live fused tier."""
+    rng = np.random.default_rng(5)
+    fused = FusedDetectors(live_config().build())
+    found = []
+    for step in range(200):
+        loss = (3.0 + 3.0 * np.exp(-step / 40)) * rng.lognormal(0.0, spread, 8)
+        if step == 150:
+            loss *= spike
+        for rank in range(8):
+            values = {"step_time": 0.2, "loss": float(loss[rank])}
+            found += fused.process(Frame(Subject(0, rank, "node0"), step, 100.0 + step, values))
+    return found + fused.flush()
+
+
+def test_a_loss_spike_of_forty_per_cent_is_found_live_where_the_loss_is_quiet() -> None:
+    # a large batch's loss (1 % of noise) rising by 40 % is a spike; a few dozen tokens'
+    # (20 % of noise) doubling is not, nor is a 40 % rise among it
+    assert _loss_job(0.01, 1.0) == []
+    found = _loss_job(0.01, 1.4)
+    assert [(f.kind, f.subject, f.step) for f in found] == [("loss_spike", JOB, 150)]
+    assert _loss_job(0.2, 2.0) == []
+
+
 def test_hard_rules_and_progress_stall_stay_outside_fusion() -> None:
     names = [d.name for d in live_detectors()]
     assert names == ["process_exit", "non_finite_loss", "progress_stall", "fused"]
