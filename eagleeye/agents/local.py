@@ -133,6 +133,7 @@ class LocalAgents:
             "--log-dir", str((self.run_dir / "logs").resolve()),
             "--advertise", "127.0.0.1", "--hostname", self.hostname,
             "--gpu-metrics", "off", "--no-host-metrics",
+            "--no-instrument",  # the command is `eagleeye run`'s, through the boot or not
             *self.command,
         ]  # fmt: skip
         name = f"{self.hostname}-{node}"

@@ -15,6 +15,7 @@ from typing import Any
 
 from eagleeye.commands._args import address_port, non_negative, seconds
 from eagleeye.commands._cluster import CLUSTER_DOC, add_common
+from eagleeye.commands.hang_flags import add_instrument
 
 
 def add_parser(sub: Any) -> None:
@@ -115,6 +116,7 @@ def add_parser(sub: Any) -> None:
         # each rank's environment and command line as the controller gives them win over
         # this agent's (its telemetry goes to the run directly); its ranks die with the agent
     )
+    add_instrument(a)
     a.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module")
     a.add_argument("script", metavar="SCRIPT")
     a.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...")
@@ -129,6 +131,7 @@ def _agent(args: argparse.Namespace) -> int:
     from eagleeye.errors import EagleEyeError
     from eagleeye.gpus import NCCL_DUMP_ENV, nvml_source
     from eagleeye.hostsources import HostSourcesConfig
+    from eagleeye.rerun import BOOT
     from ft_runtime.layout import ENV_CATCHUP_HOST, ENV_CATCHUP_TOKEN
     from ft_runtime.replica.auth import ENV_REPLICA_SECRET
 
@@ -168,6 +171,8 @@ def _agent(args: argparse.Namespace) -> int:
     if script_args[:1] == ["--"]:
         script_args = script_args[1:]
     target = ["-m", args.script] if args.module else [str(Path(args.script).resolve())]
+    if args.instrument:  # the zero-code telemetry, as `eagleeye run` starts its ranks
+        target = [*BOOT, *target]
     agent = HostAgent(link, node_rank, [*target, *script_args], Path(args.log_dir))
     agent.holder_at, agent.holder_token = holder_at, holder_token(secret)
     agent.replica_env = {  # for the controller's --recovery replica; derived, never sent

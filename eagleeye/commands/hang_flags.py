@@ -46,13 +46,7 @@ def add_hang_arguments(
         f"{about} Flags override the [hang] table of $EAGLEEYE_DETECTORS_CONFIG.",
     )
     if instrument:
-        g.add_argument(
-            "--no-instrument",
-            dest="instrument",
-            action="store_false",
-            help="do not load the zero-code telemetry (optimizer steps, loss, collectives) "
-            "into the ranks; only the in-loop hook reports",
-        )
+        add_instrument(g)
     defaults = HangLimits()
     for name, text in _LIMITS:
         if names is not None and name not in names:
@@ -65,6 +59,17 @@ def add_hang_arguments(
             metavar="X",
             help=f"{text} (default: {getattr(defaults, name):g})",
         )
+
+
+def add_instrument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Adds ``--no-instrument``: the ranks start through ``eagleeye.boot`` unless given."""
+    p.add_argument(
+        "--no-instrument",
+        dest="instrument",
+        action="store_false",
+        help="do not load the zero-code telemetry (optimizer steps, loss, collectives) "
+        "into the ranks; only the in-loop hook reports",
+    )
 
 
 def _positive_float(text: str) -> float:
