@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import random
 import signal
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -274,9 +275,11 @@ def _coordinate(
             "resumed": None if state is None else {"attempt": coordinator.attempt},
         }
     )
+    started = time.time()
     try:
         phase = coordinator.run(join_timeout_s=args.join_timeout)
-        store.set_meta("result", {"succeeded": phase is Phase.SUCCEEDED})
+        succeeded = phase is Phase.SUCCEEDED
+        store.set_meta("result", _result(succeeded, started, coordinator.attempt + 1))
     finally:
         members.poll(timeout_s=0.5)  # the agents' last outcomes
         store.close()
@@ -352,14 +355,21 @@ def _replicas(
             },
         }
     )
+    started = time.time()
     try:
         phase = coordinator.run(join_timeout_s=args.join_timeout)
-        store.set_meta("result", {"succeeded": phase is Phase.SUCCEEDED})
+        attempts = 1 if coordinator.supervisor is None else coordinator.supervisor.attempt + 1
+        store.set_meta("result", _result(phase is Phase.SUCCEEDED, started, attempts))
     finally:
         members.poll(timeout_s=0.5)  # the agents' last outcomes
         store.close()
         members.close()
     return 0 if phase is Phase.SUCCEEDED else 1
+
+
+def _result(succeeded: bool, started: float, attempts: int) -> dict[str, object]:
+    """The run's result in its store, as `eagleeye run` records it (`eagleeye summary`)."""
+    return {"succeeded": succeeded, "started": started, "ended": time.time(), "attempts": attempts}
 
 
 def _serve(
