@@ -45,7 +45,10 @@ class Cluster:
         controller: tuple[str, ...] = (),
         agent_errors: bool = False,
         nnodes: int = 2,
+        program: tuple[str, ...] = (),
     ) -> None:
+        """``program``: what each agent runs (a script and its arguments, or ``-m`` and a
+        module's); by default ``script`` written to rank.py, given ``seconds``."""
         (tmp / "secret").write_text("0123456789abcdef0123456789abcdef\n")
         (tmp / "rank.py").write_text(script)
         self.tmp = tmp
@@ -64,11 +67,12 @@ class Cluster:
         self.read(lambda i: "listening" in i)
         # with agent_errors, each agent's stderr goes to agent-N.err (what it says at its end)
         self.errors = [(tmp / f"agent-{n}.err").open("w") for n in range(nnodes) if agent_errors]
+        program = program or (str(tmp / "rank.py"), seconds)
         self.agents = [
             subprocess.Popen(
                 [*EAGLEEYE, "agent", "--controller", self.listen, "--node-rank", str(n), *common]
                 + ["--no-host-metrics", *(extra if n == 1 else ())]
-                + ["--log-dir", str(tmp / f"logs{n}"), str(tmp / "rank.py"), seconds],
+                + ["--log-dir", str(tmp / f"logs{n}"), *program],
                 stderr=self.errors[n] if agent_errors else subprocess.DEVNULL,
             )
             for n in range(nnodes)
