@@ -157,9 +157,12 @@ def test_a_failed_rank_restarts_the_job_on_every_agent(tmp_path: Path) -> None:
     assert "'WORLD_SIZE': '2'" in second
     with RunReader(tmp_path / "runs" / "r") as run:
         actions = run.actions()
+        result = run.meta()["result"]
     assert list(zip(actions["kind"], actions["finding_kind"], strict=True)) == [
         ("restart", "process_exit")
     ]
+    assert (result["succeeded"], result["attempts"]) == (True, 2)
+    assert result["ended"] > result["started"]
     cluster.no_rank_left()
 
 
