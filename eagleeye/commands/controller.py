@@ -278,8 +278,8 @@ def _coordinate(
     started = time.time()
     try:
         phase = coordinator.run(join_timeout_s=args.join_timeout)
-        succeeded = phase is Phase.SUCCEEDED
-        store.set_meta("result", _result(succeeded, started, coordinator.attempt + 1))
+        attempts = coordinator.attempt + 1
+        store.set_meta("result", _result(phase is Phase.SUCCEEDED, started, attempts))
     finally:
         members.poll(timeout_s=0.5)  # the agents' last outcomes
         store.close()
