@@ -125,9 +125,11 @@ class StepBatch:
         mask = ~np.isnan(self.values) if self.present is None else self.present
         rows = np.flatnonzero(mask.any(axis=1)) if reported_only else range(len(self.ranks))
         for row in rows:
-            cols = np.flatnonzero(mask[row]).tolist()
-            names = [self.features[c] for c in cols]
-            values = dict(zip(names, self.values[row, cols].tolist(), strict=True))
+            values = {
+                f: float(v)
+                for f, v, ok in zip(self.features, self.values[row], mask[row], strict=True)
+                if ok
+            }
             yield Frame(self.subject(int(row)), self.step, self.time, values)
 
     @classmethod
