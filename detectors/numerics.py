@@ -38,6 +38,7 @@ class _State:
     fired: bool = False
     pending: _Pending | None = None
     moves: deque[float] = field(default_factory=deque)  # each value's rise over its level
+    bar: float = 0.0  # the smallest rise that is a spike, as the moves say (``_move``)
 
 
 class SeriesSpike(JobSeries):
@@ -132,27 +133,25 @@ class SeriesSpike(JobSeries):
         if state is None or value is None or len(state.window) < self.warmup:
             return 0.0
         level, noise = state.window.local(self.recent)
-        floor = max(noise, self._bar(state) * abs(level) / self.z, 1e-12)
+        floor = max(noise, state.bar * abs(level) / self.z, 1e-12)
         return max(0.0, (value - level) / floor)
 
-    def _bar(self, state: _State) -> float:
-        """The smallest rise over the level that is a spike: ``quiet_ratio`` while the
-        series is quiet, else ``min_ratio``."""
-        if self.quiet_ratio is None or len(state.moves) < self.quiet_window:
-            return self.min_ratio
-        moves = np.fromiter(state.moves, dtype=float)
-        spread = float(np.quantile(np.abs(moves - np.median(moves)), _QUIET_QUANTILE))
-        return self.quiet_ratio if spread <= self.quiet_ratio / self.z else self.min_ratio
-
     def _move(self, state: _State, value: float) -> None:
-        """Notes the value's rise over the series' level for the quiet bar."""
+        """Notes the value's rise over the series' level and sets the bar from the moves:
+        ``quiet_ratio`` while the series is quiet, else ``min_ratio``."""
         if self.quiet_ratio is None or len(state.window) < self.warmup:
             return
         level, _ = state.window.local(self.recent)
-        if level > 0:
-            state.moves.append(value / level - 1.0)
-            if len(state.moves) > self.quiet_window:
-                state.moves.popleft()
+        if level <= 0:
+            return
+        state.moves.append(value / level - 1.0)
+        if len(state.moves) > self.quiet_window:
+            state.moves.popleft()
+        if len(state.moves) == self.quiet_window:
+            moves = np.fromiter(state.moves, dtype=float)
+            spread = float(np.quantile(np.abs(moves - np.median(moves)), _QUIET_QUANTILE))
+            quiet = spread <= self.quiet_ratio / self.z
+            state.bar = self.quiet_ratio if quiet else self.min_ratio
 
     def learn_one(self, frame: Frame) -> None:
         value = finite(frame, self.feature)
@@ -189,7 +188,7 @@ class SeriesSpike(JobSeries):
         if len(window) >= self.warmup:
             level, _ = window.local(self.recent)
             rise = median / level - 1.0 if level > 0 else 0.0
-        if rise <= self._bar(self._state(JOB)):
+        if rise <= self._state(JOB).bar:
             window.add(median)
         return rise
 
@@ -256,7 +255,7 @@ class SeriesSpike(JobSeries):
             f"{self.feature}_baseline": med,
             "ratio": value / med if med else 0.0,
             "robust_z": score,
-            "bar_ratio": self._bar(state),
+            "bar_ratio": state.bar,
         }
         subject = frame.subject
         if self._ranks is not None:  # the highest rank's spike: its rank, or the job's
@@ -301,7 +300,9 @@ class SeriesSpike(JobSeries):
         state = self._states.get(subject)
         if state is None:
             state = self._states[subject] = _State(
-                RobustWindow(self.window), RobustWindow(self.window if self.confirm else 1)
+                RobustWindow(self.window),
+                RobustWindow(self.window if self.confirm else 1),
+                bar=self.min_ratio,
             )
         return state
 
