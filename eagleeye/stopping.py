@@ -55,6 +55,17 @@ def request_step(
     return newest + max(3, min(100_000, math.ceil(lead_s / step_time_s)))
 
 
+PACE_STEPS = 8
+"""How many step times a stop that came early waits for before it names a step: the
+first steps alone (warm-up: 14 ms, then 0.5 ms a step) measure the lead in steps a
+tenth too short, and the ranks pass the step before the request reaches them."""
+
+
+def pace_known(step_times: Iterable[float]) -> bool:
+    """Whether enough step times are known to measure the lead in (``PACE_STEPS``)."""
+    return sum(1 for t in step_times if math.isfinite(t) and t > 0) >= PACE_STEPS
+
+
 def typical_step_s(step_times: Iterable[float]) -> float | None:
     """The step time to measure the lead in: the lower quartile of the recent ones. The
     first steps (warm-up) and the slow ones of a loaded host lengthen a median, and a lead

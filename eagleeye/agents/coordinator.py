@@ -99,7 +99,7 @@ from eagleeye.agents.waits import CollectiveWaitHang, limits_body
 from eagleeye.errors import EagleEyeError
 from eagleeye.ingest import ingest_samples
 from eagleeye.stacks import HangStacks
-from eagleeye.stopping import EVENT_LISTENING, request_step, typical_step_s
+from eagleeye.stopping import EVENT_LISTENING, pace_known, request_step, typical_step_s
 from eagleeye.store import RunStore
 from ft_runtime.layout import JobLayout
 from ft_runtime.types import Action, ActionKind, LifecycleEvent, Outcome, OutcomeStatus, Phase
@@ -242,10 +242,11 @@ class JobCoordinator:
             return
         # the ranks leave their loops together only at a step named to them all: a stop
         # that came before any step reached the controller (the ranks listen from their
-        # first step; the hosts' summaries follow) waits for one, a quarter of the grace
-        # period at most. Asked "at once", each rank read the request at a step of its own
-        # and they waited on each other's collectives to the end.
-        window.wait(self._poll, lambda: self._newest_step is not None or cut_short(), share=0.25)
+        # first step; the hosts' summaries follow) waits for a few steps' times, a quarter
+        # of the grace period at most. Asked "at once", each rank read the request at a
+        # step of its own and they waited on each other's collectives to the end; asked
+        # on the first step's time alone (warm-up), they had passed the step named.
+        window.wait(self._poll, lambda: pace_known(self._step_times) or cut_short(), share=0.25)
         step = request_step(self._newest_step, typical_step_s(self._step_times))
         self._event("job", Phase.RUNNING, checkpoint_requested=step, reason=reason)
         self._saved.clear()

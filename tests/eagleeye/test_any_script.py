@@ -23,6 +23,7 @@ from eagleeye.rank_output import RankOutput, parse_ranks
 from eagleeye.resume import KnownCheckpoints
 from eagleeye.stopping import (
     CheckpointRequest,
+    pace_known,
     request_checkpoint,
     request_step,
     typical_step_s,
@@ -256,6 +257,18 @@ def test_the_lead_is_counted_in_the_fast_steps_not_the_warm_up() -> None:
     assert request_step(100, typical_step_s([*warm_up, *steady])) == 250
     assert typical_step_s([math.nan, -1.0, 0.0]) is None  # nothing usable: a few steps
     assert typical_step_s([]) is None
+
+
+def test_an_early_stop_names_a_step_only_once_a_few_step_times_are_known() -> None:
+    """Seen under load: a stop before any step named 105 on the first step's 14 ms alone;
+    the ranks ran 0.5 ms steps and were past it when the request reached them."""
+    first = [0.0143]
+    assert not pace_known(first)
+    assert request_step(0, typical_step_s(first)) == 105  # about 50 ms of real training
+    steps = [0.0143, 0.0044, 0.0012, 0.0005, 0.0004, 0.0040, 0.0005, 0.0005]
+    assert not pace_known([*steps[:-1], math.nan])  # a step time that says nothing
+    assert pace_known(steps)
+    assert request_step(0, typical_step_s(steps)) == 3000  # 1.5 s of those steps
 
 
 def test_time_faults_are_only_the_ones_fired_from_outside() -> None:
