@@ -48,6 +48,10 @@ class Trend(Stepwise):
         clear: reports without drift before a rank may fire again.
         warmup: steps after a (re)launch in which a rank takes no part.
         min_ranks: peers needed.
+        spread_memory: judgements whose peers' spread of slopes is remembered; the scale
+            is never below their median (0: only this judgement's). Among a host's 8
+            ranks whose memory wanders, the 8 slopes agree now and then by chance, and a
+            rank's wander then stood at z 6 to 15.
     """
 
     name = "trend"
@@ -63,6 +67,7 @@ class Trend(Stepwise):
         clear: int = 20,
         warmup: int = 20,
         min_ranks: int = 4,
+        spread_memory: int = 0,
     ) -> None:
         if window < 4 or window % 2:
             raise DetectorError(f"trend window must be even and at least 4, got {window}")
@@ -71,6 +76,9 @@ class Trend(Stepwise):
         self.window, self.z, self.min_rise, self.horizon_s = window, z, min_rise, horizon_s
         self.persistence, self.clear, self.warmup = persistence, clear, warmup
         self.min_ranks = min_ranks
+        if spread_memory < 0:
+            raise DetectorError(f"trend spread_memory must be 0 or more, got {spread_memory}")
+        self.spread_memory = spread_memory
         self._names = tuple(self.features)
         self._layout = RankLayout()
         # Per slot (and feature, and place in the window): column-major, so that one
@@ -91,6 +99,9 @@ class Trend(Stepwise):
         # Each slot's step of its latest report: a job stuck on a step (a hang) keeps
         # sending the same values, which are no time series.
         self._step = np.zeros((0, f), order="F")
+        # Per feature: the peers' spread of slopes at its last ``spread_memory`` judgements.
+        self._spreads = np.full((f, max(spread_memory, 1)), np.nan)
+        self._spread_at = np.zeros(f, dtype=np.int64)
         self._calls = 0
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
@@ -205,7 +216,8 @@ class Trend(Stepwise):
         # The peers' spread of slopes, but never below what one slope's own noise allows:
         # among a host's 8 ranks the spread of 8 slopes can be far below it by chance, and
         # a rank's noise then stood at z 7 to 21 (a flat series wobbling by 0.3 %).
-        scale = max(1.4826 * median(np.abs(peers - med)), noise, 1e-12)
+        spread = 1.4826 * median(np.abs(peers - med))
+        scale = max(spread, self._usual_spread(j, spread), noise, 1e-12)
         rise = slope * self.horizon_s
         level = np.abs(self._level[at, j])
         drifting = rising & ((slope - med) / scale > self.z) & (rise >= self.min_rise * level)
@@ -218,6 +230,17 @@ class Trend(Stepwise):
             self._finding(int(rows[i]), j, float(slope[i]), float(rise[i]), med, scale, batch)
             for i in np.flatnonzero(new)
         ]
+
+    def _usual_spread(self, j: int, spread: float) -> float:
+        """The median of the peers' spread of slopes over the feature's last
+        ``spread_memory`` judgements, this one's included (0 when not kept)."""
+        if self.spread_memory == 0:
+            return 0.0
+        at = int(self._spread_at[j])
+        self._spreads[j, at % self.spread_memory] = spread
+        self._spread_at[j] = at + 1
+        kept = self._spreads[j, : min(at + 1, self.spread_memory)]
+        return float(np.median(kept))
 
     def _finding(
         self,

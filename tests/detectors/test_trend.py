@@ -9,7 +9,7 @@ from detectors.errors import DetectorError
 from detectors.peer import PeerOutlier
 from detectors.stepbatch import StepBatch
 from detectors.trend import Trend
-from tests.detectors._batches import batch
+from tests.detectors._batches import batch, wandering_memory
 
 
 def _memory(steps: int, leak: float = 0.0, common: float = 0.0, seed: int = 0):
@@ -131,3 +131,27 @@ def test_a_hung_job_s_frozen_memory_is_no_leak(seed: int) -> None:
     # rank reports again adds nothing to its series.
     trend = Trend(warmup=0)
     assert [f for b in _scraped_by_node(seed, hang=100) for f in trend.process_step(b)] == []
+
+
+def _host_trend() -> Trend:
+    """The live tier's trend (``eagleeye.detection.live_specs``), as a host runs it."""
+    return Trend(warmup=0, window=16, spread_memory=64)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_hosts_wandering_memory_is_no_leak_and_a_slow_leak_in_it_is_found(seed: int) -> None:
+    # old: 8 reports, judged against this judgement's 8 slopes alone
+    old, healthy, leaking = Trend(warmup=0), _host_trend(), _host_trend()
+    assert [f for b in wandering_memory(seed) for f in healthy.process_step(b)] == []
+    found = [f for b in wandering_memory(seed, leak=0.0077) for f in leaking.process_step(b)]
+    assert found, "a leak of 0.0077 GB/s (28 GB an hour) went unfound"
+    assert found[0].subject.rank == 3
+    assert 100 < (found[0].step or 0) <= 250  # under 6 GB leaked: 14 GB are left
+    assert {f.subject.rank for f in found} == {3}
+    if seed == 0:  # the old trend drew a finding on this host without a leak
+        assert [f for b in wandering_memory(seed) for f in old.process_step(b)]
+
+
+def test_the_spread_memory_must_not_be_negative() -> None:
+    with pytest.raises(DetectorError, match="spread_memory must be 0 or more"):
+        Trend(spread_memory=-1)

@@ -17,6 +17,7 @@ from eagleeye.detection import (
     FusedDetectors,
     flight_record_frames,
     host_detectors,
+    host_tier_config,
     live_config,
     live_detectors,
     peer_features,
@@ -25,6 +26,7 @@ from eagleeye.detection import (
 from eagleeye.errors import EagleEyeError
 from eagleeye.recorded import recorded_trace
 from eagleeye.store import RunStore
+from tests.detectors._batches import wandering_memory
 
 
 def test_peer_features_leave_collectives_data_and_checkpoints_out_of_compute() -> None:
@@ -241,3 +243,17 @@ def test_each_attempt_of_the_job_is_a_new_baseline() -> None:
     # Without the new baseline, the new attempt's first loss is a spike against the old.
     kept = _restarted_run(FusedDetectors(config.build()))
     assert "loss_spike" in {f.kind for f in kept}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_hosts_judge_finds_a_slow_leak_in_wandering_memory_and_nothing_without(
+    seed: int,
+) -> None:
+    """The host tier as an agent runs it over its 8 ranks (``host_tier_config``)."""
+    healthy, leaking = host_tier_config().build(), host_tier_config().build()
+    quiet = [f for b in wandering_memory(seed) for f in healthy.process_step(b)]
+    assert quiet + healthy.flush() == []
+    found = [f for b in wandering_memory(seed, leak=0.0077) for f in leaking.process_step(b)]
+    leaks = [f for f in found + leaking.flush() if f.kind == "memory_leak"]
+    assert leaks, "a leak of 0.0077 GB/s went unfound"
+    assert {f.subject.rank for f in leaks} == {3}
