@@ -98,7 +98,7 @@ def live_specs() -> tuple[DetectorSpec, ...]:
         # A metric no one reads (a user's own, a GPU's utilisation) needs the live peer bar
         # too; a leak is a trend whatever the host's jitter. A host's 8 ranks are few
         # peers: their slopes agree now and then by chance, and a memory that wanders
-        # (a caching allocator's) rose for 8 reports often enough to be a leak. The slope
+        # about its footprint rose for 8 reports often enough to be a leak. The slope
         # is over 16 reports, against the peers' usual spread of slopes.
         DetectorSpec("generic_peer", {"min_shift": 0.5, "warmup": 5}),
         DetectorSpec("trend", {"warmup": 5, "window": 16, "spread_memory": 64}),
