@@ -63,15 +63,20 @@ tenth too short, and the ranks pass the step before the request reaches them."""
 
 def pace_known(step_times: Iterable[float]) -> bool:
     """Whether enough step times are known to measure the lead in (``PACE_STEPS``)."""
-    return sum(1 for t in step_times if math.isfinite(t) and t > 0) >= PACE_STEPS
+    return len(_usable(step_times)) >= PACE_STEPS
 
 
 def typical_step_s(step_times: Iterable[float]) -> float | None:
     """The step time to measure the lead in: the lower quartile of the recent ones. The
     first steps (warm-up) and the slow ones of a loaded host lengthen a median, and a lead
     counted in steps too long falls short of the time the request needs to arrive."""
-    times = sorted(t for t in step_times if math.isfinite(t) and t > 0)
+    times = sorted(_usable(step_times))
     return times[len(times) // 4] if times else None
+
+
+def _usable(step_times: Iterable[float]) -> list[float]:
+    """The step times that say something: finite and above 0."""
+    return [t for t in step_times if math.isfinite(t) and t > 0]
 
 
 class CheckpointRequest:
