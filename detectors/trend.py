@@ -19,6 +19,7 @@ reports again (a hung job's heartbeats and GPU polls) adds nothing to its series
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -100,8 +101,7 @@ class Trend(Stepwise):
         # sending the same values, which are no time series.
         self._step = np.zeros((0, f), order="F")
         # Per feature: the peers' spread of slopes at its last ``spread_memory`` judgements.
-        self._spreads = np.full((f, max(spread_memory, 1)), np.nan)
-        self._spread_at = np.zeros(f, dtype=np.int64)
+        self._spreads = [deque[float](maxlen=spread_memory) for _ in self._names]
         self._calls = 0
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
@@ -236,10 +236,8 @@ class Trend(Stepwise):
         ``spread_memory`` judgements, this one's included (0 when not kept)."""
         if self.spread_memory == 0:
             return 0.0
-        at = int(self._spread_at[j])
-        self._spreads[j, at % self.spread_memory] = spread
-        self._spread_at[j] = at + 1
-        kept = self._spreads[j, : min(at + 1, self.spread_memory)]
+        kept = self._spreads[j]
+        kept.append(spread)
         return float(np.median(kept))
 
     def _finding(
