@@ -171,6 +171,14 @@ class SummaryIntake:
         if excess > 0:
             waiting = sorted(set(self._steps) - set(ready))
             ready = sorted(ready + waiting[:excess])
+        # In step order: an older step still waiting is reduced with the newer one (a
+        # host that sent the newer step never sends it; one that did not send either waited
+        # as long). Released after it, it would be a step going back: a restart to the
+        # detectors, whose warm-up starts again.
+        newest: dict[int, int] = {}
+        for attempt, step in ready:
+            newest[attempt] = max(newest.get(attempt, step), step)
+        ready = sorted(k for k in self._steps if k[1] <= newest.get(k[0], -1))
         for attempt, step in ready:
             out += self._reduce(step, self._steps.pop((attempt, step)), hosts)
             self._done[attempt] = max(self._done.get(attempt, -1), step)

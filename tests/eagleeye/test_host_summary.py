@@ -133,6 +133,33 @@ def test_the_intake_refuses_a_host_whose_statistics_are_unsound() -> None:
     assert (job.values["hosts_reporting"], job.values["hosts_missing"]) == (2.0, 1.0)
 
 
+def test_steps_go_out_in_order_when_a_host_never_sends_an_older_one() -> None:
+    """A host whose ranks began a step later than the others never sends the first step:
+    that step is reduced with the newer one that every host sent, before it, not released
+    once it waited ``wait_s`` after steps that came later (a step going back reads as a
+    restart to the controller's detectors, whose warm-up would start again)."""
+    layout = JobLayout(nnodes=3, nproc_per_node=8)
+    intake = SummaryIntake(layout, clock=lambda: 0.0)
+    for step in (10, 11, 12):
+        for node in range(3):
+            if step == 10 and node == 2:
+                continue
+            summary = host_step(step, base=8 * node)
+            intake.take(
+                node, parse_summary(KEY, *encode_summary(summary, KEY, SESSION, step)), 0, 0.0
+            )
+    frames = intake.frames(hosts=3)
+    assert [(f.step, f.values["hosts_reporting"]) for f in frames] == [
+        (10, 2.0),
+        (11, 3.0),
+        (12, 3.0),
+    ]
+    assert [m.step for m in intake.take_medians()] == [10, 11, 12]
+    late = parse_summary(KEY, *encode_summary(host_step(10, base=16), KEY, SESSION, 13))
+    intake.take(2, late, 0, 0.0)
+    assert intake.frames(hosts=3) == [] and intake.refused["late"] == 1
+
+
 def test_the_outlier_rows_go_out_at_once_with_the_hosts_median() -> None:
     intake = SummaryIntake(JobLayout(nnodes=2, nproc_per_node=8), clock=lambda: 0.0)
     parsed = parse_summary(KEY, *encode_summary(host_step(3, slow=9, base=8), KEY, SESSION, 1))
