@@ -459,8 +459,8 @@ class EagleEyeExporter:
         """The run ended: ``eagleeye_run_active`` 0 and the final ETTR (what lingers); the
         ranks' progress is no longer reported."""
         with self._lock:
+            self._maybe_ettr(force=True)  # first: a scrape that sees the end sees its ETTR
             self.active.labels(self.run).set(0)
-            self._maybe_ettr(force=True)
             self._progress = (lambda: {}) if self._progress is not None else None
 
     def text(self) -> bytes:

@@ -222,6 +222,26 @@ def test_finish_marks_the_run_ended() -> None:
     assert one(values(ex.text()), "eagleeye_run_active") == 0
 
 
+def test_a_scrape_that_sees_the_run_ended_sees_its_final_ettr(monkeypatch) -> None:
+    """The final ETTR is set before ``eagleeye_run_active`` falls to 0: a scrape between
+    the two (the server does not take the exporter's lock) must not read an ended run
+    that has no final ETTR."""
+    ex = EagleEyeExporter(run=RUN, ettr_every_s=3600.0)
+    ex.observe_samples([Sample("step_time", 0.2, 1.0 + n, {"rank": "0"}, step=n) for n in range(5)])
+    seen_while_computing: list[float] = []
+
+    def effective_training_seen_by_a_scrape(table, replicas):
+        seen_while_computing.append(one(values(ex.text()), "eagleeye_run_active"))
+        return effective_training(table, replicas)
+
+    monkeypatch.setattr("eagleeye.exporter.effective_training", effective_training_seen_by_a_scrape)
+    ex.finish()
+    assert seen_while_computing == [1]
+    got = values(ex.text())
+    assert one(got, "eagleeye_run_active") == 0
+    assert 0 < one(got, "eagleeye_ettr_ratio") <= 1
+
+
 def test_serve_binds_loopback_and_answers() -> None:
     ex = busy_exporter()
     server, thread = ex.serve(0)
