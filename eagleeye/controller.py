@@ -38,6 +38,7 @@ from eagleeye.resume import KnownCheckpoints
 from eagleeye.stacks import HangStacks, StackCapture
 from eagleeye.stopping import (
     EVENT_LISTENING,
+    pace_known,
     request_checkpoint,
     request_step,
     typical_step_s,
@@ -204,6 +205,7 @@ class Controller:
         when every rank listens, until they have left their loops and ended, as a loop that
         saves on request does (the signal then finds nothing to stop)."""
         assert self.run_dir is not None
+        self._await_pace(self.clock() + request.grace_s / 4)
         asked = self.clock()
         newest = max(self._last_step.values(), default=None)
         step = request_step(newest, typical_step_s(self._step_times))
@@ -216,6 +218,20 @@ class Controller:
             samples = self.receiver.receive(timeout_s=self.tick_s)
             ingest_samples(self.store, samples, self.launched.current)
             saved |= _ranks_sending(samples, "event.checkpoint", since=asked)
+            self._lifecycle(self.supervisor.poll())
+
+    def _await_pace(self, until: float) -> None:
+        """A stop that came before a few step times were known waits for them (until
+        ``until`` at most): a lead counted in the first step's time (warm-up, ten times a
+        steady step) is passed before the request reaches the ranks, and each then saves
+        at a step of its own, waiting on the others' collectives to the end."""
+        while (
+            not pace_known(self._step_times)
+            and self.clock() < until
+            and self.supervisor.alive() > 0
+        ):
+            samples = self.receiver.receive(timeout_s=self.tick_s)
+            self._note_steps(ingest_samples(self.store, samples, self.launched.current))
             self._lifecycle(self.supervisor.poll())
 
     def tick(self) -> None:
@@ -328,16 +344,21 @@ class Controller:
                 groups += self.aggregator.add(frame)
         return groups + self.aggregator.flush(self.clock())
 
+    def _note_steps(self, frames: list[Frame]) -> None:
+        """Each rank's newest step and the recent step times (a stop's step is named in
+        them)."""
+        for frame in frames:
+            if frame.step is not None and frame.subject.rank is not None:
+                self._last_step[frame.subject.rank] = frame.step
+                if "step_time" in frame.values:
+                    self._step_times.append(frame.values["step_time"])
+
     def _detect(
         self, frames: list[Frame], poll: bool, detectors: Sequence[Detector] | None = None
     ) -> list[Finding]:
         if detectors is None:
             detectors = self.detectors
-            for frame in frames:
-                if frame.step is not None and frame.subject.rank is not None:
-                    self._last_step[frame.subject.rank] = frame.step
-                    if "step_time" in frame.values:
-                        self._step_times.append(frame.values["step_time"])
+            self._note_steps(frames)
         findings: list[Finding] = []
         for detector in detectors:
             found: list[Finding] = []

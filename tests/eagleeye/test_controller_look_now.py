@@ -2,19 +2,24 @@
 loop waits for telemetry it asks the supervisor whether something is to be judged now, and
 the tick that follows fences the replica with the stopped rank as evidence. Replicas are
 fake (a fake launcher); the quorum store, the telemetry socket and the run store are real.
-The tick here waits 60 s for telemetry that never comes: only the early look ends it."""
+The tick here waits 60 s for telemetry that never comes: only the early look ends it.
+
+A stop that comes before the steps' pace is known waits for a few step times (real
+telemetry over the socket) before it names the step every rank saves at."""
 
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from collector.transport import TelemetryReceiver
+from collector.transport import TelemetryPublisher, TelemetryReceiver
 from eagleeye.controller import Controller
 from eagleeye.injector import OutsideInjector
 from eagleeye.launch import _hold_is_no_hang
+from eagleeye.stopping import pace_known, request_step, typical_step_s
 from eagleeye.store import RunReader, RunStore
 from ft_runtime.faults import parse_specs
 from ft_runtime.layout import JobLayout
@@ -122,3 +127,27 @@ def test_a_rank_an_outside_slow_fault_holds_is_not_fenced_on_its_state(
         sup.stop_all()
         receiver.close()
         store.close()
+
+
+def test_a_stop_before_the_pace_is_known_waits_for_a_few_step_times(rig) -> None:
+    controller, _, _ = rig
+    rank = [TelemetryPublisher(controller.receiver.address) for _ in range(2)]
+    try:
+        for r, sender in enumerate(rank):  # the first step: warm-up, 30 times a steady one
+            labels = {"rank": str(r), "replica": str(r), "node": f"node{r}", "attempt": "0"}
+            sender.send(labels, [["step_time", 0.015, time.time(), 1]])
+        while len(controller._last_step) < 2:  # the loop takes them as they come
+            controller.tick()
+        assert controller._last_step == {0: 1, 1: 1}
+        assert not pace_known(controller._step_times)  # 105 steps of lead: far too few
+        for step in range(2, 5):
+            for r, sender in enumerate(rank):
+                labels = {"rank": str(r), "replica": str(r), "node": f"node{r}", "attempt": "0"}
+                sender.send(labels, [["step_time", 0.0005, time.time(), step]])
+        controller._await_pace(controller.clock() + 1.0)  # the clock stands: till the pace
+        assert pace_known(controller._step_times)
+        newest = max(controller._last_step.values())
+        assert request_step(newest, typical_step_s(controller._step_times)) == 3004
+    finally:
+        for sender in rank:
+            sender.close()
