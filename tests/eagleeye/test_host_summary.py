@@ -157,7 +157,8 @@ def test_steps_go_out_in_order_when_a_host_never_sends_an_older_one() -> None:
     assert [m.step for m in intake.take_medians()] == [10, 11, 12]
     late = parse_summary(KEY, *encode_summary(host_step(10, base=16), KEY, SESSION, 13))
     intake.take(2, late, 0, 0.0)
-    assert intake.frames(hosts=3) == [] and intake.refused["late"] == 1
+    assert intake.frames(hosts=3) == []
+    assert intake.refused["late"] == 1
 
 
 def test_the_outlier_rows_go_out_at_once_with_the_hosts_median() -> None:
