@@ -5,7 +5,10 @@ within a few per cent of its usual share of the step, and the precise peer compa
 (a 10 % slower rank, a NIC's collective time, a slow leak) is sound there; on a shared CPU
 host the same times jump by half or more from one step to the next, and only coarse bars
 stay quiet. ``QuietJob`` runs an inner step detector on every step (it keeps learning) and
-passes its findings on only while the job has been measured quiet.
+passes its findings on only while the job has been measured quiet. When a measure opens
+the gate, the findings withheld in the steps it covered pass too: a fault that began
+before the first measure (a job's first 40 steps) would otherwise never be reported, as the
+inner detector fires once per fault.
 
 The measure: each step, every rank's ``feature`` (compute time by default) divided by the
 median of the ranks not warming up; per rank, over the last ``window`` steps, the 90th
@@ -21,6 +24,7 @@ True
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -41,6 +45,7 @@ _QUANTILE = 0.9  # of a rank's deviations over the window
 QUIET_NOISE = 0.1
 QUIET_SUFFIX = "/quiet"  # after the inner detector's name, in a finding's ``detector``
 _MIN_RANKS = 4  # ranks a step needs to give every rank a peer median
+_WITHHELD = 1024  # findings kept while the gate is closed, for when it opens
 
 
 class QuietJob(Stepwise):
@@ -91,6 +96,8 @@ class QuietJob(Stepwise):
         self._ratios = np.full((window, max_ranks), np.nan)
         self._filled = 0  # steps written into the window
         self.dropped = 0  # findings withheld while the job was noisy
+        # (steps written when withheld, finding): the latest, for when the gate opens
+        self._withheld: deque[tuple[int, Finding]] = deque(maxlen=_WITHHELD)
 
     @property
     def quiet(self) -> bool:
@@ -98,13 +105,27 @@ class QuietJob(Stepwise):
 
     def process_step(self, batch: StepBatch) -> Sequence[Finding]:
         found: Sequence[Finding] = self.inner.process_step(batch)  # type: ignore[attr-defined]
+        was_quiet = self.quiet
         self._measure(batch)
         if not self.quiet:
             self.dropped += len(found)
+            self._withheld.extend((self._filled, f) for f in found)
             return ()
+        if not was_quiet and self._withheld:
+            found = [*self._measured_quiet(), *found]
         # Named apart from the same detector run outside the gate (fusion keeps one finding
         # of a fault that two detectors' bars catch at different steps).
         return [replace(f, detector=f"{f.detector}{QUIET_SUFFIX}") for f in found]
+
+    def _measured_quiet(self) -> list[Finding]:
+        """The gate opens: the findings withheld in the steps its measure covered, which
+        it found quiet (a fault that began before the first measure: the inner detector
+        fires once and would not again); older ones stay withheld, and all are forgotten."""
+        since = self._filled - self.window
+        passed = [f for at, f in self._withheld if at > since]
+        self._withheld.clear()
+        self.dropped -= len(passed)
+        return passed
 
     def _measure(self, batch: StepBatch) -> None:
         if self.feature not in batch.features:

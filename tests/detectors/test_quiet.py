@@ -11,13 +11,15 @@ from detectors.quiet import QuietJob
 from tests.detectors._batches import batch
 
 
-def _job(steps: int, jitter: float, slow: dict[int, float], at: int, seed: int = 0):
+def _job(steps: int, jitter: float, slow: dict[int, float], at: int, seed: int = 0, calm_from=None):
     """Compute times of 16 ranks (nodes of 4): each step, every rank's time times a
-    log-normal factor of ``jitter``; ``slow`` multiplies ranks from step ``at``."""
+    log-normal factor of ``jitter`` (0.01 from step ``calm_from`` on, when given);
+    ``slow`` multiplies ranks from step ``at``."""
     rng = np.random.default_rng(seed)
     speed = 1.0 + 0.015 * rng.standard_normal(16)  # each GPU's own fixed speed
     for s in range(steps):
-        x = 1000.0 * speed * np.exp(jitter * rng.standard_normal(16))
+        noise = 0.01 if calm_from is not None and s >= calm_from else jitter
+        x = 1000.0 * speed * np.exp(noise * rng.standard_normal(16))
         for rank, factor in slow.items():
             if s >= at:
                 x[rank] *= factor
@@ -46,6 +48,32 @@ def test_a_noisy_job_s_findings_are_withheld() -> None:
     assert det.dropped >= 1  # the inner detector did find it
     assert det.noise is not None
     assert det.noise > 0.3
+
+
+def test_a_fault_from_before_the_first_measure_is_passed_when_the_gate_opens() -> None:
+    # The inner comparison finds the rank within a few steps (after its own warm-up of 20)
+    # and fires once; the gate first measures at step 39 and finds the job quiet: the
+    # finding passes then, with its step.
+    det = QuietJob(max_noise=0.1, window=40, warmup=0)
+    found = []
+    for s, b in enumerate(_job(60, 0.01, {5: 1.10}, at=25)):
+        got = det.process_step(b)
+        found += got
+        assert not got or s == 39, s
+    assert [(f.kind, f.subject.rank) for f in found] == [("slow_rank", 5)]
+    assert 25 <= (found[0].step or 0) < 39
+    assert found[0].detector == "peer_outlier/quiet"
+    assert det.dropped == 0
+
+
+def test_a_finding_withheld_before_the_measured_steps_stays_withheld() -> None:
+    # Noisy while the rank was found (five times as slow from step 30), quiet from step 60:
+    # the measure that opens the gate covers the quiet steps only.
+    det = QuietJob(max_noise=0.1, window=20, warmup=0)
+    found = _run(det, _job(120, 0.35, {5: 5.0}, at=30, calm_from=60))
+    assert found == []
+    assert det.quiet
+    assert det.dropped >= 1
 
 
 def test_a_lasting_shift_of_a_whole_node_does_not_make_the_job_noisy() -> None:
