@@ -136,6 +136,7 @@ class PeerCore:
         self._share = np.zeros(0)  # of the job's median step, in milliseconds
         self._step_ms = 0.0  # the job's median step time at the last step that had one
         self._votes = np.zeros(0, dtype=np.int8)
+        self._net_of: list[str | None] = []
         self._persist = np.zeros(0, dtype=np.int32)
         self.layout = RankLayout()
         self.offsets = Offsets(np.zeros(0, dtype=bool), offset_alpha)
@@ -162,12 +163,16 @@ class PeerCore:
         persistence: int | None = None,
         sustained: bool = False,
         step_share: float = 0.0,
+        net_of: str | None = None,
     ) -> None:
         """Watches one more feature (``sign`` +1 high is bad, -1 low is bad, 0 either);
         ``votes`` of its last five reports must beat the bar (a clean flag needs one);
         ``sustained``: a mean z above ``sustained_z`` beats it too; ``step_share``: a
-        deviation (in milliseconds) must also be that share of the job's median step."""
+        deviation (in milliseconds) must also be that share of the job's median step;
+        ``net_of``: another feature, in the same unit, whose deficit under its peers' median
+        is taken from each rank's value before it is compared (direction +1)."""
         self.names.append(name)
+        self._net_of.append(net_of)
         self._share = np.append(self._share, step_share)
         self._sustained = np.append(self._sustained, sustained and self.sustained_z > 0)
         self._means_ready = np.append(self._means_ready, False)
@@ -216,6 +221,7 @@ class PeerCore:
             self.offsets.divide(column, j, x[:, i])
         if not _enough(reported, min_ranks):
             return None
+        self._net_of_deficits(x, raw, values, slots, warming)
         med, scale = self._peer_stats(x, len(cols) < len(self.names))
         floor = np.maximum(self._shift[cols] * np.abs(med), self._abs[cols])
         share = self._share[cols]
@@ -291,6 +297,34 @@ class PeerCore:
                 else:
                     np.greater(signed * sign, bar[i], out=out)
         return beats
+
+    def _net_of_deficits(
+        self,
+        x: np.ndarray,
+        raw: Gathered,
+        values: np.ndarray,
+        slots: np.ndarray | None,
+        warming: np.ndarray | None,
+    ) -> None:
+        """The features judged net of another (``net_of``), less each rank's deficit in
+        the other under its peers' median: a faster GPU waits longer in every all-reduce
+        for the slower ones, by what it saved, and that wait is no slow link. A rank that
+        does not report the other keeps its value."""
+        source, cols = raw
+        at = {j: i for i, j in enumerate(cols.tolist())}
+        for i, j in enumerate(cols.tolist()):
+            other = self._net_of[j]
+            k = at.get(self.names.index(other)) if other in self.names else None
+            if k is None:
+                continue
+            own = to_slots(values[:, source[k]], slots, len(x))
+            if warming is not None:
+                own = np.where(warming, np.nan, own)
+            sample = own if len(own) <= _SAMPLE else own[self._sample_rows(len(own))]
+            if np.isnan(sample).all():
+                continue
+            deficit = np.maximum(np.nanmedian(sample) - own, 0.0)
+            x[:, i] -= np.nan_to_num(deficit)
 
     def _sustained_means(
         self,
@@ -425,14 +459,18 @@ class PeerCore:
         """Median and MAD-based scale per feature, from a sample of ranks at large scale."""
         sample = x
         if len(x) > _SAMPLE:
-            if self._sample is None or self._sample_n != len(x):
-                # A fixed random subset per layout: drawing anew each step costs a shuffle.
-                self._sample_n = len(x)
-                self._sample = np.sort(self._rng.choice(len(x), _SAMPLE, replace=False))
-            sample = x.T[:, self._sample].T  # column-major, as x
+            sample = x.T[:, self._sample_rows(len(x))].T  # column-major, as x
         med = nanmedian_columns(sample, nan_seen)
         mad = nanmedian_columns(np.abs(sample - med), nan_seen)
         return med, np.maximum(1.4826 * mad, 1e-3 * np.abs(med) + 1e-12)
+
+    def _sample_rows(self, n: int) -> np.ndarray:
+        """The ranks the peer statistics of ``n`` ranks are taken from (above ``_SAMPLE``):
+        a fixed random subset per layout, as drawing anew each step costs a shuffle."""
+        if self._sample is None or self._sample_n != n:
+            self._sample_n = n
+            self._sample = np.sort(self._rng.choice(n, _SAMPLE, replace=False))
+        return self._sample
 
     def _grow(self, size: int) -> None:
         extra = size - len(self.count)

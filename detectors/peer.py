@@ -30,8 +30,9 @@ class PeerFeature:
     absolute floor ``min_abs`` in the feature's unit, whether the rank's stable ``offset``
     is removed, how many of the last five reports must beat the bar (``votes``: noisy
     timings need three, a clean flag one), its own ``persistence`` (None: the
-    detector's), and the share of the job's median step an excess time must also reach
-    (``step_share``; a time in milliseconds)."""
+    detector's), the share of the job's median step an excess time must also reach
+    (``step_share``; a time in milliseconds), and another feature in the same unit whose
+    deficit under its peers is taken from the value before it is compared (``net_of``)."""
 
     direction: int
     kind: str
@@ -41,6 +42,7 @@ class PeerFeature:
     votes: int = 3
     persistence: int | None = None
     step_share: float = 0.0
+    net_of: str | None = None
 
     @classmethod
     def parse(cls, name: str, spec: object) -> PeerFeature:
@@ -65,12 +67,16 @@ _ERRORS = PeerFeature(1, "nic_degradation", 0.0, 1.0, offset=False)  # errors a 
 #: still small. Flags and error rates idle at 0: they need no offset, and an absolute
 #: floor says how much is a fault (one thermal flag; an error a second). A GPU's
 #: temperature is scraped less often than steps are reported and is smooth: fewer of its
-#: reports must agree.
+#: reports must agree. A collective time keeps no offset (its wait is the slower ranks'
+#: compute less the rank's own, a difference, not a ratio) and counts net of the rank's
+#: compute deficit: a faster GPU waits longer in every all-reduce, by what it saved.
 DEFAULT_FEATURES: Mapping[str, PeerFeature] = MappingProxyType(
     {
         "compute_ms": PeerFeature(1, "slow_rank", min_abs=5.0),
         "data_wait_ms": PeerFeature(1, "dataloader_stall", min_abs=5.0, step_share=0.02),
-        "comm_ms": PeerFeature(1, "nic_degradation", min_abs=5.0, offset=False),
+        "comm_ms": PeerFeature(
+            1, "nic_degradation", min_abs=5.0, offset=False, net_of="compute_ms"
+        ),
         "nic_gbps": PeerFeature(-1, "nic_degradation"),
         "gpu_temp": PeerFeature(1, "thermal", min_abs=5.0, votes=2),
         "sm_clock": PeerFeature(-1, "thermal"),  # healthy power-brake dips come and go
@@ -154,6 +160,7 @@ class PeerOutlier(Stepwise):
                 f.persistence,
                 sustained=offset,
                 step_share=f.step_share,
+                net_of=None if f.net_of is None else canonical_name(f.net_of),
             )
         self._kinds = [f.kind for f in self.features.values()]
         self._groups = GroupFindings(
