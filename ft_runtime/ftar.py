@@ -212,6 +212,11 @@ class ReplicaComm:
         gone, so they are this replica's to train again."""
         self.ledger.forget_from(start)
 
+    def unmark_batch(self, batch: int) -> None:
+        """Unmarks this replica's ``batch``: trained into a state a restore undid, marked
+        again by another replica that committed that step later than this one forgot it."""
+        self.ledger.unmark(batch)
+
     # ---- the exchange --------------------------------------------------------------------------
     def exchange(self, flat: torch.Tensor, step: int, batch: int) -> ExchangeResult:
         """Averages ``flat`` (this rank's gradient) over the contributing replicas, in place.

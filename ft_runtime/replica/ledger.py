@@ -55,6 +55,12 @@ class Ledger:
         if self.writer:
             self.store.set(key_ledger(self.replica, batch), encode(LedgerMark(SKIPPED)))
 
+    def unmark(self, batch: int) -> None:
+        """Unmarks this replica's ``batch`` (a mark another replica wrote late, after this
+        one forgot it on a restore)."""
+        if self.writer:
+            self.store.delete_key(key_ledger(self.replica, batch))
+
     def forget_from(self, start: int) -> None:
         """Unmarks this replica's batches from ``start`` on (after a restore)."""
         if not self.writer:

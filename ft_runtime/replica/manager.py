@@ -128,6 +128,8 @@ class Manager:
         self._restored = False
         self._apply: Apply | None = None
         self._last: ExchangeResult | None = None
+        self._trained_batch: int | None = None  # the batch the last committed step trained
+        self._late_mark: int | None = None  # see load_state_dict
 
     # ---- where this rank sits --------------------------------------------------------------
     @property
@@ -186,6 +188,12 @@ class Manager:
         self.comm.barrier()  # and reads it again only once rank 0 has rewritten it
         self.batch = self.comm.next_batch(mark)
         self._restored = True
+        # A rollback runs on every replica after the same step, each as it commits: a
+        # replica that committed that step later than this one forgot its batches marks
+        # this one's batch of it again. Every replica has marked it once the next exchange
+        # is over (each enters it after its own commit), and it goes then.
+        trained = self._trained_batch
+        self._late_mark = trained if trained is not None and trained >= mark else None
 
     def set_apply(self, apply: Apply) -> None:
         """How to apply one averaged update with a learning rate (``OptimizerWrapper``
@@ -255,7 +263,12 @@ class Manager:
         if result is not None:
             self._audit(result)
         trained = result is not None and not self.joining
+        if result is not None and self._late_mark is not None:
+            if self._late_mark > self.batch:  # not trained again yet: a stale mark
+                self.comm.unmark_batch(self._late_mark)
+            self._late_mark = None
         if trained:
+            self._trained_batch = self.batch
             self.batch = self.comm.next_batch(self.batch + 1)
         self.step += 1
         self._run_commands()

@@ -313,10 +313,14 @@ def test_a_job_restart_trains_every_batch_once_since_the_restored_checkpoint() -
     quorum.close()
 
 
-def test_checkpoint_and_rollback_commands_through_the_callbacks() -> None:
+@pytest.mark.parametrize("late", [False, True], ids=["in_time", "late_marks"])
+def test_checkpoint_and_rollback_commands_through_the_callbacks(late: bool) -> None:
     """The controller asks for a checkpoint after step 4 (the source saves, the other
     refuses) and later rolls back to it with half the lr: both replicas restore the same
-    state and data position, and train every batch once since it."""
+    state and data position, and train every batch once since it. ``late``: replica 1
+    writes its ledger marks of step 8 (replica 0's batch 8 among them) half a second
+    after the exchange, when replica 0 has already rolled back and forgotten it (seen on
+    a loaded host: replica 0 then skipped batch 8)."""
     from ft_runtime.replica import protocol as p
 
     quorum = QuorumService(replicas=2, replica_size=1)
@@ -350,6 +354,18 @@ def test_checkpoint_and_rollback_commands_through_the_callbacks() -> None:
         return {"save_checkpoint": save, "load_checkpoint": load}
 
     ranks.extend(Rank(quorum, r, **callbacks(r)) for r in range(2))
+    if late:
+        ledger = ranks[1].manager.comm.ledger
+        mark_in_time = ledger.mark_trained
+
+        def mark_late(trained):
+            trained = list(trained)
+            if (0, 8) in trained and not getattr(ledger, "was_late", False):
+                ledger.was_late = True  # type: ignore[attr-defined]
+                time.sleep(0.5)
+            mark_in_time(trained)
+
+        ledger.mark_trained = mark_late  # type: ignore[method-assign]
     gate = threading.Barrier(3)
     errors: list[BaseException] = []
     pauses = {4: "checkpoint", 8: "rollback"}
