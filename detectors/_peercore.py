@@ -321,10 +321,12 @@ class PeerCore:
             if warming is not None:
                 own = np.where(warming, np.nan, own)
             sample = own if len(own) <= _SAMPLE else own[self._sample_rows(len(own))]
-            if np.isnan(sample).all():
+            typical = float(nanmedian_columns(sample[:, None])[0])
+            if np.isnan(typical):
                 continue
-            deficit = np.maximum(np.nanmedian(sample) - own, 0.0)
-            x[:, i] -= np.nan_to_num(deficit)
+            deficit = typical - own  # own may be the step's own column: not written
+            np.maximum(deficit, 0.0, out=deficit)
+            x[:, i] -= np.nan_to_num(deficit, copy=False)
 
     def _sustained_means(
         self,
