@@ -188,10 +188,12 @@ class Manager:
         self.comm.barrier()  # and reads it again only once rank 0 has rewritten it
         self.batch = self.comm.next_batch(mark)
         self._restored = True
-        # A rollback runs on every replica after the same step, each as it commits: a
-        # replica that committed that step later than this one forgot its batches marks
-        # this one's batch of it again. Every replica has marked it once the next exchange
-        # is over (each enters it after its own commit), and it goes then.
+        # A rollback runs on every replica after the same step, each as it commits it.
+        # Every replica marks the batches of every contributor to that step, so one that
+        # writes its marks after this replica forgot its batches marks this replica's
+        # batch of that step again. Each replica has written its marks once the next
+        # exchange is over (it enters that only after its own commit): the stale mark is
+        # removed then (``commit``).
         trained = self._trained_batch
         self._late_mark = trained if trained is not None and trained >= mark else None
 
