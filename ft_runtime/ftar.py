@@ -54,6 +54,7 @@ from ft_runtime.replica.protocol import (
     decode,
     decode_membership,
     encode,
+    first_beat,
     key_address,
     key_broken,
     key_heartbeat,
@@ -144,7 +145,7 @@ class ReplicaComm:
         self.source = CatchUpSource(store, self.server, replica, state_fn)
         self.ledger = Ledger(store, replica, writer=replica_rank == 0)
         self.inbox = CommandInbox(store, replica, writer=replica_rank == 0)
-        self._beats = 0
+        self._beats = first_beat(incarnation)  # above the beats of the process before
 
     @property
     def must_join(self) -> bool:

@@ -71,6 +71,7 @@ __all__ = [
     "decode_membership",
     "encode",
     "encode_membership",
+    "first_beat",
     "key_address",
     "key_answer",
     "key_broken",
@@ -247,14 +248,24 @@ class JoinRequest:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """``hb/<rank>``: the rank entered the exchange of ``step``; ``seq`` counts the beats.
+    """``hb/<rank>``: the rank entered the exchange of ``step``; ``seq`` counts the beats,
+    from ``first_beat(incarnation)`` on.
 
     It carries no time: the receiver notes when it saw a new ``seq`` on its own clock, so
-    ranks on hosts with skewed clocks are judged right."""
+    ranks on hosts with skewed clocks are judged right. A beat whose ``seq`` is below one
+    already seen is an old value put back and is ignored, so a relaunched rank counts on
+    from above every beat of the process before it (which may still write one after the
+    quorum forgot it: a whole-job restart stops the ranks without waiting for them)."""
 
     KIND: ClassVar[str] = "heartbeat"
     seq: int
     step: int
+
+
+def first_beat(incarnation: int) -> int:
+    """The ``seq`` a rank of ``incarnation`` counts its heartbeats from: above every beat
+    of an earlier incarnation (2**32 beats each)."""
+    return incarnation << 32
 
 
 @dataclass(frozen=True, slots=True)

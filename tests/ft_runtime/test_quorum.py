@@ -22,6 +22,7 @@ from ft_runtime.replica.protocol import (
     decode,
     decode_membership,
     encode,
+    first_beat,
     key_heartbeat,
     key_join,
 )
@@ -121,6 +122,31 @@ def test_a_replica_that_never_enters_the_exchange_is_found_stalled(quorum, clock
     clock.advance(0.04)
     assert quorum.stall_limit() == pytest.approx(0.1)
     assert quorum.stalled().replicas == (2,)
+
+
+def test_after_a_whole_job_restart_an_old_process_late_beat_hides_no_new_one(quorum, clock) -> None:
+    # Seen across hosts: the restart stops the ranks without waiting for them, and ranks
+    # 0 to 3 wrote one more beat (step 31) after the quorum forgot them. Their new
+    # processes beat from step 20, the checkpoint's; counted from 1 those beats were taken
+    # for old values put back, and the rank that never wrote a late one (replica 2)
+    # looked late at step 20 against a front of 31: fenced 52 ms into a healthy exchange.
+    store = quorum.store
+    for step in range(5):
+        for rank in range(6):
+            store.set(key_heartbeat(rank), encode(Heartbeat(first_beat(0) + step + 1, step)))
+        quorum.stalled()
+        clock.advance(0.1)
+    quorum.restart_all("test")
+    for rank in range(4):  # the old processes' last beats, after the forgetting
+        store.set(key_heartbeat(rank), encode(Heartbeat(first_beat(0) + 31, 31)))
+    for rank in (4, 5):  # replica 2's new processes enter the exchange of step 20 first
+        store.set(key_heartbeat(rank), encode(Heartbeat(first_beat(1) + 1, 20)))
+    quorum.stalled()  # every rank has a beat: the old ones are seen
+    for rank in range(4):  # then the others' new processes
+        store.set(key_heartbeat(rank), encode(Heartbeat(first_beat(1) + 1, 20)))
+    assert quorum.stalled().late_ranks == ()
+    clock.advance(5.0)
+    assert quorum.stalled().replicas == ()  # all wait together at step 20: nobody is late
 
 
 def lateness_run(quorum, clock, lateness: float, steps: int = 8) -> None:
