@@ -215,10 +215,7 @@ class Controller:
         while self.clock() < deadline and self.supervisor.alive() > 0:
             if self._listening <= saved and not everyone_listens:
                 break  # the others are stopped by the signal; the listeners saved
-            samples = self.receiver.receive(timeout_s=self.tick_s)
-            ingest_samples(self.store, samples, self.launched.current)
-            saved |= _ranks_sending(samples, "event.checkpoint", since=asked)
-            self._lifecycle(self.supervisor.poll())
+            saved |= _ranks_sending(self._take_telemetry(), "event.checkpoint", since=asked)
 
     def _await_pace(self, until: float) -> None:
         """A stop that came before a few step times were known waits for them (until
@@ -230,9 +227,15 @@ class Controller:
             and self.clock() < until
             and self.supervisor.alive() > 0
         ):
-            samples = self.receiver.receive(timeout_s=self.tick_s)
-            self._note_steps(ingest_samples(self.store, samples, self.launched.current))
-            self._lifecycle(self.supervisor.poll())
+            self._take_telemetry()
+
+    def _take_telemetry(self) -> list[Sample]:
+        """One tick of a stop's waits: the ranks' samples stored and their steps noted,
+        the supervisor's lifecycle events recorded; the samples."""
+        samples = self.receiver.receive(timeout_s=self.tick_s)
+        self._note_steps(ingest_samples(self.store, samples, self.launched.current))
+        self._lifecycle(self.supervisor.poll())
+        return samples
 
     def tick(self) -> None:
         """One pass of the loop. An exception in any stage is recorded as an event (once
