@@ -44,7 +44,9 @@ probations. ``--artime-screen`` screens ARTime with one of its constants changed
 and k-of-n votes of those runs (whole corpus, threshold 0.3, rest 8 blocks).
 ``--family artime_confirm`` judges ARTime with a rest and a rule that must confirm each
 detection (evidence in the values, or the file's own score record; detectors/eval/
-nab_artime_confirm.py), the rule a constant the protocol chooses; ``--artime-detections``
+nab_artime_confirm.py), the rule a constant the protocol chooses; ``artime_confirm_discord``
+the same with the discord rule (how new the recent shape is among the file's earlier
+ones) in place of those rules; ``--artime-detections``
 lists every detection of ``eagleeye eval nab``'s default ARTime on AWS CloudWatch and ad
 exchange with its verdict, score and that evidence. ``--family artime_adaptive`` judges
 ARTime with a setting chosen per file from its own probation (a strict threshold and rest
@@ -58,7 +60,7 @@ Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--l
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
      likelihood_fusion|extreme_record|artime|artime_probation|artime_running|
      artime_expanding|artime_fusion|artime_rest|artime_rest_probation|artime_confirm|
-     artime_adaptive|artime_adaptive_jump|record_file_range]
+     artime_confirm_discord|artime_adaptive|artime_adaptive_jump|record_file_range]
      [--zero-fp-bound] [--missed] [--artime-screen] [--artime-detections]
 """
 
@@ -79,7 +81,7 @@ from detectors.eval import nab_loco
 from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, score_file
 from detectors.eval.nab_artime import ArtimeConfig, ArtimeFamily, artime_scores
 from detectors.eval.nab_artime_adaptive import ArtimeAdaptiveFamily, choose
-from detectors.eval.nab_artime_confirm import ArtimeConfirmFamily, evidence
+from detectors.eval.nab_artime_confirm import DISCORD_RULES, ArtimeConfirmFamily, evidence
 from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
 from detectors.eval.nab_artime_rest import ArtimeRestFamily, rest_flags, rest_rows
 from detectors.eval.nab_corpus import NabFile, load_corpus
@@ -341,6 +343,7 @@ def family_loco(root: Path, name: str) -> None:
         "artime_rest": ArtimeRestFamily(),
         "artime_rest_probation": ArtimeRestFamily("probation"),
         "artime_confirm": ArtimeConfirmFamily(),
+        "artime_confirm_discord": ArtimeConfirmFamily(rules=DISCORD_RULES),
         "artime_adaptive": ArtimeAdaptiveFamily(jump_cuts=()),
         "artime_adaptive_jump": ArtimeAdaptiveFamily(),
         "record_file_range": FileRangeRecordFamily(),
@@ -575,6 +578,7 @@ def main() -> None:
             "artime_rest",
             "artime_rest_probation",
             "artime_confirm",
+            "artime_confirm_discord",
             "artime_adaptive",
             "artime_adaptive_jump",
             "record_file_range",

@@ -18,6 +18,11 @@ chosen by the leave-one-category-out protocol like ARTime's own:
   detection kept in that span (an adaptive threshold: ARTime scores 0 through the
   probation, so there is no probation score to take a quantile of; the scores kept so
   far are the file's only score history).
+- How new the recent shape is for this file (``discord``, nab_discord.py): the largest
+  discord score (distance of the ``m`` values ending at a row to their nearest earlier
+  stretch) over the last half of ARTime's feature window, ranked among every earlier
+  discord score of the file; a candidate is kept when that rank reaches the bar (a file
+  where new shapes are ordinary, a spiky one, needs a rarer one).
 
 A dropped candidate starts no rest and enters no history.
 """
@@ -35,11 +40,13 @@ from detectors.eval.nab import probation_length
 from detectors.eval.nab_artime import GRID, PUBLISHED, ArtimeFamily, block_length
 from detectors.eval.nab_artime_rest import rest_rows
 from detectors.eval.nab_corpus import NabFile
+from detectors.eval.nab_discord import discord_scores
 
 Setting = tuple[float, ...]
 
-#: Rule kinds: 0 none (ARTime with a rest), 1 ``outside``, 2 ``spread``, 3 ``record``.
-KINDS = ("none", "outside", "spread", "record")
+#: Rule kinds: 0 none (ARTime with a rest), 1 ``outside``, 2 ``spread``, 3 ``record``,
+#: 4 ``discord``.
+KINDS = ("none", "outside", "spread", "record", "discord")
 #: The rules tried: (kind, a, b). ``outside``/``spread``: a is the bar; ``record``: a is
 #: the ratio, b the span in probations.
 RULES: tuple[tuple[float, float, float], ...] = (
@@ -48,12 +55,19 @@ RULES: tuple[tuple[float, float, float], ...] = (
     *((2.0, bar, 0.0) for bar in (0.1, 0.25)),
     *((3.0, ratio, span) for ratio in (0.5, 0.75) for span in (0.25, 0.5)),
 )
+#: The ``discord`` rules (a second grid, ``DISCORD_RULES``): (4, rank bar, m).
+DISCORD_RULES: tuple[tuple[float, float, float], ...] = (
+    (0.0, 0.0, 0.0),
+    *((4.0, bar, m) for bar in (0.5, 0.8, 0.9, 0.95) for m in (8.0, 16.0)),
+)
 #: Rests tried (ARTime's blocks): none, and the shipped 8.
 RESTS = (0.0, 8.0)
 #: ARTime's feature window in blocks (the recent stretch of the evidence).
 WINDOW_BLOCKS = 8
 #: Floor of a stretch's standard deviation, as a fraction of the file's range.
 SPREAD_FLOOR = 0.001
+#: Earlier discord scores a rank needs (fewer: the candidate is kept).
+MIN_RANKED = 10
 
 
 def evidence(
@@ -74,6 +88,18 @@ def evidence(
     return outside / span, spread
 
 
+def discord_rank(discord: np.ndarray, row: int, probation: int) -> float:
+    """The rank (0 to 1) of the largest discord score over the last half feature window
+    up to ``row`` among the file's earlier discord scores (from a quarter probation on,
+    where they start); 1 with fewer than ``MIN_RANKED`` earlier scores."""
+    start = max(0, row - WINDOW_BLOCKS * block_length(probation) // 2 + 1)
+    recent = float(discord[start : row + 1].max())
+    earlier = discord[probation // 4 : max(probation // 4, start)]
+    if len(earlier) < MIN_RANKED:
+        return 1.0
+    return float((earlier < recent).mean())
+
+
 def confirm_flags(
     scores: np.ndarray,
     values: np.ndarray,
@@ -84,12 +110,14 @@ def confirm_flags(
     rest: int,
     rule: tuple[float, float, float],
     evidence_at: Callable[[int], tuple[float, float]] | None = None,
+    discord: np.ndarray | None = None,
 ) -> np.ndarray:
     """ARTime's candidates (score > 0 and at least ``threshold``) kept by the rest (in
-    rows) and the rule (``RULES``); ``evidence_at`` (row -> ``evidence``) may serve
-    evidence already computed."""
+    rows) and the rule (``RULES``, ``DISCORD_RULES``); ``evidence_at`` (row ->
+    ``evidence``) and ``discord`` (the file's discord scores for the rule's ``m``) may
+    serve what is already computed."""
     kind, a, b = rule
-    if kind not in (0.0, 1.0, 2.0, 3.0):
+    if kind not in (0.0, 1.0, 2.0, 3.0, 4.0):
         raise DetectorError(f"rule kind must be 0 to {len(KINDS) - 1}, got {kind!r}")
     s = np.asarray(scores, dtype=float)
     out = np.zeros(len(s), dtype=bool)
@@ -107,6 +135,11 @@ def confirm_flags(
         elif kind == 3.0:
             recent = [k for r, k in kept if row - r <= b * probation]
             if recent and s[row] < a * max(recent):
+                continue
+        elif kind == 4.0:
+            if discord is None:
+                discord = discord_scores(values, probation, int(b))
+            if discord_rank(discord, row, probation) < a:
                 continue
         out[row] = True
         kept.append((row, float(s[row])))
@@ -130,6 +163,7 @@ class ArtimeConfirmFamily:
         self.rules = tuple(rules)
         self.artime = ArtimeFamily(self.grid)
         self._evidence: dict[tuple[str, int], tuple[float, float]] = {}
+        self._discord: dict[tuple[str, int], np.ndarray] = {}
         #: The shipped detector: published constants, threshold 0.3, rest 8, no rule.
         self.shipped: Setting = (*PUBLISHED[:3], 0.3, 8.0, 0.0, 0.0, 0.0)
 
@@ -154,6 +188,13 @@ class ArtimeConfirmFamily:
 
         return at
 
+    def discord(self, f: NabFile, m: float) -> np.ndarray:
+        """The discord scores of ``f`` for stretches of ``m`` values, computed once."""
+        key = (f.name, int(m))
+        if key not in self._discord:
+            self._discord[key] = discord_scores(f.values, probation_length(len(f.values)), int(m))
+        return self._discord[key]
+
     def flags(self, files: Sequence[NabFile], setting: Setting) -> list[np.ndarray]:
         initial_rho, chomp, lb_rise, threshold, rest, kind, a, b = setting
         out = []
@@ -171,6 +212,7 @@ class ArtimeConfirmFamily:
                     rest_rows(rest, probation),
                     (kind, a, b),
                     self.evidence_at(f),
+                    self.discord(f, b) if kind == 4.0 else None,
                 )
             )
         return out

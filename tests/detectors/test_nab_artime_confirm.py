@@ -11,14 +11,17 @@ from detectors.errors import DetectorError
 from detectors.eval.nab import probation_length
 from detectors.eval.nab_artime import GRID, block_length
 from detectors.eval.nab_artime_confirm import (
+    DISCORD_RULES,
     RESTS,
     RULES,
     ArtimeConfirmFamily,
     confirm_flags,
+    discord_rank,
     evidence,
 )
 from detectors.eval.nab_corpus import NabFile
 from detectors.eval.nab_detectors import artime_flags
+from detectors.eval.nab_discord import discord_scores
 
 N = 3000
 PROBATION = probation_length(N)  # 450 rows; ARTime's blocks are 4 rows
@@ -96,6 +99,36 @@ def test_the_score_record_rule_needs_a_strong_score_soon_after_a_detection() -> 
         confirm_flags(s, x, PROBATION, low, high, 0.3, 32, (7.0, 0.0, 0.0))
 
 
+def test_the_discord_rank_is_high_for_a_new_shape_and_not_for_the_usual_cycle() -> None:
+    x = _series()
+    discord = discord_scores(x, PROBATION, 8)
+    assert discord_rank(discord, 1200, PROBATION) < 0.8  # the cycle, as so often before
+    assert discord_rank(discord, 2010, PROBATION) == 1.0  # ten rows into the jump
+    assert discord_rank(discord, 120, PROBATION) == 1.0  # too few earlier scores to rank
+
+
+def _spiky() -> np.ndarray:
+    """A flat series with a one-row spike every 150 rows (ordinary for this file) and
+    one new shape: a 10-row plateau at 2400."""
+    y = 10 + 0.05 * np.random.default_rng(5).normal(size=N)
+    y[np.arange(300, N, 150)] += 5.0
+    y[2400:2410] += 3.0
+    return y
+
+
+def test_the_discord_rule_drops_an_ordinary_spike_and_keeps_a_new_shape() -> None:
+    y = _spiky()
+    low, high = float(y.min()), float(y.max())
+    s = _scores({1052: 0.9, 2405: 0.6})  # two rows after a spike; five into the plateau
+    kept = confirm_flags(s, y, PROBATION, low, high, 0.3, 32, (4.0, 0.99, 8.0))
+    assert np.flatnonzero(kept).tolist() == [2405]
+    # The spike ranks high among all stretches (a spike sits in 5 % of them) but not
+    # above the bar; without the rule both are kept.
+    assert 0.9 < discord_rank(discord_scores(y, PROBATION, 8), 1052, PROBATION) < 0.99
+    plain = confirm_flags(s, y, PROBATION, low, high, 0.3, 32, (0.0, 0.0, 0.0))
+    assert np.flatnonzero(plain).tolist() == [1052, 2405]
+
+
 def _burst_file() -> NabFile:
     rng = np.random.default_rng(2)
     x = 10 + np.sin(np.arange(N) * 2 * np.pi / 40) + 0.05 * rng.normal(size=N)
@@ -116,3 +149,18 @@ def test_the_family_holds_the_shipped_detector_and_the_rules() -> None:
     # The noise burst widens the spread at both detections: the spread rule keeps both.
     spread = family.flags([f], (*family.shipped[:5], 2.0, 0.25, 0.0))[0]
     assert np.flatnonzero(spread).tolist() == [1507, 1575]
+
+
+def test_the_discord_family_holds_the_shipped_detector_and_its_rules() -> None:
+    family = ArtimeConfirmFamily(rules=DISCORD_RULES)
+    settings = list(family.settings())
+    assert len(settings) == math.prod(len(v) for v in GRID.values()) * len(RESTS) * 9
+    assert family.shipped in settings
+    f = _burst_file()
+    assert np.array_equal(
+        family.flags([f], family.shipped)[0],
+        artime_flags(f.values, PROBATION, float(f.values.min()), float(f.values.max())),
+    )
+    # The burst is a shape the file has not had: the strictest discord rule keeps both.
+    strict = family.flags([f], (*family.shipped[:5], 4.0, 0.95, 8.0))[0]
+    assert np.flatnonzero(strict).tolist() == [1507, 1575]
