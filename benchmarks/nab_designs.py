@@ -46,7 +46,8 @@ and k-of-n votes of those runs (whole corpus, threshold 0.3, rest 8 blocks).
 detection (evidence in the values, or the file's own score record; detectors/eval/
 nab_artime_confirm.py), the rule a constant the protocol chooses; ``artime_confirm_discord``
 the same with the discord rule (how new the recent shape is among the file's earlier
-ones) in place of those rules; ``--artime-detections``
+ones) in place of those rules, and ``artime_discord_extreme`` that family united with the
+new-extreme trigger (detectors/eval/nab_artime_extreme.py); ``--artime-detections``
 lists every detection of ``eagleeye eval nab``'s default ARTime on AWS CloudWatch and ad
 exchange with its verdict, score and that evidence. ``--family artime_adaptive`` judges
 ARTime with a setting chosen per file from its own probation (a strict threshold and rest
@@ -60,7 +61,7 @@ Run: .venv/bin/python benchmarks/nab_designs.py [--root ../shared/data/nab] [--l
      [--family discord|discord_sustained|discord_fusion|likelihood|rank_mean|
      likelihood_fusion|extreme_record|artime|artime_probation|artime_running|
      artime_expanding|artime_fusion|artime_rest|artime_rest_probation|artime_confirm|
-     artime_confirm_discord|artime_adaptive|artime_adaptive_jump|record_file_range]
+     artime_confirm_discord|artime_discord_extreme|artime_adaptive|artime_adaptive_jump|record_file_range]
      [--zero-fp-bound] [--missed] [--artime-screen] [--artime-detections]
 """
 
@@ -82,6 +83,7 @@ from detectors.eval.nab import PROFILES, STANDARD, FileScore, probation_length, 
 from detectors.eval.nab_artime import ArtimeConfig, ArtimeFamily, artime_scores
 from detectors.eval.nab_artime_adaptive import ArtimeAdaptiveFamily, choose
 from detectors.eval.nab_artime_confirm import DISCORD_RULES, ArtimeConfirmFamily, evidence
+from detectors.eval.nab_artime_extreme import ArtimeExtremeFamily
 from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
 from detectors.eval.nab_artime_rest import ArtimeRestFamily, rest_flags, rest_rows
 from detectors.eval.nab_corpus import NabFile, load_corpus
@@ -344,6 +346,7 @@ def family_loco(root: Path, name: str) -> None:
         "artime_rest_probation": ArtimeRestFamily("probation"),
         "artime_confirm": ArtimeConfirmFamily(),
         "artime_confirm_discord": ArtimeConfirmFamily(rules=DISCORD_RULES),
+        "artime_discord_extreme": ArtimeExtremeFamily(),
         "artime_adaptive": ArtimeAdaptiveFamily(jump_cuts=()),
         "artime_adaptive_jump": ArtimeAdaptiveFamily(),
         "record_file_range": FileRangeRecordFamily(),
@@ -385,7 +388,9 @@ def family_loco(root: Path, name: str) -> None:
                     == (1, 1)
                 ]
                 print(f"strict with {h.category} held out: {', '.join(strict)}")
-    if isinstance(family, ArtimeFamily | ArtimeConfirmFamily | ArtimeAdaptiveFamily):
+    if isinstance(
+        family, ArtimeFamily | ArtimeConfirmFamily | ArtimeAdaptiveFamily | ArtimeExtremeFamily
+    ):
         # The published (or shipped) constants on the whole corpus, per category (a screen).
         base = family.published if isinstance(family, ArtimeFamily) else family.shipped
         for p in PROFILES:
@@ -395,10 +400,15 @@ def family_loco(root: Path, name: str) -> None:
                 for cat in CATEGORIES
             )
             print(f"published constants {p.name}: {cells}  all {nab_loco._score(per, p):.2f}")
-    if isinstance(family, ArtimeConfirmFamily):
-        # Each rule beside the shipped detector (threshold 0.3, rest 8), whole corpus,
-        # standard profile, per category (a screen).
-        for rule in family.rules:
+    if isinstance(family, ArtimeConfirmFamily | ArtimeExtremeFamily):
+        # Each rule (and margin) beside the shipped detector (threshold 0.3, rest 8),
+        # whole corpus, standard profile, per category (a screen).
+        extras: list[tuple[float, ...]] = (
+            list(family.rules)
+            if isinstance(family, ArtimeConfirmFamily)
+            else [(*r, m) for r in family.confirmed.rules for m in family.margins]
+        )
+        for rule in extras:
             setting = (*family.shipped[:5], *rule)
             per = table[setting][STANDARD.name]
             cells = "  ".join(
@@ -579,6 +589,7 @@ def main() -> None:
             "artime_rest_probation",
             "artime_confirm",
             "artime_confirm_discord",
+            "artime_discord_extreme",
             "artime_adaptive",
             "artime_adaptive_jump",
             "record_file_range",

@@ -2,14 +2,26 @@
 
 NAB's harness hands every detector, before the first row, the file's minimum and maximum
 (``inputMin``, ``inputMax``) and the probation length; the detector then sees the rows one
-at a time and chooses its own threshold. ``artime`` (the default) is ARTime
-(detectors/eval/nab_artime.py) scaled by that range, with its published constants, a
-score threshold of 0.3 and a rest of 8 blocks (one feature window) after each detection
-kept (detectors/eval/nab_artime_rest.py): the setting the leave-one-category-out protocol
-chose for every held-out category in the standard profile (docs/benchmarks.md, "NAB:
-ARTime with a rest period"). ``record``
-is the project's own RecordDetector (detectors/univariate.py), which uses the probation
-only. Both are online: a verdict uses the rows up to it (and, for ``artime``, the range).
+at a time and chooses its own threshold.
+
+- ``artime_discord_extreme`` (the default): ARTime's detections (below) kept only where
+  the recent shape is rare for the file (its discord over the last half feature window
+  ranks at least ``DISCORD_BAR`` among the file's earlier discords, stretches of
+  ``DISCORD_M`` values; detectors/eval/nab_artime_confirm.py), united with the
+  new-extreme trigger (a value beyond every earlier value's range by more than
+  ``EXTREME_MARGIN`` of that range; detectors/eval/nab_extreme.py), within ARTime's rest
+  (detectors/eval/nab_artime_extreme.py): the setting the
+  leave-one-category-out protocol chose for every held-out category in the standard
+  profile but traffic (margin 0.02 there) (docs/benchmarks.md, "NAB: ARTime with a
+  discord confirmation and a new-extreme trigger").
+- ``artime``: ARTime (detectors/eval/nab_artime.py) scaled by that range, with its
+  published constants, a score threshold of 0.3 and a rest of 8 blocks (one feature
+  window) after each detection kept (detectors/eval/nab_artime_rest.py; "NAB: ARTime with
+  a rest period").
+- ``record``: the project's own RecordDetector (detectors/univariate.py), which uses the
+  probation only.
+
+All are online: a verdict uses the rows up to it (and, for the ARTime ones, the range).
 """
 
 from __future__ import annotations
@@ -21,7 +33,9 @@ import numpy as np
 
 from detectors.errors import DetectorError
 from detectors.eval.nab_artime import artime_scores
+from detectors.eval.nab_artime_confirm import confirm_flags
 from detectors.eval.nab_artime_rest import rest_flags, rest_rows
+from detectors.eval.nab_extreme import new_extreme_flags
 from detectors.univariate import RecordDetector
 
 #: A NAB detector: (values, probation, file minimum, file maximum) -> one flag per row.
@@ -31,6 +45,13 @@ NabDetector = Callable[[np.ndarray, int, float, float], np.ndarray]
 ARTIME_THRESHOLD = 0.3
 #: ARTime's rest after a detection kept, in its blocks (chosen by the protocol).
 ARTIME_REST_BLOCKS = 8.0
+#: The discord confirmation: the rank a detection's recent shape needs among the file's
+#: earlier discords, and the stretches' length (chosen by the protocol).
+DISCORD_BAR = 0.9
+DISCORD_M = 16
+#: The new-extreme trigger's margin, a fraction of the earlier values' range (chosen by
+#: the protocol).
+EXTREME_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -49,6 +70,28 @@ def artime_verdict(values: np.ndarray, probation: int, low: float, high: float) 
     return SeriesVerdict(scores, rest_flags(kept, rest_rows(ARTIME_REST_BLOCKS, probation)))
 
 
+def artime_discord_extreme_verdict(
+    values: np.ndarray, probation: int, low: float, high: float
+) -> SeriesVerdict:
+    """ARTime's detections (``artime_verdict``'s candidates and rest) that the discord rule
+    confirms, or a new extreme, none within ARTime's rest after the last one kept; the
+    score is ARTime's, 1 at a new extreme."""
+    scores = artime_scores(values, low, high, probation=probation)
+    confirmed = confirm_flags(
+        scores,
+        values,
+        probation,
+        low,
+        high,
+        ARTIME_THRESHOLD,
+        rest_rows(ARTIME_REST_BLOCKS, probation),
+        (4.0, DISCORD_BAR, float(DISCORD_M)),
+    )
+    extreme = new_extreme_flags(values, probation, EXTREME_MARGIN)
+    flags = rest_flags(confirmed | extreme, rest_rows(ARTIME_REST_BLOCKS, probation))
+    return SeriesVerdict(np.where(extreme, 1.0, scores), flags)
+
+
 def record_verdict(values: np.ndarray, probation: int, low: float, high: float) -> SeriesVerdict:
     """The RecordDetector's scores and detections (shipped constants; no use of the range)."""
     del low, high
@@ -61,17 +104,29 @@ def artime_flags(values: np.ndarray, probation: int, low: float, high: float) ->
     return artime_verdict(values, probation, low, high).flags
 
 
+def artime_discord_extreme_flags(
+    values: np.ndarray, probation: int, low: float, high: float
+) -> np.ndarray:
+    """The default detector's detections (``artime_discord_extreme_verdict``'s flags)."""
+    return artime_discord_extreme_verdict(values, probation, low, high).flags
+
+
 def record_flags(values: np.ndarray, probation: int, low: float, high: float) -> np.ndarray:
     """The RecordDetector's detections (``record_verdict``'s flags)."""
     return record_verdict(values, probation, low, high).flags
 
 
 VERDICTS: Mapping[str, Callable[[np.ndarray, int, float, float], SeriesVerdict]] = {
+    "artime_discord_extreme": artime_discord_extreme_verdict,
     "artime": artime_verdict,
     "record": record_verdict,
 }
-DETECTORS: Mapping[str, NabDetector] = {"artime": artime_flags, "record": record_flags}
-DEFAULT_DETECTOR = "artime"
+DETECTORS: Mapping[str, NabDetector] = {
+    "artime_discord_extreme": artime_discord_extreme_flags,
+    "artime": artime_flags,
+    "record": record_flags,
+}
+DEFAULT_DETECTOR = "artime_discord_extreme"
 
 
 def nab_detector(name: str) -> NabDetector:

@@ -38,11 +38,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--detector",
-        choices=("artime", "record"),
+        choices=("artime_discord_extreme", "artime", "record"),
         default=None,
-        help="for a timestamp,value series: ARTime with a rest after each detection (artime, "
-        "the detector `eagleeye eval nab` scores) or the RecordDetector (record) "
-        "(default: artime)",
+        help="for a timestamp,value series: ARTime confirmed by a discord rule and joined by "
+        "a new-extreme trigger (artime_discord_extreme, the detector `eagleeye eval nab` "
+        "scores), ARTime with a rest after each detection (artime) or the RecordDetector "
+        "(record) (default: artime_discord_extreme)",
     )
     p.add_argument(
         "--live",

@@ -59,9 +59,12 @@ def add_parser(sub: Any) -> None:
         "--detector",
         default=None,
         metavar="NAME",
-        help="the detector scored: artime (ARTime scaled by each file's minimum and maximum, "
-        "as NAB's harness hands them to every detector; the held-out winner) or record "
-        "(the project's RecordDetector, which uses the probation only) (default: artime)",
+        help="the detector scored: artime_discord_extreme (ARTime's detections confirmed "
+        "by how rare the recent shape is for the file, joined by a new-extreme trigger; the "
+        "held-out winner), artime (ARTime with a rest after each detection; both scaled by "
+        "each file's minimum and maximum, as NAB's harness hands them to every detector) or "
+        "record (the project's RecordDetector, which uses the probation only) "
+        "(default: artime_discord_extreme)",
     )
     n.add_argument(
         "--loco",
@@ -71,13 +74,22 @@ def add_parser(sub: Any) -> None:
     )
     n.add_argument(
         "--family",
-        choices=("record", "cad", "fusion", "artime", "artime_rest", "artime_fusion"),
+        choices=(
+            "record",
+            "cad",
+            "fusion",
+            "artime",
+            "artime_rest",
+            "artime_fusion",
+            "artime_discord_extreme",
+        ),
         default="record",
         help="with --loco: the detector family whose constants are chosen: the record "
         "detector, CAD OSE, both joined by a rule the protocol chooses (fusion), ARTime "
-        "(file range), ARTime with a rest after each detection kept (artime_rest), or "
+        "(file range), ARTime with a rest after each detection kept (artime_rest), "
         "ARTime joined with the record detector and the new-extreme trigger by a rule the "
-        "protocol chooses (artime_fusion) (default: record)",
+        "protocol chooses (artime_fusion), or ARTime with a rest, a discord confirmation "
+        "and the new-extreme trigger (artime_discord_extreme) (default: record)",
     )
     n.add_argument(
         "--uncapped-probation",
@@ -265,6 +277,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _loco(args: argparse.Namespace) -> int:
     from detectors.eval.nab_artime import ArtimeFamily
+    from detectors.eval.nab_artime_extreme import ArtimeExtremeFamily
     from detectors.eval.nab_artime_fusion import ArtimeFusionFamily
     from detectors.eval.nab_artime_rest import ArtimeRestFamily
     from detectors.eval.nab_families import CadFamily, Family, FusionFamily, RecordFamily
@@ -279,6 +292,7 @@ def _loco(args: argparse.Namespace) -> int:
         "artime": ArtimeFamily,
         "artime_rest": ArtimeRestFamily,
         "artime_fusion": ArtimeFusionFamily,
+        "artime_discord_extreme": ArtimeExtremeFamily,
     }
     result = leave_one_out(args.root, families[args.family]())
     print(f"{'profile':<20}{'held-out category':<24}{'score':>8}{'HTM':>8}{'FP':>5}")

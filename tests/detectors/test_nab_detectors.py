@@ -13,13 +13,18 @@ import pytest
 from detectors.errors import DetectorError
 from detectors.eval.nab import probation_length
 from detectors.eval.nab_artime import artime_scores
+from detectors.eval.nab_artime_extreme import ArtimeExtremeFamily
+from detectors.eval.nab_corpus import NabFile
 from detectors.eval.nab_detectors import (
     ARTIME_REST_BLOCKS,
     ARTIME_THRESHOLD,
     DEFAULT_DETECTOR,
     DETECTORS,
+    artime_discord_extreme_flags,
+    artime_discord_extreme_verdict,
     artime_flags,
     nab_detector,
+    series_verdict,
 )
 from detectors.eval.nab_eval import evaluate_nab
 
@@ -43,15 +48,17 @@ def _corpus(root: Path, category: str, n: int = 3000, spike_at: int = 2000) -> N
     (root / "windows.json").write_text(json.dumps({f"{category}/machine.csv": [window]}))
 
 
-def test_the_default_is_artime_and_every_name_resolves() -> None:
-    assert DEFAULT_DETECTOR == "artime"
-    assert set(DETECTORS) == {"artime", "record"}
+def test_the_default_is_artime_discord_extreme_and_every_name_resolves() -> None:
+    assert DEFAULT_DETECTOR == "artime_discord_extreme"
+    assert set(DETECTORS) == {"artime_discord_extreme", "artime", "record"}
     for name in DETECTORS:
         assert nab_detector(name) is DETECTORS[name]
 
 
 def test_an_unknown_detector_is_a_one_line_error_naming_the_choices() -> None:
-    with pytest.raises(DetectorError, match="unknown NAB detector 'htm'.*artime, record"):
+    with pytest.raises(
+        DetectorError, match="unknown NAB detector 'htm'.*artime, artime_discord_extreme, record"
+    ):
         nab_detector("htm")
 
 
@@ -99,10 +106,58 @@ def test_artime_is_online_given_the_range() -> None:
     assert np.array_equal(prefix, whole[:cut])
 
 
+def _burst(seed: int = 2) -> np.ndarray:
+    """The wave turning noisy at 1500 for 200 rows, with one spike above every earlier
+    value at 2500."""
+    x = _wave(3000, spike_at=2500, seed=seed)
+    x[1500:1700] += np.random.default_rng(0).normal(size=200)
+    return x
+
+
+def test_the_default_is_the_setting_the_protocol_chose() -> None:
+    # ARTime (published constants, threshold 0.3, rest 8 blocks), discord rank 0.9 over
+    # stretches of 16 values, new-extreme margin 0.05: every standard fold's choice but
+    # traffic's (docs/benchmarks.md).
+    x = _burst()
+    f = NabFile("realTest/a.csv", np.arange(len(x)).astype(str), x, ((1490, 1620),))
+    chosen = (0.8, 0.075, 0.19, 0.3, 8.0, 4.0, 0.9, 16.0, 0.05)
+    expected = ArtimeExtremeFamily().flags([f], chosen)[0]
+    low, high, probation = float(x.min()), float(x.max()), probation_length(len(x))
+    flags = artime_discord_extreme_flags(x, probation, low, high)
+    assert np.array_equal(flags, expected)
+    # ARTime alone: the burst at 1507, a new cluster at 1815 on the wave after it, and the
+    # spike three rows late (at the end of its 4-row block).
+    assert np.flatnonzero(artime_flags(x, probation, low, high)).tolist() == [1507, 1815, 2503]
+    # The burst (a shape the file never had) is confirmed; 1815, a shape the file has had
+    # often, is not; the spike is a new extreme at its own row (its ARTime detection and
+    # the burst's own new extreme at 1508 fall in the rest after them).
+    assert np.flatnonzero(flags).tolist() == [1507, 2500]
+
+
+def test_a_new_extreme_scores_one_and_a_confirmed_detection_keeps_artimes_score() -> None:
+    x = _burst()
+    verdict = series_verdict("artime_discord_extreme", x, probation_length(len(x)))
+    scores = artime_scores(x, float(x.min()), float(x.max()))
+    assert verdict.scores[2500] == 1.0
+    assert verdict.scores[1507] == scores[1507] > 0
+    assert verdict.scores.min() >= 0.0
+    assert verdict.scores.max() <= 1.0
+
+
+def test_the_default_is_online_given_the_range() -> None:
+    x = _burst()
+    low, high, probation = float(x.min()), float(x.max()), probation_length(len(x))
+    whole = artime_discord_extreme_verdict(x, probation, low, high).flags
+    cut = 2000
+    prefix = artime_discord_extreme_verdict(x[:cut], probation, low, high).flags
+    assert whole[:cut].any()
+    assert np.array_equal(prefix, whole[:cut])
+
+
 def test_a_category_the_corpus_lacks_gets_scored(tmp_path: Path) -> None:
     _corpus(tmp_path, "realKnownCause")
     result = evaluate_nab(tmp_path)
-    assert result.detector == "artime"
+    assert result.detector == "artime_discord_extreme"
     assert (result.files, result.windows, result.tp, result.fn, result.fp) == (1, 1, 1, 0, 0)
     assert result.scores["standard"] > 90.0
 

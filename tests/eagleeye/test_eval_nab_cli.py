@@ -1,4 +1,5 @@
-"""`eagleeye eval nab`: the detector it scores, chosen by --detector (default: ARTime)."""
+"""`eagleeye eval nab`: the detector it scores, chosen by --detector (default: ARTime with a
+discord confirmation and a new-extreme trigger)."""
 
 from __future__ import annotations
 
@@ -32,27 +33,26 @@ def _corpus(root: Path, category: str = "realKnownCause") -> None:
     )
 
 
-def test_the_default_detector_is_artime_and_scores_a_category_the_corpus_lacks(
-    tmp_path: Path, capsys
-) -> None:
+def test_the_default_detector_scores_a_category_the_corpus_lacks(tmp_path: Path, capsys) -> None:
     _corpus(tmp_path / "nab")
     out_json = tmp_path / "r.json"
     assert main(["eval", "nab", "--root", str(tmp_path / "nab"), "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "detector artime" in out
+    assert "detector artime_discord_extreme" in out
     assert "files 1, windows 1: detected 1, missed 0, false positives 0" in out
     result = json.loads(out_json.read_text())
-    assert result["detector"] == "artime"
+    assert result["detector"] == "artime_discord_extreme"
     assert result["scores"]["standard"] > 90.0
 
 
-def test_detector_flag_picks_the_record_detector(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("name", ["artime", "record"])
+def test_detector_flag_picks_the_detector(tmp_path: Path, capsys, name: str) -> None:
     _corpus(tmp_path / "nab")
     out_json = tmp_path / "r.json"
-    argv = ["eval", "nab", "--root", str(tmp_path / "nab"), "--detector", "record"]
+    argv = ["eval", "nab", "--root", str(tmp_path / "nab"), "--detector", name]
     assert main([*argv, "--json", str(out_json)]) == 0
-    assert "detector record" in capsys.readouterr().out
-    assert json.loads(out_json.read_text())["detector"] == "record"
+    assert f"detector {name}\n" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["detector"] == name
 
 
 def test_a_bad_detector_is_a_one_line_error_naming_the_choices(tmp_path: Path) -> None:
@@ -67,7 +67,8 @@ def test_a_bad_detector_is_a_one_line_error_naming_the_choices(tmp_path: Path) -
     assert done.returncode == 2
     assert done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
-    assert "--detector 'htm' is not a NAB detector: choose one of artime, record" in line
+    choices = "artime_discord_extreme, artime, record"
+    assert f"--detector 'htm' is not a NAB detector: choose one of {choices}" in line
 
 
 def test_detector_with_loco_is_refused(tmp_path: Path, capsys) -> None:
@@ -77,7 +78,7 @@ def test_detector_with_loco_is_refused(tmp_path: Path, capsys) -> None:
     assert "with --loco give --family instead" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("family", ["artime", "artime_rest"])
+@pytest.mark.parametrize("family", ["artime", "artime_rest", "artime_discord_extreme"])
 def test_loco_runs_the_artime_families(tmp_path: Path, capsys, family: str) -> None:
     root = tmp_path / "nab"
     _corpus(root, "catA")
