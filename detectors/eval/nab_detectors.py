@@ -35,6 +35,7 @@ from detectors.errors import DetectorError
 from detectors.eval.nab_artime import artime_scores
 from detectors.eval.nab_artime_confirm import confirm_flags
 from detectors.eval.nab_artime_rest import rest_flags, rest_rows
+from detectors.eval.nab_discord import discord_scores
 from detectors.eval.nab_extreme import new_extreme_flags
 from detectors.univariate import RecordDetector
 
@@ -49,6 +50,10 @@ ARTIME_REST_BLOCKS = 8.0
 #: earlier discords, and the stretches' length (chosen by the protocol).
 DISCORD_BAR = 0.9
 DISCORD_M = 16
+#: Earlier stretches the discord searches at least (a longer series searches no further
+#: back, so its cost grows linearly): longer than any file of NAB's corpus, whose
+#: verdicts it leaves as with the whole history.
+DISCORD_HORIZON = 25_000
 #: The new-extreme trigger's margin, a fraction of the earlier values' range (chosen by
 #: the protocol).
 EXTREME_MARGIN = 0.05
@@ -86,6 +91,7 @@ def artime_discord_extreme_verdict(
         ARTIME_THRESHOLD,
         rest_rows(ARTIME_REST_BLOCKS, probation),
         (4.0, DISCORD_BAR, float(DISCORD_M)),
+        discord=discord_scores(values, probation, DISCORD_M, horizon=DISCORD_HORIZON),
     )
     extreme = new_extreme_flags(values, probation, EXTREME_MARGIN)
     flags = rest_flags(confirmed | extreme, rest_rows(ARTIME_REST_BLOCKS, probation))

@@ -74,11 +74,18 @@ def probation_scaled(values: np.ndarray, probation: int) -> np.ndarray:
     return (x - median) / spread
 
 
-def left_discord(z: np.ndarray, m: int, block: int = 512) -> np.ndarray:
+def left_discord(z: np.ndarray, m: int, block: int = 512, horizon: int | None = None) -> np.ndarray:
     """Each point's distance (RMS per value) from the ``m`` values ending there to the
-    nearest earlier ``m`` values ending at least ``m`` points before; 0 where none."""
+    nearest earlier ``m`` values ending at least ``m`` points before; 0 where none.
+
+    ``horizon``: search at least that many earlier stretches, not all of them (a block of
+    ``block`` rows searches from ``horizon`` before its first row), so that a long series
+    costs time linear in its length and bounded memory; None searches all (quadratic).
+    """
     if m < 2:
         raise DetectorError(f"the discord length m must be at least 2, got {m}")
+    if horizon is not None and horizon < 1:
+        raise DetectorError(f"the discord horizon must be at least 1 stretch, got {horizon}")
     n = len(z)
     out = np.zeros(n)
     if n < 2 * m:
@@ -88,21 +95,25 @@ def left_discord(z: np.ndarray, m: int, block: int = 512) -> np.ndarray:
     norms = (windows * windows).sum(axis=1)
     for start in range(m, count, block):
         stop = min(start + block, count)
+        first = 0 if horizon is None else max(0, start - m - horizon)
         cols = stop - m
         d2 = (
             norms[start:stop, None]
-            + norms[None, :cols]
-            - 2.0 * windows[start:stop] @ windows[:cols].T
+            + norms[None, first:cols]
+            - 2.0 * windows[start:stop] @ windows[first:cols].T
         )
         rows = np.arange(start, stop)[:, None]
-        d2[np.arange(cols)[None, :] > rows - m] = np.inf
+        d2[np.arange(first, cols)[None, :] > rows - m] = np.inf
         out[start + m - 1 : stop + m - 1] = np.sqrt(np.maximum(d2.min(axis=1), 0.0) / m)
     return out
 
 
-def discord_scores(values: np.ndarray, probation: int, m: int) -> np.ndarray:
-    """The discord score of every point; the first quarter probation scores 0."""
-    scores = left_discord(probation_scaled(values, probation), m)
+def discord_scores(
+    values: np.ndarray, probation: int, m: int, horizon: int | None = None
+) -> np.ndarray:
+    """The discord score of every point (``horizon``: as ``left_discord``'s); the first
+    quarter probation scores 0."""
+    scores = left_discord(probation_scaled(values, probation), m, horizon=horizon)
     scores[: probation // 4] = 0.0
     return scores
 

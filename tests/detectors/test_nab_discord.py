@@ -112,3 +112,22 @@ def test_the_sustained_trigger_finds_a_series_turning_noisy() -> None:
     sustained = np.flatnonzero(record_flags(scores, PROBATION, 0.2, span, 10.0, 10, 4.5))
     assert plain.tolist() == []
     assert 700 <= sustained[0] < 760
+
+
+def test_a_horizon_bounds_the_search_and_changes_nothing_within_it() -> None:
+    # A pattern seen once early and again late: with the whole history its return is no
+    # discord; with a horizon shorter than the gap it is one again.
+    rng = np.random.default_rng(3)
+    z = 0.05 * rng.normal(size=6000)
+    bump = np.sin(np.linspace(0, np.pi, 16)) * 3
+    z[500:516] += bump
+    z[5500:5516] += bump
+    whole = left_discord(z, 16)
+    bounded = left_discord(z, 16, horizon=1000)
+    assert whole[5515] < 0.5
+    assert bounded[5515] > 1.0
+    # Every row with fewer earlier stretches than the horizon gets the same score.
+    assert np.array_equal(left_discord(z, 16, horizon=6000), whole)
+    assert np.array_equal(bounded[:1000], whole[:1000])
+    with pytest.raises(DetectorError, match="horizon must be at least 1"):
+        left_discord(z, 16, horizon=0)
