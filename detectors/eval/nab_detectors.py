@@ -10,9 +10,9 @@ at a time and chooses its own threshold.
   ``DISCORD_M`` values; detectors/eval/nab_artime_confirm.py), united with the
   new-extreme trigger (a value beyond every earlier value's range by more than
   ``EXTREME_MARGIN`` of that range; detectors/eval/nab_extreme.py), within ARTime's rest
-  (detectors/eval/nab_artime_extreme.py): the setting the
-  leave-one-category-out protocol chose for every held-out category in the standard
-  profile but traffic (margin 0.02 there) (docs/benchmarks.md, "NAB: ARTime with a
+  (detectors/eval/nab_artime_extreme.py): the setting the leave-one-category-out
+  protocol chose for four of the six held-out categories in the standard profile (with
+  ad exchange or traffic held out: margin 0.02) (docs/benchmarks.md, "NAB: ARTime with a
   discord confirmation and a new-extreme trigger").
 - ``artime``: ARTime (detectors/eval/nab_artime.py) scaled by that range, with its
   published constants, a score threshold of 0.3 and a rest of 8 blocks (one feature

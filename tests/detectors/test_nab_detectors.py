@@ -116,8 +116,8 @@ def _burst(seed: int = 2) -> np.ndarray:
 
 def test_the_default_is_the_setting_the_protocol_chose() -> None:
     # ARTime (published constants, threshold 0.3, rest 8 blocks), discord rank 0.9 over
-    # stretches of 16 values, new-extreme margin 0.05: every standard fold's choice but
-    # traffic's (docs/benchmarks.md).
+    # stretches of 16 values, new-extreme margin 0.05: the choice of four of the six
+    # standard folds (docs/benchmarks.md).
     x = _burst()
     f = NabFile("realTest/a.csv", np.arange(len(x)).astype(str), x, ((1490, 1620),))
     chosen = (0.8, 0.075, 0.19, 0.3, 8.0, 4.0, 0.9, 16.0, 0.05)
